@@ -1,0 +1,29 @@
+# One entry point for people and CI. `make test` and `make demo` set up .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint demo sweep clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check derecho_async tests examples benchmarks
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest
+
+demo: $(STAMP)
+	$(BIN)/python examples/sim_demo.py
+
+sweep: $(STAMP)
+	$(BIN)/python -m derecho_async.testing.sweep --count 100000
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

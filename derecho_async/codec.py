@@ -1,0 +1,681 @@
+# Theory of operation
+# -------------------
+# Call arguments and results cross the wire as msgpack, never pickle: decoding a message can only
+# ever build plain data (None, bool, int, float, str, bytes, list, tuple, dict, numpy arrays and
+# numpy scalars), so a hostile peer cannot make us run code.
+#
+# Encoding is two steps. ``_Encoder`` walks the value once and turns it into something msgpack
+# packs natively: containers are rebuilt (subclasses become their base type), and the types
+# msgpack lacks become ``ExtType`` records whose payload is itself msgpack or raw bytes:
+#
+#   ext 1  tuple          payload = msgpack array of the items
+#   ext 2  numpy array    payload = msgpack(dtype name) msgpack([shape...]) raw C-order bytes
+#   ext 3  numpy scalar   payload = msgpack(dtype name) raw bytes of one item
+#   ext 4  buffer ref     payload = msgpack([index, dtype name, [shape...], kind])
+#
+# Raw array bytes are always little-endian. Only plain numeric dtypes are allowed (``DTYPES``).
+# When the caller passes ``buffers=[]`` to :func:`encode`, arrays (numpy, and anything with
+# ``__cuda_array_interface__`` or ``__dlpack__``) are not copied inline: they are appended to the
+# list and referenced by index, so a data plane (CUDA IPC, NCCL, RDMA) can move their bytes.
+# :func:`decode` resolves references against the list the receiver supplies.
+#
+# The walk checks types, the 64-bit int range and the nesting depth, and reports the path of the
+# offending element ("args[1]['w']"). Errors carry their path upward by exception (no string work
+# on the success path).
+#
+# Decoding is the mirror image and is defensive: ``msgpack.unpackb`` runs with every size limit
+# bound to the input length, ext records are decoded by ``_Decoder`` (which counts ext nesting, so
+# nested tuples cannot recurse without bound), and a final walk enforces the depth limit, checks
+# dict keys and rejects anything else msgpack can produce (e.g. its Timestamp ext). Every failure
+# on malformed input is a ProtocolViolation; msgpack's own exceptions never escape.
+#
+# numpy is imported lazily: the encoder only looks for numpy types when numpy is already in
+# ``sys.modules`` (no numpy object can exist otherwise), and the decoder imports it only when the
+# message holds an array.
+
+"""Serialization of call arguments and results (msgpack with a few ext types; never pickle).
+
+Public API: :func:`encode`, :func:`decode`, :func:`encode_call`, :func:`decode_call`, the limit
+constants and :data:`DTYPES`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, Final
+
+import msgpack  # type: ignore[import-untyped]
+
+from derecho_async.errors import DerechoError, ProtocolViolation, UsageError
+
+if TYPE_CHECKING:
+    import numpy
+
+__all__ = [
+    "BUFFER_KINDS",
+    "DTYPES",
+    "MAX_DECODE_SIZE",
+    "MAX_DEPTH",
+    "MAX_NDIM",
+    "decode",
+    "decode_call",
+    "encode",
+    "encode_call",
+]
+
+MAX_DEPTH: Final = 64
+"""Deepest nesting of containers (list, tuple, dict) allowed in a value, the value itself being 1."""
+
+MAX_NDIM: Final = 32
+"""Most dimensions an array may have (numpy's own limit is 64)."""
+
+MAX_DECODE_SIZE: Final = 1 << 30
+"""Default bound on the size of an encoded message that :func:`decode` accepts (1 GiB)."""
+
+DTYPES: Final[dict[str, int]] = {
+    "bool": 1,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "float16": 2,
+    "float32": 4,
+    "float64": 8,
+    "complex64": 8,
+    "complex128": 16,
+}
+"""The array element types that may cross the wire: dtype name → item size in bytes."""
+
+BUFFER_KINDS: Final = frozenset({"numpy", "cuda", "dlpack"})
+"""How an out-of-band buffer was exposed by the sender: a numpy array, an object with
+``__cuda_array_interface__``, or an object with ``__dlpack__``."""
+
+_EXT_TUPLE: Final = 1
+_EXT_NDARRAY: Final = 2
+_EXT_NPSCALAR: Final = 3
+_EXT_BUFREF: Final = 4
+
+_INT_MIN: Final = -(1 << 63)
+_INT_MAX: Final = (1 << 64) - 1
+
+# __cuda_array_interface__ / __array_interface__ typestr → dtype name (little-endian or no order).
+_TYPESTRS: Final[dict[str, str]] = {
+    "|b1": "bool",
+    "|i1": "int8",
+    "|u1": "uint8",
+    "<i1": "int8",
+    "<u1": "uint8",
+    "<i2": "int16",
+    "<i4": "int32",
+    "<i8": "int64",
+    "<u2": "uint16",
+    "<u4": "uint32",
+    "<u8": "uint64",
+    "<f2": "float16",
+    "<f4": "float32",
+    "<f8": "float64",
+    "<c8": "complex64",
+    "<c16": "complex128",
+}
+
+_KEY_TYPES_TEXT: Final = "str, int, bytes, or a tuple of those"
+
+
+# --------------------------------------------------------------------------------------- encode
+
+
+class _EncodeFailure(Exception):
+    """Internal: an element cannot be encoded; ``path`` grows as the error unwinds."""
+
+    def __init__(self, exc_type: type[Exception], message: str) -> None:
+        super().__init__(message)
+        self.exc_type = exc_type
+        self.message = message
+        self.path: list[str] = []
+
+    def build(self, root: str) -> Exception:
+        where = root + "".join(reversed(self.path))
+        return self.exc_type(f"{where}: {self.message}")
+
+
+def _check_utf8(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _EncodeFailure(
+            ValueError, f"str is not valid Unicode (lone surrogate at index {e.start})"
+        ) from None
+
+
+def _numpy_module() -> Any:
+    """numpy if it has been imported by anyone, else None (then no numpy object can exist)."""
+    return sys.modules.get("numpy")
+
+
+def _check_shape(shape: tuple[int, ...]) -> list[int]:
+    if len(shape) > MAX_NDIM:
+        raise _EncodeFailure(ValueError, f"array has {len(shape)} dimensions, more than {MAX_NDIM}")
+    return [int(n) for n in shape]
+
+
+class _Encoder:
+    __slots__ = ("buffer_ids", "buffers")
+
+    def __init__(self, buffers: list[object] | None) -> None:
+        self.buffers = buffers
+        self.buffer_ids: dict[int, int] = {}
+
+    def value(self, obj: object, depth: int) -> object:
+        t = type(obj)
+        if obj is None or t is bool or t is float or t is bytes:
+            return obj
+        if t is str and isinstance(obj, str):
+            if not obj.isascii():
+                _check_utf8(obj)
+            return obj
+        if t is int and isinstance(obj, int):
+            if not _INT_MIN <= obj <= _INT_MAX:
+                raise _EncodeFailure(
+                    OverflowError, f"int {obj} is outside the 64-bit range [-2**63, 2**64-1]"
+                )
+            return obj
+        if t is list or t is tuple or t is dict:
+            return self.container(obj, depth)
+        return self.other(obj, depth)
+
+    def container(self, obj: object, depth: int) -> object:
+        if depth >= MAX_DEPTH:
+            raise _EncodeFailure(
+                ValueError, f"nesting is deeper than {MAX_DEPTH} levels (or the value is cyclic)"
+            )
+        depth += 1
+        if isinstance(obj, dict):
+            out_map: dict[object, object] = {}
+            for k, v in obj.items():
+                try:
+                    key = self.key(k, depth)
+                    out_map[key] = self.value(v, depth)
+                except _EncodeFailure as e:
+                    e.path.append(f"[{k!r}]")
+                    raise
+            return out_map
+        assert isinstance(obj, list | tuple)
+        items: list[object] = []
+        for i, v in enumerate(obj):
+            try:
+                items.append(self.value(v, depth))
+            except _EncodeFailure as e:
+                e.path.append(f"[{i}]")
+                raise
+        if isinstance(obj, tuple):
+            return msgpack.ExtType(_EXT_TUPLE, _pack(items))
+        return items
+
+    def key(self, k: object, depth: int) -> object:
+        if isinstance(k, str):
+            return self.value(str.__str__(k), depth)
+        if isinstance(k, bytes | bool):
+            return k
+        if isinstance(k, int):
+            return self.value(int(k), depth)
+        if isinstance(k, tuple):
+            if depth >= MAX_DEPTH:
+                raise _EncodeFailure(ValueError, f"dict key nested deeper than {MAX_DEPTH} levels")
+            return msgpack.ExtType(_EXT_TUPLE, _pack([self.key(part, depth + 1) for part in k]))
+        raise _EncodeFailure(
+            TypeError,
+            f"dict key of type {type(k).__name__} is not allowed; keys must be {_KEY_TYPES_TEXT}",
+        )
+
+    def other(self, obj: object, depth: int) -> object:
+        np = _numpy_module()
+        if np is not None:
+            if isinstance(obj, np.ndarray):
+                return self.ndarray(obj, np)
+            if isinstance(obj, np.generic):
+                return self.npscalar(obj, np)
+        if isinstance(obj, int):
+            return self.value(int(obj), depth)
+        if isinstance(obj, float):
+            return float(obj)
+        if isinstance(obj, str):
+            return self.value(str.__str__(obj), depth)
+        if isinstance(obj, bytes | bytearray):
+            return bytes(obj)
+        if isinstance(obj, memoryview):
+            return obj.tobytes()
+        if isinstance(obj, list | tuple | dict):
+            return self.container(obj, depth)
+        if hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack__"):
+            if self.buffers is None:
+                raise _EncodeFailure(
+                    TypeError,
+                    f"cannot encode device/DLPack array of type {type(obj).__name__} inline; "
+                    "pass buffers=[] to send it out of band",
+                )
+            return self.reference(obj, np)
+        raise _EncodeFailure(TypeError, f"cannot encode object of type {type(obj).__qualname__}")
+
+    def ndarray(self, arr: numpy.ndarray[Any, Any], np: Any) -> object:
+        if type(arr).__module__.startswith("numpy.ma"):
+            raise _EncodeFailure(
+                TypeError,
+                "cannot encode a masked array (its mask would be lost); send .data and .mask",
+            )
+        name = self.dtype_name(arr.dtype)
+        shape = _check_shape(arr.shape)
+        little = arr.astype(arr.dtype.newbyteorder("<"), order="C", copy=False)
+        if self.buffers is not None:
+            return self.reference(arr, np, little)
+        raw = memoryview(little.reshape(-1).view(np.uint8))
+        return msgpack.ExtType(_EXT_NDARRAY, b"".join((_pack(name), _pack(shape), raw)))
+
+    def npscalar(self, value: numpy.generic[Any], np: Any) -> object:
+        name = self.dtype_name(value.dtype)
+        raw = np.asarray(value).astype(value.dtype.newbyteorder("<")).tobytes()
+        return msgpack.ExtType(_EXT_NPSCALAR, _pack(name) + raw)
+
+    @staticmethod
+    def dtype_name(dtype: numpy.dtype[Any]) -> str:
+        name = str(dtype.name)
+        if name not in DTYPES or dtype.fields is not None:
+            raise _EncodeFailure(
+                TypeError,
+                f"cannot encode numpy data of dtype {dtype.str!r} ({name}); "
+                f"allowed: {', '.join(DTYPES)}",
+            )
+        return name
+
+    def reference(self, obj: object, np: Any, replacement: object | None = None) -> object:
+        assert self.buffers is not None
+        try:
+            name, shape, kind = _buffer_meta(obj, np)
+        except ValueError as e:
+            raise _EncodeFailure(TypeError, str(e)) from None
+        index = self.buffer_ids.get(id(obj))
+        if index is None:
+            index = len(self.buffers)
+            self.buffers.append(obj if replacement is None else replacement)
+            self.buffer_ids[id(obj)] = index
+        return msgpack.ExtType(_EXT_BUFREF, _pack([index, name, shape, kind]))
+
+
+def _buffer_meta(obj: object, np: Any) -> tuple[str, list[int], str]:
+    """(dtype name, shape, kind) of an array-like, or ValueError saying why it is unsupported."""
+    if np is not None and isinstance(obj, np.ndarray):
+        name = str(obj.dtype.name)
+        if name not in DTYPES or obj.dtype.fields is not None:
+            raise ValueError(f"cannot send numpy data of dtype {obj.dtype.str!r}")
+        shape = list(obj.shape)
+        kind = "numpy"
+    elif hasattr(obj, "__cuda_array_interface__"):
+        cai = obj.__cuda_array_interface__
+        if not isinstance(cai, dict):
+            raise ValueError(f"{type(obj).__name__}.__cuda_array_interface__ is not a dict")
+        typestr = cai.get("typestr")
+        if typestr not in _TYPESTRS:
+            raise ValueError(
+                f"cannot send {type(obj).__name__} of typestr {typestr!r}; "
+                f"allowed: {', '.join(DTYPES)} (little-endian)"
+            )
+        name = _TYPESTRS[typestr]
+        shape = list(cai.get("shape", ()))
+        kind = "cuda"
+    elif hasattr(obj, "__dlpack__"):
+        dtype = getattr(obj, "dtype", None)
+        name = str(dtype).removeprefix("torch.")
+        if name not in DTYPES:
+            raise ValueError(
+                f"cannot send {type(obj).__name__} of dtype {dtype!r}; allowed: {', '.join(DTYPES)}"
+            )
+        shape = list(getattr(obj, "shape", ()))
+        kind = "dlpack"
+    else:
+        raise ValueError(f"{type(obj).__name__} is not an array")
+    if len(shape) > MAX_NDIM or not all(
+        isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 63 for n in shape
+    ):
+        raise ValueError(f"{type(obj).__name__} has an unsupported shape {shape!r}")
+    return name, [int(n) for n in shape], kind
+
+
+def _pack(obj: object) -> bytes:
+    data: bytes = msgpack.packb(obj, use_bin_type=True, datetime=False)
+    return data
+
+
+def _encode_root(obj: object, root: str, encoder: _Encoder) -> object:
+    try:
+        return encoder.value(obj, 0)
+    except _EncodeFailure as e:
+        raise e.build(root) from None
+
+
+def encode(obj: object, buffers: list[object] | None = None) -> bytes:
+    """Encode a value (call argument or result) as msgpack bytes.
+
+    Supported: None, bool, int (-2**63 .. 2**64-1), float, str, bytes / bytearray / memoryview
+    (decoded as bytes), list, tuple (decoded as tuple), dict (keys str, int, bytes or tuples of
+    those), numpy arrays and numpy scalars of the :data:`DTYPES` element types. Subclasses are
+    encoded as their base type (an IntEnum member arrives as an int).
+
+    With ``buffers`` a list, arrays are not copied into the message: numpy arrays (as
+    C-contiguous little-endian arrays) and objects exposing ``__cuda_array_interface__`` or
+    ``__dlpack__`` are appended to ``buffers`` and encoded as references (index, dtype, shape,
+    kind); the same object appearing twice is appended once.
+
+    Raises TypeError for an unsupported type, OverflowError for an int out of range, ValueError
+    for nesting deeper than :data:`MAX_DEPTH` (e.g. a cyclic value) or an array of more than
+    :data:`MAX_NDIM` dimensions; the message starts with the path of the element, as in
+    ``obj[1]['w']: cannot encode object of type Foo``.
+    """
+    return _pack(_encode_root(obj, "obj", _Encoder(buffers)))
+
+
+def encode_call(
+    method: str,
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
+    buffers: list[object] | None = None,
+) -> bytes:
+    """Encode a method call: the envelope ``[method, [args...], {kwargs}]``.
+
+    ``method`` must be a dotted Python identifier (``"update"``, ``"Weights.update"``), ``args``
+    a tuple and ``kwargs`` a dict with identifier keys (UsageError otherwise). Arguments follow
+    the rules of :func:`encode`; error paths read ``args[1]['w']`` or ``kwargs['name']``.
+    """
+    if not _valid_method(method):
+        raise UsageError(f"method name must be a dotted identifier, got {method!r}")
+    if not isinstance(args, tuple):
+        raise UsageError(f"args must be a tuple, got {type(args).__name__}")
+    if not isinstance(kwargs, dict):
+        raise UsageError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+    for name in kwargs:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise UsageError(f"keyword argument names must be identifiers, got {name!r}")
+    encoder = _Encoder(buffers)
+    items: list[object] = []
+    for i, arg in enumerate(args):
+        items.append(_encode_root(arg, f"args[{i}]", encoder))
+    named = {name: _encode_root(v, f"kwargs[{name!r}]", encoder) for name, v in kwargs.items()}
+    return _pack([method, items, named])
+
+
+def _valid_method(method: object) -> bool:
+    return (
+        isinstance(method, str)
+        and 0 < len(method) <= 512
+        and all(part.isidentifier() for part in method.split("."))
+    )
+
+
+# --------------------------------------------------------------------------------------- decode
+
+
+class _Decoder:
+    """Unpacks one message; ``ext_hook`` handles our ext records and bounds their nesting."""
+
+    __slots__ = ("buffers", "ext_depth", "resolved")
+
+    def __init__(self, buffers: list[object] | tuple[object, ...] | None) -> None:
+        self.buffers = buffers
+        self.ext_depth = 0
+        self.resolved: set[int] = set()  # ids of the buffer objects the message references
+
+    def unpack(self, data: bytes | bytearray | memoryview) -> object:
+        n = len(data)
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=True,
+            strict_map_key=False,
+            timestamp=0,
+            ext_hook=self.ext_hook,
+            max_str_len=n,
+            max_bin_len=n,
+            max_array_len=n,
+            max_map_len=n // 2,
+            max_ext_len=n,
+        )
+
+    def ext_hook(self, code: int, payload: bytes) -> object:
+        if code == _EXT_TUPLE:
+            if self.ext_depth >= MAX_DEPTH:
+                raise ProtocolViolation(f"value nested deeper than {MAX_DEPTH} levels")
+            self.ext_depth += 1
+            try:
+                items = self.unpack(payload)
+            finally:
+                self.ext_depth -= 1
+            if not isinstance(items, list):
+                raise ProtocolViolation("malformed tuple record")
+            return tuple(items)
+        if code == _EXT_NDARRAY:
+            return _decode_ndarray(payload)
+        if code == _EXT_NPSCALAR:
+            return _decode_npscalar(payload)
+        if code == _EXT_BUFREF:
+            return self.reference(payload)
+        raise ProtocolViolation(f"unknown msgpack ext type {code}")
+
+    def reference(self, payload: bytes) -> object:
+        fields = _unpack_plain(payload)
+        if not (isinstance(fields, list) and len(fields) == 4):
+            raise ProtocolViolation("malformed buffer reference")
+        index, name, shape, kind = fields
+        _check_dtype_name(name)
+        checked_shape = _check_wire_shape(shape)
+        if not isinstance(kind, str) or kind not in BUFFER_KINDS:
+            raise ProtocolViolation(f"buffer reference of unknown kind {kind!r}")
+        if self.buffers is None:
+            raise ProtocolViolation("message references an out-of-band buffer but none were given")
+        if type(index) is not int or not 0 <= index < len(self.buffers):
+            raise ProtocolViolation(
+                f"buffer reference index {index!r} out of range (have {len(self.buffers)})"
+            )
+        buf = self.buffers[index]
+        try:
+            have_name, have_shape, _ = _buffer_meta(buf, _numpy_module())
+        except ValueError as e:
+            raise ProtocolViolation(f"buffer {index}: {e}") from None
+        if have_name != name or have_shape != checked_shape:
+            raise ProtocolViolation(
+                f"buffer {index} is {have_name}{tuple(have_shape)} but the message says "
+                f"{name}{tuple(checked_shape)}"
+            )
+        self.resolved.add(id(buf))
+        return buf
+
+
+def _unpack_plain(payload: bytes) -> object:
+    """Unpack an ext header: plain msgpack, no ext records allowed."""
+    n = len(payload)
+    return msgpack.unpackb(
+        payload,
+        raw=False,
+        use_list=True,
+        strict_map_key=True,
+        max_str_len=n,
+        max_bin_len=n,
+        max_array_len=n,
+        max_map_len=n // 2,
+        max_ext_len=0,
+    )
+
+
+def _check_dtype_name(name: object) -> int:
+    if not isinstance(name, str) or name not in DTYPES:
+        raise ProtocolViolation(f"array dtype {name!r} is not allowed")
+    return DTYPES[name]
+
+
+def _check_wire_shape(shape: object) -> list[int]:
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
+        raise ProtocolViolation(f"malformed array shape {shape!r}")
+    for n in shape:
+        if type(n) is not int or not 0 <= n < 1 << 63:
+            raise ProtocolViolation(f"malformed array shape {shape!r}")
+    return shape
+
+
+def _import_numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:
+        raise UsageError("the message holds a numpy array but numpy is not installed") from None
+    return numpy
+
+
+_HEADER_MAX: Final = 512  # dtype name (<= 64 chars) and <= MAX_NDIM dims of <= 9 bytes each
+
+
+def _read_array_header(payload: bytes, fields: int) -> tuple[list[object], int]:
+    """Unpack the first ``fields`` header values of an array record; return them and the offset
+    of the raw bytes. Only a bounded prefix is fed to msgpack, so the data is never copied."""
+    unpacker = msgpack.Unpacker(
+        raw=False,
+        use_list=True,
+        max_buffer_size=_HEADER_MAX,
+        max_str_len=64,
+        max_bin_len=0,
+        max_array_len=MAX_NDIM,
+        max_map_len=0,
+        max_ext_len=0,
+    )
+    unpacker.feed(memoryview(payload)[:_HEADER_MAX])
+    values = [unpacker.unpack() for _ in range(fields)]
+    offset: int = unpacker.tell()
+    return values, offset
+
+
+def _decode_ndarray(payload: bytes) -> object:
+    (name, shape), offset = _read_array_header(payload, 2)
+    itemsize = _check_dtype_name(name)
+    dims = _check_wire_shape(shape)
+    count = 1
+    for n in dims:
+        count *= n
+    nbytes = len(payload) - offset
+    if count * itemsize != nbytes:
+        raise ProtocolViolation(
+            f"array {name}{tuple(dims)} needs {count * itemsize} bytes, the message has {nbytes}"
+        )
+    np = _import_numpy()
+    dtype = np.dtype(name).newbyteorder("<")
+    flat = np.frombuffer(payload, dtype=dtype, count=count, offset=offset)
+    return flat.reshape(dims).copy()
+
+
+def _decode_npscalar(payload: bytes) -> object:
+    (name,), offset = _read_array_header(payload, 1)
+    itemsize = _check_dtype_name(name)
+    if len(payload) - offset != itemsize:
+        raise ProtocolViolation(f"numpy scalar {name} must have {itemsize} bytes")
+    np = _import_numpy()
+    dtype = np.dtype(name).newbyteorder("<")
+    return np.frombuffer(payload, dtype=dtype, count=1, offset=offset)[0].astype(name)
+
+
+def _check_tree(obj: object, depth: int, np: Any, resolved: set[int]) -> None:
+    """Enforce the depth limit, the dict key rules and the set of value types.
+
+    msgpack only builds exact built-in types, so isinstance() here cannot admit a subclass.
+    """
+    if obj is None or isinstance(obj, bool | int | float | str | bytes):
+        return
+    if isinstance(obj, list | tuple | dict):
+        if depth >= MAX_DEPTH:
+            raise ProtocolViolation(f"value nested deeper than {MAX_DEPTH} levels")
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                _check_key(k)
+                _check_tree(v, depth + 1, np, resolved)
+        else:
+            for v in obj:
+                _check_tree(v, depth + 1, np, resolved)
+        return
+    if np is not None and isinstance(obj, np.ndarray | np.generic):
+        return
+    if id(obj) in resolved:
+        return
+    raise ProtocolViolation(f"unexpected value of type {type(obj).__name__} in message")
+
+
+def _check_key(k: object) -> None:
+    if isinstance(k, str | int | bytes):
+        return
+    if isinstance(k, tuple):
+        for part in k:
+            _check_key(part)
+        return
+    raise ProtocolViolation(f"dict key of type {type(k).__name__} is not allowed")
+
+
+def _decode_value(
+    data: bytes | bytearray | memoryview,
+    buffers: list[object] | tuple[object, ...] | None,
+    max_size: int,
+) -> object:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"decode() needs bytes, got {type(data).__name__}")
+    if len(data) > max_size:
+        raise ProtocolViolation(f"message of {len(data)} bytes exceeds the limit of {max_size}")
+    try:
+        decoder = _Decoder(buffers)
+        value = decoder.unpack(data)
+        _check_tree(value, 0, _numpy_module(), decoder.resolved)
+    except DerechoError:
+        raise
+    except Exception as e:
+        raise ProtocolViolation(f"malformed message: {type(e).__name__}: {e}") from e
+    return value
+
+
+def decode(
+    data: bytes | bytearray | memoryview,
+    buffers: list[object] | tuple[object, ...] | None = None,
+    *,
+    max_size: int = MAX_DECODE_SIZE,
+) -> object:
+    """Decode bytes made by :func:`encode`.
+
+    Byte strings decode as bytes, tuples as tuples, numpy arrays as fresh writable arrays.
+    Buffer references resolve to the objects of ``buffers`` (which the caller receives over its
+    data plane); each is checked against the dtype and shape the message states.
+
+    Malformed or hostile input (bad msgpack, unknown ext types, disallowed dtypes, inconsistent
+    array sizes, nesting deeper than :data:`MAX_DEPTH`, input over ``max_size`` bytes, references
+    outside ``buffers``) raises ProtocolViolation, never a msgpack exception. A message holding a
+    numpy array decoded where numpy is not installed raises UsageError.
+    """
+    return _decode_value(data, buffers, max_size)
+
+
+def decode_call(
+    data: bytes | bytearray | memoryview,
+    buffers: list[object] | tuple[object, ...] | None = None,
+    *,
+    max_size: int = MAX_DECODE_SIZE,
+) -> tuple[str, tuple[object, ...], dict[str, object]]:
+    """Decode bytes made by :func:`encode_call` into ``(method, args, kwargs)``.
+
+    The envelope is validated (three fields, a dotted-identifier method name, a list of args, a
+    map of identifier keys); any defect raises ProtocolViolation.
+    """
+    envelope = _decode_value(data, buffers, max_size)
+    if not (isinstance(envelope, list) and len(envelope) == 3):
+        raise ProtocolViolation("malformed call envelope: expected [method, args, kwargs]")
+    method, args, kwargs = envelope
+    if not _valid_method(method):
+        raise ProtocolViolation(f"malformed call envelope: bad method name {method!r}")
+    if not isinstance(args, list):
+        raise ProtocolViolation("malformed call envelope: args is not an array")
+    if not isinstance(kwargs, dict) or not all(
+        isinstance(k, str) and k.isidentifier() for k in kwargs
+    ):
+        raise ProtocolViolation("malformed call envelope: kwargs is not a map of identifiers")
+    return method, tuple(args), kwargs

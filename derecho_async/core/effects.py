@@ -1,0 +1,172 @@
+"""What the core asks its driver to do, as data.
+
+A :class:`Ready` lists the pushes to perform (in order: a link delivers them in the order
+issued), channel messages to send, data-plane transfers to start, and the ordered *events* the
+application sees (deliveries, installed views, suspicions, errors). The driver carries all of it
+out, events in list order, then calls ``Member.advance(ready)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from derecho_async.core.messages import Message
+from derecho_async.core.view import View
+
+__all__ = [
+    "DataKey",
+    "Delivered",
+    "Event",
+    "Evicted",
+    "Expect",
+    "Left",
+    "Partitioned",
+    "Push",
+    "Ready",
+    "Send",
+    "SendFailed",
+    "Suspected",
+    "Transfer",
+    "ViewInstalled",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DataKey:
+    """Names one large message's bytes on the data plane: unique per view, sender and message."""
+
+    view_id: int
+    sender: int
+    msg_no: int
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """Copy ``data`` into table offset ``offset`` of view ``view_id`` at each of ``targets``."""
+
+    view_id: int
+    offset: int
+    data: bytes
+    targets: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``message`` to member ``to`` on the reliable channel.
+
+    When ``attach_state`` is set the message is a :class:`Welcome` whose ``state`` the driver
+    fills with the application's snapshot, taken after every earlier event of the same Ready.
+    """
+
+    to: int
+    message: Message
+    attach_state: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Start moving a large payload (``nbytes`` long) to ``targets`` on the data plane."""
+
+    key: DataKey
+    payload: object
+    nbytes: int
+    targets: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Expect:
+    """A descriptor arrived: ``nbytes`` of ``key`` are on their way (pull-based data planes
+    start fetching here); report arrival with ``Member.data_landed``."""
+
+    key: DataKey
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """An ordered message, stable and delivered with version ``(view_id, seq)``."""
+
+    subgroup: str
+    shard: int
+    view_id: int
+    seq: int
+    sender: int
+    msg_no: int
+    payload: object
+
+
+@dataclass(frozen=True, slots=True)
+class ViewInstalled:
+    """A new view is installed. ``state`` is the snapshot a joiner restores before its first
+    delivery (None for members that were already in the group). ``adequate`` is False when the
+    layout cannot be satisfied by these members: the view stands, but no subgroup traffic flows
+    until a later view is adequate."""
+
+    view: View
+    joined: tuple[int, ...]
+    departed: tuple[int, ...]
+    adequate: bool
+    state: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Suspected:
+    """This member now suspects ``member`` (its row is frozen; a view change follows)."""
+
+    member: int
+
+
+@dataclass(frozen=True, slots=True)
+class Partitioned:
+    """This member lost a majority of view ``view_id`` and wedged for good."""
+
+    view_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Evicted:
+    """The rest of the group removed this member from view ``view_id``."""
+
+    view_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Left:
+    """This member left the group voluntarily."""
+
+    view_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendFailed:
+    """Message ``msg_no`` can no longer be delivered (its subgroup no longer has this member as
+    a sender, or this member left the group)."""
+
+    subgroup: str
+    msg_no: int
+    reason: str
+
+
+Event = Delivered | ViewInstalled | Suspected | Partitioned | Evicted | Left | SendFailed
+
+
+@dataclass(slots=True)
+class Ready:
+    """Everything the driver must carry out before calling ``advance``."""
+
+    pushes: list[Push] = field(default_factory=list)
+    sends: list[Send] = field(default_factory=list)
+    transfers: list[Transfer] = field(default_factory=list)
+    expects: list[Expect] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.pushes
+            or self.sends
+            or self.transfers
+            or self.expects
+            or self.events
+            or self.violations
+        )

@@ -1,0 +1,532 @@
+"""One group member's protocol state: the composition object of the core (DESIGN.md §4.5).
+
+Theory of operation, in the style of a raft ``RawNode``: the driver feeds the member time
+(:meth:`Member.tick`), remote row writes (:meth:`Member.receive_push`), channel messages
+(:meth:`Member.receive_message`), landed large payloads (:meth:`Member.data_landed`) and the
+application's sends (:meth:`Member.submit`); then calls :meth:`Member.poll` to let the protocol
+react, takes :meth:`Member.ready` and carries it out, and calls :meth:`Member.advance`. The member
+never performs I/O; all its output is data in the :class:`Ready`.
+
+Within a view the member runs ordered multicast (:mod:`.multicast`) for each shard it belongs to
+and watches heartbeats. Once anything calls for a view change it wedges and hands control to the
+view-change rules (:mod:`.view_change`), which end in :meth:`Member.install` of the next view
+with a fresh table. Pushes addressed to a view this member has not installed yet are held until
+it does; pushes for older views are dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from derecho_async.core import view_change
+from derecho_async.core.effects import (
+    DataKey,
+    Evicted,
+    Left,
+    Partitioned,
+    Push,
+    Ready,
+    Send,
+    SendFailed,
+    Suspected,
+    ViewInstalled,
+)
+from derecho_async.core.layout import Layout, ShardAssignment
+from derecho_async.core.messages import JoinRequest, Message, Welcome
+from derecho_async.core.multicast import Outgoing, ShardState
+from derecho_async.core.schema import WORD, RowSchema
+from derecho_async.core.table import Table
+from derecho_async.core.view import View
+from derecho_async.errors import ProtocolViolation, UsageError
+
+__all__ = ["BufferFactory", "CoreConfig", "Member", "MemberState"]
+
+BufferFactory = Callable[[int, int], bytearray | memoryview]
+"""``(view_id, nbytes) -> buffer`` for a view's table (shared memory, a registered region...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    """Protocol parameters; time is counted in ticks."""
+
+    window: int = 8
+    max_payload: int = 256
+    heartbeat_period: int = 1
+    suspect_after: int = 20
+    join_retry: int = 25
+    partition_safety: bool = True
+    layout: Layout = field(default_factory=Layout)
+    max_queue: int = 1 << 20
+    max_held_pushes: int = 1 << 16
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise UsageError("window must be >= 1")
+        if self.max_payload < 0 or self.max_payload % WORD:
+            raise UsageError("max_payload must be a non-negative multiple of 8")
+        if self.heartbeat_period < 1 or self.suspect_after <= self.heartbeat_period:
+            raise UsageError("need 1 <= heartbeat_period < suspect_after")
+        if self.join_retry < 1:
+            raise UsageError("join_retry must be >= 1")
+
+
+class MemberState(enum.Enum):
+    """Where a member stands."""
+
+    JOINING = "joining"
+    ACTIVE = "active"
+    PARTITIONED = "partitioned"
+    EVICTED = "evicted"
+    LEFT = "left"
+
+
+class Member:
+    """The pure protocol state of one member (see the module docstring)."""
+
+    def __init__(
+        self,
+        member_id: int,
+        config: CoreConfig | None = None,
+        *,
+        view: View | None = None,
+        contacts: tuple[int, ...] = (),
+        buffer_factory: BufferFactory | None = None,
+    ) -> None:
+        if member_id < 0:
+            raise UsageError("member ids are non-negative")
+        self.member_id = member_id
+        self.config = config or CoreConfig()
+        self.layout = self.config.layout
+        self._buffer_factory = buffer_factory
+        self.now = 0
+        self.state = MemberState.JOINING
+        self._ready = Ready()
+        self._msg_no = 0
+        self.queues: dict[str, deque[Outgoing]] = {s.name: deque() for s in self.layout.subgroups}
+        self._held: dict[int, list[tuple[int, int, bytes]]] = {}
+        self._held_count = 0
+        self._landed_early: dict[DataKey, object] = {}
+        self._held_data: dict[DataKey, object] = {}
+        self._awaiting: dict[DataKey, ShardState] = {}
+        self.pending_joiners: list[int] = []
+        self._contacts = contacts
+        self._next_join_try = 0
+        self._join_attempt = 0
+        self.leaving = False
+        # Per-view state, set by _enter_view.
+        self.view = View(-1, ())
+        self.rank = -1
+        self.view_size = 0
+        self.schema: RowSchema
+        self.table: Table
+        self.assignment = ShardAssignment((), False)
+        self.shards: list[ShardState | None] = []
+        self.suspected = 0
+        self.wedged = False
+        self._last_hb: list[int] = []
+        self._last_change: list[int] = []
+        self._final_frontiers: dict[int, int] = {}
+        self._others: tuple[int, ...] = ()
+        if view is not None:
+            if member_id not in view.members:
+                raise UsageError(f"member {member_id} is not in {view}")
+            self._enter_view(view, joined=view.members, departed=(), state=None)
+        elif not contacts:
+            raise UsageError("a member needs an initial view or contacts to join through")
+
+    # -- inputs --------------------------------------------------------------------------------
+    def submit(self, subgroup: str, payload: object, nbytes: int | None = None) -> int | None:
+        """Queue an ordered multicast to ``subgroup``; returns its message number.
+
+        ``payload`` is bytes (inline when it fits a slot, else sent as a descriptor plus
+        data-plane bytes) or any object with ``nbytes`` given (always a descriptor). Returns None,
+        queuing nothing, when this member is not in a view, is out of the group, or its queue is
+        full. While a view change is under way the message waits for the next view.
+        """
+        if self.state is not MemberState.ACTIVE or self.leaving:
+            return None
+        queue = self.queues.get(subgroup)
+        if queue is None:
+            raise UsageError(f"unknown subgroup {subgroup!r}")
+        if len(queue) >= self.config.max_queue:
+            return None
+        if isinstance(payload, bytes | bytearray | memoryview):
+            data = bytes(payload)
+            size = len(data)
+            large = size > self.config.max_payload
+            obj: object = data
+        else:
+            if nbytes is None or nbytes < 0:
+                raise UsageError("a non-bytes payload needs its size in nbytes")
+            size, large, obj = nbytes, True, payload
+        msg_no = self._msg_no
+        self._msg_no += 1
+        queue.append(Outgoing(msg_no, obj, size, large))
+        return msg_no
+
+    def tick(self) -> None:
+        """One unit of time: heartbeats, failure detection, join retries."""
+        self.now += 1
+        if self.state is MemberState.JOINING:
+            if self.now >= self._next_join_try:
+                to = self._contacts[self._join_attempt % len(self._contacts)]
+                self._join_attempt += 1
+                self._next_join_try = self.now + self.config.join_retry
+                self._ready.sends.append(Send(to, JoinRequest(self.member_id)))
+            return
+        if self.state is not MemberState.ACTIVE:
+            return
+        t = self.table
+        sc = self.schema
+        if self.now % self.config.heartbeat_period == 0:
+            t.set(sc.heartbeat, t.mine(sc.heartbeat) + 1)
+            self.push_all(sc.heartbeat.offset, WORD)
+        for r in range(self.view_size):
+            if r == self.rank or self.suspected >> r & 1:
+                continue
+            hb = t.get(r, sc.heartbeat)
+            if hb != self._last_hb[r]:
+                self._last_hb[r] = hb
+                self._last_change[r] = self.now
+            elif self.now - self._last_change[r] >= self.config.suspect_after:
+                self._suspect(r)
+
+    def receive_push(self, view_id: int, sender: int, offset: int, data: bytes) -> None:
+        """A push from ``sender`` landed: bytes for table offset ``offset`` of view ``view_id``."""
+        if self.state is MemberState.ACTIVE and view_id == self.view.view_id:
+            self._apply_push(sender, offset, data)
+        elif self.state in (MemberState.ACTIVE, MemberState.JOINING) and (
+            view_id > self.view.view_id
+        ):
+            if self._held_count >= self.config.max_held_pushes:
+                self._ready.violations.append(
+                    f"dropped a push from {sender} for future view {view_id}: too many held"
+                )
+                return
+            self._held.setdefault(view_id, []).append((sender, offset, bytes(data)))
+            self._held_count += 1
+
+    def receive_message(self, sender: int, message: Message) -> None:
+        """A channel message from ``sender`` arrived."""
+        if isinstance(message, JoinRequest):
+            self._on_join_request(message.joiner)
+        elif isinstance(message, Welcome):
+            self._on_welcome(message)
+
+    def data_landed(self, key: DataKey, payload: object) -> None:
+        """The data-plane bytes of large message ``key`` landed here."""
+        if key.view_id > self.view.view_id and self.state in (
+            MemberState.ACTIVE,
+            MemberState.JOINING,
+        ):
+            self._held_data[key] = payload
+            return
+        if self.state is not MemberState.ACTIVE or key.view_id != self.view.view_id:
+            return
+        shard = self._awaiting.pop(key, None)
+        if shard is None:
+            self._landed_early[key] = payload
+        else:
+            shard.data_landed(key, payload)
+
+    def leave(self) -> None:
+        """Leave the group: the others remove this member in the next view."""
+        if self.state is not MemberState.ACTIVE:
+            return
+        self.leaving = True
+        self._suspect(self.rank)
+        self._publish_suspicions()
+        self._fail_queued("this member left the group")
+        self.state = MemberState.LEFT
+        self._ready.events.append(Left(self.view.view_id))
+
+    # -- the protocol step ---------------------------------------------------------------------
+    def poll(self) -> None:
+        """React to everything that changed since the last poll."""
+        if self.state is not MemberState.ACTIVE:
+            return
+        try:
+            self._scan_membership()
+            if self.state is not MemberState.ACTIVE:
+                return
+            if not self.wedged:
+                self._run_multicast()
+            if self.wedged:
+                view_change.step(self)
+        except ProtocolViolation as exc:
+            self._on_violation(exc)
+
+    def ready(self) -> Ready:
+        """Everything the driver must carry out now."""
+        return self._ready
+
+    def advance(self, ready: Ready) -> None:
+        """The driver carried out ``ready``."""
+        if ready is self._ready:
+            self._ready = Ready()
+
+    @property
+    def is_active(self) -> bool:
+        """True while this member is in a view and in the group."""
+        return self.state is MemberState.ACTIVE
+
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
+    # -- helpers used by view_change -----------------------------------------------------------
+    def push_all(self, row_offset: int, nbytes: int) -> None:
+        """Push a range of my row to every unsuspected member of the view."""
+        self._push(row_offset, nbytes, ())
+
+    def final_frontier(self, shard_index: int) -> int:
+        return self._final_frontiers.get(shard_index, 0)
+
+    def install(self, prop: view_change.Proposal) -> None:
+        """Ragged trim, then the next view (rule 7 of :mod:`.view_change`)."""
+        removed, joiners, trims = prop
+        events = self._ready.events
+        for sh in self.shards:
+            if sh is not None:
+                sh.deliver_until(trims[sh.info.index], events)
+        old = self.view
+        survivors = tuple(m for r, m in enumerate(old.members) if not removed >> r & 1)
+        if self.member_id not in survivors:
+            self._leave_group(Evicted(old.view_id), MemberState.EVICTED)
+            return
+        joined = tuple(j for j in dict.fromkeys(joiners) if j not in survivors)
+        departed = tuple(m for m in old.members if m not in survivors)
+        resend: dict[str, list[Outgoing]] = {}
+        for sh in self.shards:
+            if sh is not None and sh.my_index is not None:
+                resend.setdefault(sh.info.subgroup, []).extend(sh.leftovers())
+        for sub, outs in resend.items():
+            self.queues[sub].extendleft(reversed(outs))
+        new_view = View(old.view_id + 1, survivors + joined)
+        self._enter_view(new_view, joined, departed, state=None)
+        self.pending_joiners = [j for j in self.pending_joiners if j not in new_view.members]
+        if self.rank != 0:
+            self.pending_joiners = []
+        elif self.pending_joiners:
+            self._wedge()
+        if self.rank == 0:
+            for j in joined:
+                self._ready.sends.append(
+                    Send(j, Welcome(new_view.view_id, new_view.members), attach_state=True)
+                )
+
+    # -- internals -----------------------------------------------------------------------------
+    def _push(self, row_offset: int, nbytes: int, targets: tuple[int, ...]) -> None:
+        if not targets:
+            targets = self._others
+        live = tuple(m for m in targets if not self.suspected >> self.view.members.index(m) & 1)
+        if not live:
+            return
+        data = self.table.my_bytes(row_offset, nbytes)
+        self._ready.pushes.append(
+            Push(self.view.view_id, self.table.table_offset(row_offset), data, live)
+        )
+
+    def _enter_view(
+        self,
+        view: View,
+        joined: tuple[int, ...],
+        departed: tuple[int, ...],
+        state: bytes | None,
+    ) -> None:
+        self.view = view
+        self.rank = view.members.index(self.member_id)
+        self.view_size = n = len(view.members)
+        self._others = tuple(m for m in view.members if m != self.member_id)
+        self.schema = sc = RowSchema(
+            n, self.layout.n_shards, self.config.window, self.config.max_payload
+        )
+        buf = None
+        if self._buffer_factory is not None:
+            buf = self._buffer_factory(view.view_id, n * sc.row_bytes)
+        self.table = Table(sc, n, self.rank, buf)
+        self.assignment = self.layout.assign(view.members)
+        self.shards = []
+        for info in self.assignment.shards:
+            if self.member_id in info.members and self.assignment.adequate:
+                q = self.queues[info.subgroup] if self.member_id in info.senders else None
+                self.shards.append(
+                    ShardState(
+                        info,
+                        sc.shards[info.index],
+                        self.table,
+                        view.view_id,
+                        view.members,
+                        self.member_id,
+                        self.config.max_payload,
+                        q,
+                        self._push,
+                    )
+                )
+            else:
+                self.shards.append(None)
+        self.suspected = 0
+        self.wedged = False
+        self._final_frontiers = {}
+        self._last_hb = [0] * n
+        self._last_change = [self.now] * n
+        self._landed_early = {k: v for k, v in self._held_data.items() if k.view_id == view.view_id}
+        self._held_data = {k: v for k, v in self._held_data.items() if k.view_id > view.view_id}
+        self._awaiting = {}
+        self.state = MemberState.ACTIVE
+        if self.assignment.adequate:
+            senders_of = {s.subgroup for s in self.assignment.shards if self.member_id in s.senders}
+            for sub, q in self.queues.items():
+                if q and sub not in senders_of:
+                    for out in q:
+                        self._ready.events.append(
+                            SendFailed(sub, out.msg_no, "no longer a sender of this subgroup")
+                        )
+                    q.clear()
+        self._ready.events.append(
+            ViewInstalled(view, joined, departed, self.assignment.adequate, state)
+        )
+        held = self._held.pop(view.view_id, [])
+        self._held = {v: p for v, p in self._held.items() if v > view.view_id}
+        self._held_count = sum(len(p) for p in self._held.values())
+        for sender, offset, data in held:
+            self._apply_push(sender, offset, data)
+
+    def _apply_push(self, sender: int, offset: int, data: bytes) -> None:
+        try:
+            rank = self.view.members.index(sender)
+        except ValueError:
+            self._ready.violations.append(
+                f"push from {sender}, not a member of view {self.view.view_id}"
+            )
+            return
+        try:
+            self.table.apply_push(rank, offset, data)
+        except ProtocolViolation as exc:
+            self._on_violation(ProtocolViolation(str(exc), sender))
+
+    def _on_violation(self, exc: ProtocolViolation) -> None:
+        self._ready.violations.append(str(exc))
+        if exc.member is not None and exc.member in self.view.members:
+            r = self.view.members.index(exc.member)
+            if r != self.rank:
+                self._suspect(r)
+
+    def _suspect(self, rank: int) -> None:
+        if self.suspected >> rank & 1:
+            return
+        self.suspected |= 1 << rank
+        self.table.freeze(rank)
+        if rank != self.rank:
+            self._ready.events.append(Suspected(self.view.members[rank]))
+
+    def _publish_suspicions(self) -> None:
+        sc = self.schema
+        if self.table.mine(sc.suspected) != self.suspected:
+            self.table.set(sc.suspected, self.suspected)
+            self.push_all(sc.suspected.offset, WORD)
+
+    def _scan_membership(self) -> None:
+        t = self.table
+        sc = self.schema
+        mask = self.suspected
+        wedge_seen = False
+        for r in range(self.view_size):
+            if r == self.rank:
+                continue
+            mask |= t.get(r, sc.suspected)
+            if t.get(r, sc.wedged):
+                wedge_seen = True
+        mask &= (1 << self.view_size) - 1
+        for r in range(self.view_size):
+            if mask >> r & 1 and not self.suspected >> r & 1 and r != self.rank:
+                self._suspect(r)
+        if mask >> self.rank & 1:
+            self._leave_group(Evicted(self.view.view_id), MemberState.EVICTED)
+            return
+        self._publish_suspicions()
+        unsuspected = self.view_size - bin(self.suspected).count("1")
+        if self.config.partition_safety and 2 * unsuspected <= self.view_size:
+            self._leave_group(Partitioned(self.view.view_id), MemberState.PARTITIONED)
+            return
+        if self.suspected or wedge_seen:
+            self._wedge()
+
+    def _wedge(self) -> None:
+        if self.wedged:
+            return
+        for sh in self.shards:
+            if sh is not None:
+                sh.publish_progress()
+                self._final_frontiers[sh.info.index] = sh.frontier
+                sh.freeze()
+        self.wedged = True
+        self.table.set(self.schema.wedged, 1)
+        self.push_all(self.schema.wedged.offset, WORD)
+
+    def _run_multicast(self) -> None:
+        expects = self._ready.expects
+        events = self._ready.events
+        transfers = self._ready.transfers
+        for sh in self.shards:
+            if sh is None:
+                continue
+            sh.receive(self._landed_early, self._awaiting, expects)
+            sh.send(transfers)
+            sh.deliver_stable(events)
+            sh.publish_progress()
+
+    def _fail_queued(self, reason: str) -> None:
+        for sub, q in self.queues.items():
+            for out in q:
+                self._ready.events.append(SendFailed(sub, out.msg_no, reason))
+            q.clear()
+
+    def _leave_group(self, event: Evicted | Partitioned | Left, state: MemberState) -> None:
+        self.state = state
+        self._fail_queued(f"this member is out of the group ({state.value})")
+        self._ready.events.append(event)
+
+    def _on_join_request(self, joiner: int) -> None:
+        if self.state is not MemberState.ACTIVE:
+            return
+        if joiner in self.view.members:
+            # Its Welcome may have been lost with a failed sender: any member of the view can
+            # repeat it while the joiner has not been heard from (nothing is stable without it).
+            r = self.view.members.index(joiner)
+            if self.table.get(r, self.schema.heartbeat) == 0 and not self.wedged:
+                self._ready.sends.append(
+                    Send(joiner, Welcome(self.view.view_id, self.view.members), attach_state=True)
+                )
+            return
+        unsuspected = [r for r in range(self.view_size) if not self.suspected >> r & 1]
+        if not unsuspected or unsuspected[0] != self.rank:
+            return
+        if joiner not in self.pending_joiners:
+            self.pending_joiners.append(joiner)
+        self._wedge()
+
+    def _on_welcome(self, msg: Welcome) -> None:
+        if self.state is not MemberState.JOINING or self.member_id not in msg.members:
+            return
+        self._enter_view(
+            View(msg.view_id, msg.members), joined=(self.member_id,), departed=(), state=msg.state
+        )
+
+    # -- introspection (tests, the simulator, status tools) ------------------------------------
+    def is_idle(self) -> bool:
+        """Nothing queued, nothing in flight, nothing undelivered, no view change under way."""
+        if self.state is not MemberState.ACTIVE:
+            return True
+        if self.wedged or self.suspected or self.pending_joiners:
+            return False
+        if any(self.queues.values()) and self.assignment.adequate:
+            return False
+        return all(sh is None or sh.idle() for sh in self.shards)
+
+    def holds(self, shard_index: int, seq: int) -> bool:
+        """Whether this member holds ``seq`` of shard ``shard_index`` in its current view."""
+        sh = self.shards[shard_index] if shard_index < len(self.shards) else None
+        return sh is not None and sh.frontier > seq

@@ -1,0 +1,389 @@
+"""Ordered multicast for one shard of one view (DESIGN.md §4.2-4.3).
+
+Theory of operation. Each sender owns a ring of ``window`` slots in its own row. Sending fills the
+next free slots with records (a header, then the inline payload), pushes the filled slot range,
+then pushes the ``sent_records`` counter that publishes them: data before counter, as two pushes,
+so a receiver that sees the counter sees the slots (sender batching: every ready record goes out
+in one pair of pushes). Receivers compare each sender's counter with what they have read, copy
+every new record out, and publish their ``recv_frontier`` once per scan (receiver batching).
+
+A record covers one turn (a message; a descriptor of a large message whose bytes travel on the
+data plane) or a run of turns (a null, sent by an idle sender when another sender is ahead of it).
+A descriptor counts as held only once its bytes have landed. Seq ``s`` is stable when it is below
+every shard member's published frontier; stable messages are delivered in seq order.
+
+Flow control: record ``r`` may reuse the slot of record ``r - window`` only once every shard
+member's frontier has passed that record's last seq, i.e. every member has copied it out.
+
+Once the member wedges, the shard stops sending, reading and advancing its frontier; the ragged
+trim then delivers everything below the agreed trim (:meth:`ShardState.deliver_until`).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from derecho_async.core.effects import DataKey, Delivered, Event, Expect, Transfer
+from derecho_async.core.layout import ShardInfo
+from derecho_async.core.ordering import frontier, turns_needed
+from derecho_async.core.schema import (
+    HEADER_WORDS,
+    KIND_DESCRIPTOR,
+    KIND_MESSAGE,
+    KIND_NULL,
+    WORD,
+    ShardColumns,
+)
+from derecho_async.core.table import Table
+from derecho_async.errors import ProtocolViolation
+
+__all__ = ["Outgoing", "Record", "ShardState"]
+
+_HEADER = struct.Struct("<4Q")
+_MAX_TURNS = 1 << 40
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """A message this member submitted and that is not yet delivered."""
+
+    msg_no: int
+    payload: object
+    nbytes: int
+    large: bool
+
+
+@dataclass(slots=True)
+class Record:
+    """A record read from a sender's ring (or written into mine)."""
+
+    first_turn: int
+    n_turns: int
+    kind: int
+    msg_no: int
+    nbytes: int
+    payload: object
+    landed: bool
+
+
+class ShardState:
+    """One shard's sender and receiver state within one view."""
+
+    def __init__(
+        self,
+        info: ShardInfo,
+        cols: ShardColumns,
+        table: Table,
+        view_id: int,
+        members: tuple[int, ...],
+        my_id: int,
+        max_payload: int,
+        queue: deque[Outgoing] | None,
+        push: Callable[[int, int, tuple[int, ...]], None],
+    ) -> None:
+        self.info = info
+        self.cols = cols
+        self.table = table
+        self.view_id = view_id
+        self.max_payload = max_payload
+        self._push = push
+        self.n = len(info.senders)
+        self.sender_ids = info.senders
+        self.sender_ranks = tuple(members.index(m) for m in info.senders)
+        self.member_ranks = tuple(members.index(m) for m in info.members)
+        self.my_rank = members.index(my_id)
+        self.my_id = my_id
+        self.my_index = info.senders.index(my_id) if my_id in info.senders else None
+        self.peer_ids = tuple(m for m in info.members if m != my_id)
+        # Sender side. ``queue`` is the member's queue for this subgroup, shared across views.
+        self.queue = queue
+        self.sent_records = 0
+        self.sent_turns = 0
+        self.inflight_last_seq: deque[int] = deque()
+        self.own_undelivered: deque[tuple[int, Outgoing]] = deque()
+        # Receiver side, per sender index.
+        self.records_read = [0] * self.n
+        self.turns_seen = [0] * self.n
+        self.turns_held = [0] * self.n
+        self.pending: list[deque[Record]] = [deque() for _ in range(self.n)]
+        self.unheld: list[deque[Record]] = [deque() for _ in range(self.n)]
+        self.awaiting_records: dict[DataKey, Record] = {}
+        self.frontier = 0
+        self.published_frontier = 0
+        self.delivered = 0
+        self.published_delivered = 0
+        self.frozen = False
+
+    # -- sending -------------------------------------------------------------------------------
+    def _min_member_frontier(self) -> int:
+        t = self.table
+        col = self.cols.recv_frontier
+        low = self.frontier
+        for r in self.member_ranks:
+            if r != self.my_rank:
+                v = t.get(r, col)
+                if v < low:
+                    low = v
+        return low
+
+    def _window_free(self) -> int:
+        if len(self.inflight_last_seq) >= self.cols.window:
+            low = self._min_member_frontier()
+            q = self.inflight_last_seq
+            while q and q[0] < low:
+                q.popleft()
+        return self.cols.window - len(self.inflight_last_seq)
+
+    def send(self, transfers: list[Transfer]) -> int:
+        """Fill free slots from the queue (then a null if others are ahead); push them.
+
+        Returns the number of records written.
+        """
+        if self.frozen or self.my_index is None:
+            return 0
+        free = self._window_free()
+        if free <= 0:
+            return 0
+        first_record = self.sent_records
+        q = self.queue
+        while free > 0 and q:
+            out = q.popleft()
+            self._write_message(out, transfers)
+            free -= 1
+        if free > 0 and not q:
+            need = turns_needed(self.my_index, self.turns_seen)
+            if need > self.sent_turns:
+                self._write_null(need - self.sent_turns)
+        written = self.sent_records - first_record
+        if written:
+            self._push_records(first_record, self.sent_records)
+        return written
+
+    def _write_record(
+        self, kind: int, n_turns: int, nbytes: int, msg_no: int, inline: bytes
+    ) -> int:
+        rec_no = self.sent_records
+        off = self.cols.slot_offset(rec_no)
+        first = self.sent_turns
+        hdr = _HEADER.pack(first, kind | (n_turns << 8), nbytes, msg_no)
+        self.table.write(off, hdr + inline)
+        self.sent_records += 1
+        self.sent_turns += n_turns
+        assert self.my_index is not None
+        self.inflight_last_seq.append((self.sent_turns - 1) * self.n + self.my_index)
+        return first
+
+    def _write_message(self, out: Outgoing, transfers: list[Transfer]) -> None:
+        assert self.my_index is not None
+        if out.large:
+            first = self._write_record(KIND_DESCRIPTOR, 1, out.nbytes, out.msg_no, b"")
+            key = DataKey(self.view_id, self.my_id, out.msg_no)
+            transfers.append(Transfer(key, out.payload, out.nbytes, self.peer_ids))
+            kind = KIND_DESCRIPTOR
+        else:
+            data = out.payload
+            assert isinstance(data, bytes)
+            first = self._write_record(KIND_MESSAGE, 1, len(data), out.msg_no, data)
+            kind = KIND_MESSAGE
+        rec = Record(first, 1, kind, out.msg_no, out.nbytes, out.payload, True)
+        self.pending[self.my_index].append(rec)
+        self.turns_seen[self.my_index] += 1
+        self.turns_held[self.my_index] += 1
+        self.own_undelivered.append((first * self.n + self.my_index, out))
+
+    def _write_null(self, n_turns: int) -> None:
+        assert self.my_index is not None
+        first = self._write_record(KIND_NULL, n_turns, 0, 0, b"")
+        self.pending[self.my_index].append(Record(first, n_turns, KIND_NULL, 0, 0, None, True))
+        self.turns_seen[self.my_index] += n_turns
+        self.turns_held[self.my_index] += n_turns
+
+    def _push_records(self, lo: int, hi: int) -> None:
+        w = self.cols.window
+        slot_bytes = self.cols.slot_words * WORD
+        # The slot ring may wrap: push each contiguous run of slots, then the counter.
+        r = lo
+        while r < hi:
+            start = r % w
+            run = min(hi - r, w - start)
+            self._push(self.cols.slot_offset(r), run * slot_bytes, self.peer_ids)
+            r += run
+        self.table.set(self.cols.sent_records, self.sent_records)
+        self._push(self.cols.sent_records.offset, WORD, self.peer_ids)
+
+    # -- receiving -----------------------------------------------------------------------------
+    def receive(
+        self,
+        landed_early: dict[DataKey, object],
+        awaiting: dict[DataKey, ShardState],
+        expects: list[Expect],
+    ) -> None:
+        """Copy every newly published record out of the senders' rings."""
+        if self.frozen:
+            return
+        t = self.table
+        cols = self.cols
+        for k, rank in enumerate(self.sender_ranks):
+            if k == self.my_index:
+                continue
+            published = t.get(rank, cols.sent_records)
+            read = self.records_read[k]
+            if published <= read:
+                continue
+            if published - read > cols.window:
+                raise ProtocolViolation(
+                    f"published {published} records with only {read} read and a window of "
+                    f"{cols.window}",
+                    self.sender_ids[k],
+                )
+            for rec_no in range(read, published):
+                self._read_record(k, rank, rec_no, landed_early, awaiting, expects)
+            self.records_read[k] = published
+        self._recompute_frontier()
+
+    def _read_record(
+        self,
+        k: int,
+        rank: int,
+        rec_no: int,
+        landed_early: dict[DataKey, object],
+        awaiting: dict[DataKey, ShardState],
+        expects: list[Expect],
+    ) -> None:
+        off = self.cols.slot_offset(rec_no)
+        raw = self.table.read(rank, off, HEADER_WORDS * WORD)
+        first, kind_turns, nbytes, msg_no = _HEADER.unpack(raw)
+        kind = kind_turns & 0xFF
+        n_turns = kind_turns >> 8
+        sender = self.sender_ids[k]
+        if first != self.turns_seen[k]:
+            raise ProtocolViolation(
+                f"record {rec_no} starts at turn {first}, expected {self.turns_seen[k]}", sender
+            )
+        if kind == KIND_MESSAGE:
+            if n_turns != 1 or nbytes > self.max_payload:
+                raise ProtocolViolation(f"bad message record ({n_turns} turns, {nbytes} B)", sender)
+            payload: object = self.table.read(rank, off + HEADER_WORDS * WORD, nbytes)
+            rec = Record(first, 1, kind, msg_no, nbytes, payload, True)
+        elif kind == KIND_DESCRIPTOR:
+            if n_turns != 1:
+                raise ProtocolViolation("descriptor record must cover one turn", sender)
+            key = DataKey(self.view_id, sender, msg_no)
+            rec = Record(first, 1, kind, msg_no, nbytes, None, False)
+            if key in landed_early:
+                rec.payload = landed_early.pop(key)
+                rec.landed = True
+            else:
+                awaiting[key] = self
+                self.awaiting_records[key] = rec
+                expects.append(Expect(key, nbytes))
+        elif kind == KIND_NULL:
+            if not 1 <= n_turns <= _MAX_TURNS:
+                raise ProtocolViolation(f"null record of {n_turns} turns", sender)
+            rec = Record(first, n_turns, kind, 0, 0, None, True)
+        else:
+            raise ProtocolViolation(f"unknown record kind {kind}", sender)
+        self.turns_seen[k] += rec.n_turns
+        self.pending[k].append(rec)
+        if rec.landed and not self.unheld[k]:
+            self.turns_held[k] += rec.n_turns
+        else:
+            self.unheld[k].append(rec)
+
+    def data_landed(self, key: DataKey, payload: object) -> None:
+        """The bytes of descriptor ``key`` landed here."""
+        rec = self.awaiting_records.pop(key, None)
+        if rec is None or self.frozen:
+            return
+        rec.payload = payload
+        rec.landed = True
+        k = self.sender_ids.index(key.sender)
+        un = self.unheld[k]
+        while un and un[0].landed:
+            self.turns_held[k] += un.popleft().n_turns
+        self._recompute_frontier()
+
+    def _recompute_frontier(self) -> None:
+        if not self.frozen:
+            self.frontier = frontier(self.turns_held)
+
+    def publish_progress(self) -> None:
+        """Push my frontier and delivered counters if they moved (once per scan)."""
+        t = self.table
+        cols = self.cols
+        changed = False
+        if self.frontier != self.published_frontier:
+            t.set(cols.recv_frontier, self.frontier)
+            self.published_frontier = self.frontier
+            changed = True
+        if self.delivered != self.published_delivered:
+            t.set(cols.delivered, self.delivered)
+            self.published_delivered = self.delivered
+            changed = True
+        if changed:
+            # recv_frontier and delivered are adjacent words: one push to every view member.
+            self._push(cols.recv_frontier.offset, 2 * WORD, ())
+
+    # -- delivery ------------------------------------------------------------------------------
+    def stable(self) -> int:
+        """Every seq below this is held by every shard member (as far as this member knows)."""
+        return self._min_member_frontier()
+
+    def deliver_until(self, limit: int, events: list[Event]) -> None:
+        """Deliver every message with ``delivered <= seq < limit``, in seq order."""
+        d = self.delivered
+        if limit <= d:
+            return
+        n = self.n
+        sub = self.info.subgroup
+        shard = self.info.shard
+        view_id = self.view_id
+        own = self.own_undelivered
+        while d < limit:
+            turn, k = divmod(d, n)
+            pend = self.pending[k]
+            if not pend:
+                raise AssertionError(f"seq {d} is not held (sender index {k})")
+            rec = pend[0]
+            if turn >= rec.first_turn + rec.n_turns:
+                raise AssertionError(f"seq {d}: record bookkeeping out of step")
+            if rec.kind == KIND_NULL:
+                if turn == rec.first_turn + rec.n_turns - 1:
+                    pend.popleft()
+                d += 1
+                continue
+            if not rec.landed:
+                raise AssertionError(f"seq {d} delivered before its bytes landed")
+            pend.popleft()
+            events.append(
+                Delivered(sub, shard, view_id, d, self.sender_ids[k], rec.msg_no, rec.payload)
+            )
+            if k == self.my_index and own and own[0][0] == d:
+                own.popleft()
+            d += 1
+        self.delivered = d
+
+    def deliver_stable(self, events: list[Event]) -> None:
+        if not self.frozen:
+            self.deliver_until(min(self.stable(), self.frontier), events)
+
+    # -- view change ---------------------------------------------------------------------------
+    def freeze(self) -> None:
+        """Stop sending, reading and advancing the frontier (the member wedged)."""
+        self.frozen = True
+
+    def leftovers(self) -> list[Outgoing]:
+        """My messages not delivered in this view, oldest first (to re-send in the next)."""
+        return [out for _, out in self.own_undelivered]
+
+    def idle(self) -> bool:
+        """True when nothing received is undelivered and nothing of mine is in flight."""
+        return (
+            not self.own_undelivered
+            and self.delivered == self.frontier
+            and all(not u for u in self.unheld)
+            and self.turns_seen == self.turns_held
+        )

@@ -1,0 +1,124 @@
+"""The shared-state table: one row per member over a single caller-supplied buffer.
+
+Theory of operation: member *i* writes only row *i*; the other rows change only when a peer's push
+lands (:meth:`Table.apply_push`). A landing write is validated first: it must be word aligned and
+lie wholly inside the sending member's row, or it is rejected as a :class:`ProtocolViolation` by
+that member. When a peer is suspected its row is *frozen*: a private copy of the row is taken and
+every later read of that row returns the copy, so late or partial writes from the suspect cannot
+change what the protocol sees (this also works where peers write the buffer directly, as over
+shared memory or RDMA, and no push passes through this object).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from derecho_async.core.schema import WORD, Column, RowSchema
+from derecho_async.errors import ProtocolViolation
+
+__all__ = ["Table"]
+
+_U64 = struct.Struct("<Q")
+_MASK = (1 << 64) - 1
+
+
+class Table:
+    """``n_rows`` rows of ``schema`` over ``buffer`` (a fresh bytearray when none is given)."""
+
+    __slots__ = ("_frozen", "buf", "my_rank", "n_rows", "row_bytes", "schema")
+
+    def __init__(
+        self,
+        schema: RowSchema,
+        n_rows: int,
+        my_rank: int,
+        buffer: bytearray | memoryview | None = None,
+    ) -> None:
+        if not 0 <= my_rank < n_rows:
+            raise ValueError(f"rank {my_rank} outside 0..{n_rows - 1}")
+        self.schema = schema
+        self.n_rows = n_rows
+        self.my_rank = my_rank
+        self.row_bytes = schema.row_bytes
+        size = n_rows * schema.row_bytes
+        if buffer is None:
+            buffer = bytearray(size)
+        view = memoryview(buffer).cast("B")
+        if len(view) < size:
+            raise ValueError(f"table buffer holds {len(view)} bytes, needs {size}")
+        self.buf = view[:size]
+        self._frozen: dict[int, bytes] = {}
+
+    # -- reads -------------------------------------------------------------------------------
+    def get(self, rank: int, col: Column, index: int = 0) -> int:
+        """Word ``index`` of column ``col`` in row ``rank`` (the frozen copy if frozen)."""
+        off = col.offset + index * WORD
+        frozen = self._frozen.get(rank)
+        if frozen is not None:
+            return int(_U64.unpack_from(frozen, off)[0])
+        return int(_U64.unpack_from(self.buf, rank * self.row_bytes + off)[0])
+
+    def read(self, rank: int, offset: int, nbytes: int) -> bytes:
+        """``nbytes`` raw bytes at row offset ``offset`` of row ``rank``."""
+        frozen = self._frozen.get(rank)
+        if frozen is not None:
+            return frozen[offset : offset + nbytes]
+        base = rank * self.row_bytes + offset
+        return bytes(self.buf[base : base + nbytes])
+
+    def mine(self, col: Column, index: int = 0) -> int:
+        """Word ``index`` of ``col`` in my own row."""
+        return self.get(self.my_rank, col, index)
+
+    # -- writes (my row only) ------------------------------------------------------------------
+    def set(self, col: Column, value: int, index: int = 0) -> None:
+        """Write word ``index`` of ``col`` in my row (values are taken modulo 2**64)."""
+        _U64.pack_into(
+            self.buf, self.my_rank * self.row_bytes + col.offset + index * WORD, value & _MASK
+        )
+
+    def write(self, offset: int, data: bytes | memoryview) -> None:
+        """Write raw bytes at row offset ``offset`` of my row."""
+        base = self.my_rank * self.row_bytes + offset
+        self.buf[base : base + len(data)] = data
+
+    def my_bytes(self, offset: int, nbytes: int) -> bytes:
+        """A copy of ``nbytes`` of my row at row offset ``offset`` (what a push carries)."""
+        base = self.my_rank * self.row_bytes + offset
+        return bytes(self.buf[base : base + nbytes])
+
+    def table_offset(self, row_offset: int) -> int:
+        """The table offset of row offset ``row_offset`` in my row (what a push is addressed by)."""
+        return self.my_rank * self.row_bytes + row_offset
+
+    # -- remote writes -------------------------------------------------------------------------
+    def check_push(self, sender_rank: int, offset: int, nbytes: int) -> None:
+        """Raise :class:`ProtocolViolation` unless a write of ``nbytes`` at table ``offset`` from
+        ``sender_rank`` is aligned and lies inside that sender's row."""
+        lo = sender_rank * self.row_bytes
+        hi = lo + self.row_bytes
+        if offset % WORD or nbytes % WORD:
+            raise ProtocolViolation(f"unaligned write at {offset} of {nbytes} bytes")
+        if not (lo <= offset and offset + nbytes <= hi and nbytes >= 0):
+            raise ProtocolViolation(
+                f"write of {nbytes} bytes at {offset} outside its row [{lo}, {hi})"
+            )
+
+    def apply_push(self, sender_rank: int, offset: int, data: bytes | memoryview) -> None:
+        """Land a peer's write. Validated; ignored (after validation) if the row is frozen."""
+        if not 0 <= sender_rank < self.n_rows or sender_rank == self.my_rank:
+            raise ProtocolViolation(f"write from rank {sender_rank} into this table")
+        self.check_push(sender_rank, offset, len(data))
+        if sender_rank in self._frozen:
+            return
+        self.buf[offset : offset + len(data)] = data
+
+    def freeze(self, rank: int) -> None:
+        """Freeze row ``rank``: from now on reads see the row as it is at this moment."""
+        if rank == self.my_rank or rank in self._frozen:
+            return
+        base = rank * self.row_bytes
+        self._frozen[rank] = bytes(self.buf[base : base + self.row_bytes])
+
+    def is_frozen(self, rank: int) -> bool:
+        return rank in self._frozen

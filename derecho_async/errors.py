@@ -1,0 +1,88 @@
+"""The exceptions derecho_async raises.
+
+Every error the library raises on purpose derives from :class:`DerechoError`. The split follows
+who is at fault: :class:`ConfigError` and :class:`UsageError` mean the caller misused the library;
+:class:`ProtocolViolation` means a peer broke the protocol; :class:`PartitionedError`,
+:class:`MemberFailed` and :class:`GroupClosed` report what happened to the group. Anything else is
+a bug in derecho_async.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DerechoError",
+    "GroupClosed",
+    "MemberFailed",
+    "PartitionedError",
+    "ProtocolViolation",
+    "UsageError",
+]
+
+
+class DerechoError(Exception):
+    """Base class of every error derecho_async raises on purpose."""
+
+
+class UsageError(DerechoError):
+    """The caller used the API in a way it does not allow (wrong state, bad argument)."""
+
+
+class ConfigError(DerechoError, ValueError):
+    """A configuration value is missing or malformed.
+
+    ``key`` names the offending setting and ``expected`` the form it must take.
+    """
+
+    def __init__(self, key: str, expected: str, got: object = None) -> None:
+        self.key = key
+        self.expected = expected
+        self.got = got
+        super().__init__(f"config key {key!r}: expected {expected}, got {got!r}")
+
+
+class ProtocolViolation(DerechoError):
+    """A peer broke the protocol: a write outside its own row, a malformed frame, a bad length.
+
+    ``member`` is the id of the offending peer when known.
+    """
+
+    def __init__(self, message: str, member: int | None = None) -> None:
+        self.member = member
+        prefix = f"member {member}: " if member is not None else ""
+        super().__init__(prefix + message)
+
+
+class PartitionedError(DerechoError):
+    """This member lost contact with a majority of its view and wedged for good.
+
+    With partition safety on (the default) a minority never installs a new view, so no split
+    brain can happen; every caller waiting on this member gets this error.
+    """
+
+
+class MemberFailed(DerechoError):
+    """A member failed (or left) before it replied to an ordered call.
+
+    Appears as a *value* in a reply mapping, not raised, so one failed member does not hide the
+    replies of the others.
+    """
+
+    def __init__(self, member: int, reason: str = "failed before replying") -> None:
+        self.member = member
+        self.reason = reason
+        super().__init__(f"member {member} {reason}")
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, MemberFailed)
+            and other.member == self.member
+            and other.reason == self.reason
+        )
+
+    def __hash__(self) -> int:
+        return hash((MemberFailed, self.member, self.reason))
+
+
+class GroupClosed(DerechoError):
+    """The group (or this member's place in it) has been closed; no further calls are possible."""
