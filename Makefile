@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check derecho_async tests examples benchmarks
+	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 test: lint
