@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo sweep clean
+.PHONY: test lint demo sim-demo sweep clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ test: lint
 	$(BIN)/pytest
 
 demo: $(STAMP)
+	$(BIN)/derecho-async demo
+
+sim-demo: $(STAMP)
 	$(BIN)/python examples/sim_demo.py
 
 sweep: $(STAMP)

@@ -1,13 +1,17 @@
 """derecho_async: group communication in the Derecho model for asyncio.
 
-Members of a group multicast to a (sub)group; every member delivers the same messages in the same
-total order, only once they are stable; crashes and joins are agreed as views with virtual
+Members of a group host replicated actors. An ordered call is multicast to the actor's subgroup;
+every member delivers the same calls in the same total order, only once they are stable, and
+returns its result to the caller. Crashes, joins and leaves are agreed as views with virtual
 synchrony. The protocol core (:mod:`derecho_async.core`) is pure and deterministic; the public
 simulated cluster lives in :mod:`derecho_async.testing`.
 """
 
 from __future__ import annotations
 
+from derecho_async.actor import Actor, ordered, p2p
+from derecho_async.config import Config
+from derecho_async.core.view import View
 from derecho_async.errors import (
     ConfigError,
     DerechoError,
@@ -17,16 +21,28 @@ from derecho_async.errors import (
     ProtocolViolation,
     UsageError,
 )
+from derecho_async.group import Group, HandlerError, Replies, SubgroupHandle
+from derecho_async.launch import launch_local
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Actor",
+    "Config",
     "ConfigError",
     "DerechoError",
+    "Group",
     "GroupClosed",
+    "HandlerError",
     "MemberFailed",
     "PartitionedError",
     "ProtocolViolation",
+    "Replies",
+    "SubgroupHandle",
     "UsageError",
+    "View",
     "__version__",
+    "launch_local",
+    "ordered",
+    "p2p",
 ]

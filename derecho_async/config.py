@@ -189,7 +189,7 @@ class Config:
     """Path of this member's PEM private key; set together with ``tls_cert``."""
     tls_ca: str | None = None
     """Path of the PEM CA bundle peers' certificates are checked against."""
-    heartbeat_ms: float = 20.0
+    heartbeat_ms: float = 50.0
     """Period of heartbeats, in milliseconds (> 0)."""
     suspect_after_ms: float = 500.0
     """A peer silent this long (ms) is suspected of failure; must exceed ``heartbeat_ms``."""

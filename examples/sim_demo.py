@@ -33,8 +33,10 @@ def main() -> None:
         idle = c.run_until_idle()
         c.check()
         v = c.views(min(c.alive()))[-1] if c.alive() else None
-        print(f"{name:<36} tick {c.now:>5}  view {v.view_id if v else '-'} "
-              f"{list(v.members) if v else []}  idle={idle}")
+        print(
+            f"{name:<36} tick {c.now:>5}  view {v.view_id if v else '-'} "
+            f"{list(v.members) if v else []}  idle={idle}"
+        )
     c.heal()
     c.run_until_idle()
     c.check()

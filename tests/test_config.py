@@ -33,7 +33,7 @@ def test_defaults() -> None:
     assert dict(c.peers) == {}
     assert c.secret is None
     assert (c.tls_cert, c.tls_key, c.tls_ca) == (None, None, None)
-    assert c.heartbeat_ms == 20.0 and isinstance(c.heartbeat_ms, float)
+    assert c.heartbeat_ms == 50.0 and isinstance(c.heartbeat_ms, float)
     assert c.suspect_after_ms == 500.0
     assert c.window == 64
     assert c.max_payload == 8192

@@ -116,6 +116,10 @@ class Member:
         self._next_join_try = 0
         self._join_attempt = 0
         self.leaving = False
+        # What changed since the last poll: membership columns (other than heartbeats) and
+        # shard columns or local send work. A poll skips the scans nothing can have changed.
+        self._dirty_membership = True
+        self._dirty_multicast = True
         # Per-view state, set by _enter_view.
         self.view = View(-1, ())
         self.rank = -1
@@ -165,6 +169,7 @@ class Member:
         msg_no = self._msg_no
         self._msg_no += 1
         queue.append(Outgoing(msg_no, obj, size, large))
+        self._dirty_multicast = True
         return msg_no
 
     def tick(self) -> None:
@@ -226,6 +231,7 @@ class Member:
             return
         if self.state is not MemberState.ACTIVE or key.view_id != self.view.view_id:
             return
+        self._dirty_multicast = True
         shard = self._awaiting.pop(key, None)
         if shard is None:
             self._landed_early[key] = payload
@@ -249,13 +255,18 @@ class Member:
         if self.state is not MemberState.ACTIVE:
             return
         try:
-            self._scan_membership()
-            if self.state is not MemberState.ACTIVE:
-                return
-            if not self.wedged:
+            if self._dirty_membership:
+                self._dirty_membership = False
+                self._scan_membership()
+                if self.state is not MemberState.ACTIVE:
+                    return
+                if self.wedged:
+                    view_change.step(self)
+            if not self.wedged and self._dirty_multicast:
+                self._dirty_multicast = False
                 self._run_multicast()
-            if self.wedged:
-                view_change.step(self)
+                if self.wedged:
+                    view_change.step(self)
         except ProtocolViolation as exc:
             self._on_violation(exc)
 
@@ -280,6 +291,10 @@ class Member:
     def push_all(self, row_offset: int, nbytes: int) -> None:
         """Push a range of my row to every unsuspected member of the view."""
         self._push(row_offset, nbytes, ())
+
+    def mark_changed(self) -> None:
+        """My own row changed in a way the next poll must look at (view-change progress)."""
+        self._dirty_membership = True
 
     def final_frontier(self, shard_index: int) -> int:
         return self._final_frontiers.get(shard_index, 0)
@@ -369,6 +384,8 @@ class Member:
                 self.shards.append(None)
         self.suspected = 0
         self.wedged = False
+        self._dirty_membership = True
+        self._dirty_multicast = True
         self._final_frontiers = {}
         self._last_hb = [0] * n
         self._last_change = [self.now] * n
@@ -406,6 +423,16 @@ class Member:
             self.table.apply_push(rank, offset, data)
         except ProtocolViolation as exc:
             self._on_violation(ProtocolViolation(str(exc), sender))
+            return
+        lo = offset - rank * self.table.row_bytes
+        hi = lo + len(data)
+        sc = self.schema
+        if lo < sc.membership_bytes:
+            hb = sc.heartbeat.offset
+            if not (lo >= hb and hi <= hb + WORD):
+                self._dirty_membership = True
+        if hi > sc.membership_bytes:
+            self._dirty_multicast = True
 
     def _on_violation(self, exc: ProtocolViolation) -> None:
         self._ready.violations.append(str(exc))
@@ -418,6 +445,7 @@ class Member:
         if self.suspected >> rank & 1:
             return
         self.suspected |= 1 << rank
+        self._dirty_membership = True
         self.table.freeze(rank)
         if rank != self.rank:
             self._ready.events.append(Suspected(self.view.members[rank]))
@@ -463,6 +491,7 @@ class Member:
                 self._final_frontiers[sh.info.index] = sh.frontier
                 sh.freeze()
         self.wedged = True
+        self._dirty_membership = True
         self.table.set(self.schema.wedged, 1)
         self.push_all(self.schema.wedged.offset, WORD)
 

@@ -160,6 +160,7 @@ class ShardState:
         written = self.sent_records - first_record
         if written:
             self._push_records(first_record, self.sent_records)
+            self._recompute_frontier()
         return written
 
     def _write_record(

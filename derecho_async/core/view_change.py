@@ -80,6 +80,7 @@ def write_proposal(m: Member, prop: Proposal, ballot: int, commit: int = 0) -> N
     if commit:
         t.set(sc.commit_ballot, commit)
         m.push_all(sc.commit_ballot.offset, WORD)
+    m.mark_changed()
 
 
 def step(m: Member) -> None:
@@ -111,6 +112,7 @@ def _lead(m: Member, unsuspected: list[int]) -> None:
         if all(t.get(r, sc.prop_ballot) == my_ballot for r in unsuspected):
             t.set(sc.commit_ballot, my_ballot)
             m.push_all(sc.commit_ballot.offset, WORD)
+            m.mark_changed()
         return
     # Rule 3: promises.
     lower = (1 << m.rank) - 1

@@ -1,0 +1,364 @@
+"""The ``derecho-async`` command: ``demo``, ``bench``, ``member`` and ``status``.
+
+``demo`` and ``bench`` start a local group as separate processes (spawned, so each member is a
+real process with its own event loop), run the replicated-log workload of
+:mod:`derecho_async.workload` and print what happened; ``demo`` also SIGKILLs one member halfway
+and shows the view change. ``member`` runs one member of a multi-host group from a TOML file.
+``status`` lists the shared-memory segments of local groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import queue as queue_mod
+import secrets
+import signal
+import sys
+import time
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _child(
+    fields: dict[str, Any],
+    q: Any,
+    count: int,
+    size: int,
+    depth: int,
+    sender: bool,
+    use_uvloop: bool,
+    linger: float = 0.3,
+) -> None:
+    import derecho_async as da
+    from derecho_async.workload import run_member
+
+    config = da.Config(**fields)
+    coro = run_member(config, q, count, size, depth, sender, linger)
+    try:
+        if use_uvloop:
+            import uvloop
+
+            uvloop.run(coro)
+        else:
+            asyncio.run(coro)
+    except da.DerechoError as exc:
+        q.put(("error", config.member_id, f"{type(exc).__name__}: {exc}"))
+        sys.exit(3)
+
+
+class _Run:
+    """Starts member processes and collects their reports."""
+
+    def __init__(
+        self,
+        members: int,
+        transport: str,
+        count: int,
+        size: int,
+        depth: int,
+        senders: int,
+        heartbeat_ms: float,
+        suspect_after_ms: float,
+        use_uvloop: bool = True,
+        linger: float = 0.3,
+    ) -> None:
+        self.ctx = multiprocessing.get_context("spawn")
+        self.q = self.ctx.Queue()
+        self.group = f"cli-{os.getpid()}-{secrets.token_hex(3)}"
+        self.procs: dict[int, Any] = {}
+        self.reports: dict[int, dict[str, Any]] = {}
+        self.progress: dict[int, int] = {}
+        self.views: dict[int, tuple[int, list[int]]] = {}
+        self.errors: dict[int, str] = {}
+        self.linger = linger
+        base: dict[str, Any] = {
+            "group": self.group,
+            "initial_members": members,
+            "transport": transport,
+            "heartbeat_ms": heartbeat_ms,
+            "suspect_after_ms": suspect_after_ms,
+        }
+        if transport == "tcp":
+            ports = _free_ports(members)
+            base["peers"] = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+            base["secret"] = secrets.token_hex(16)
+        self.base = base
+        for i in range(members):
+            fields = dict(base, member_id=i)
+            if transport == "tcp":
+                fields["listen"] = base["peers"][i]
+            p = self.ctx.Process(
+                target=_child,
+                name=f"derecho-member-{i}",
+                args=(fields, self.q, count, size, depth, i < senders, use_uvloop, linger),
+            )
+            p.start()
+            self.procs[i] = p
+
+    def poll(self, timeout: float) -> list[tuple[Any, ...]]:
+        out = []
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.q.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue_mod.Empty:
+                break
+            out.append(msg)
+            kind, member = msg[0], msg[1]
+            if kind == "progress":
+                self.progress[member] = msg[2]
+            elif kind == "view":
+                self.views[member] = (msg[2], msg[3])
+            elif kind == "done":
+                self.reports[member] = msg[2]
+                self.progress[member] = msg[2]["delivered"]
+            elif kind == "error":
+                self.errors[member] = msg[2]
+            if time.monotonic() >= deadline:
+                break
+        return out
+
+    def alive(self) -> list[int]:
+        return [m for m, p in self.procs.items() if p.is_alive()]
+
+    def finish(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            self.poll(0.1)
+        self.poll(0.2)
+        for p in self.procs.values():
+            if p.is_alive():
+                p.kill()
+            p.join()
+        from derecho_async.transport.shm import ShmTransport
+
+        ShmTransport.cleanup_group(self.group)
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for j, r in enumerate(rows):
+        lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    n = args.members
+    print(
+        f"derecho-async demo: {n} members over {args.transport}, {args.messages} ordered "
+        f"appends each, {args.size} B"
+        + ("" if args.no_kill else f"; member {n - 1} is killed halfway")
+    )
+    run = _Run(
+        n,
+        args.transport,
+        args.messages,
+        args.size,
+        args.depth,
+        n,
+        args.heartbeat_ms,
+        args.suspect_after_ms,
+    )
+    total = n * args.messages
+    killed: int | None = None
+    start = time.monotonic()
+    last_views: dict[int, tuple[int, list[int]]] = {}
+    while run.alive() and time.monotonic() - start < args.timeout:
+        run.poll(0.2)
+        done = max(run.progress.values(), default=0)
+        for m, v in sorted(run.views.items()):
+            if last_views.get(m) != v:
+                last_views[m] = v
+                print(f"\r  member {m} installed view {v[0]}: members {v[1]}" + " " * 20)
+        print(f"\r  delivered {done:>7}/{total}  alive {run.alive()}", end="", flush=True)
+        if not args.no_kill and killed is None and done >= total // 2:
+            killed = n - 1
+            os.kill(run.procs[killed].pid, signal.SIGKILL)
+            print(f"\r  SIGKILL member {killed} at {done} delivered" + " " * 20)
+        if len(run.reports) + (1 if killed is not None else 0) >= n:
+            break
+    print()
+    run.finish(10.0)
+    return _report(run, killed, n)
+
+
+def _report(run: _Run, killed: int | None, n: int) -> int:
+    rows = [["member", "state", "delivered", "msgs/s", "p50 µs", "p99 µs", "views", "log digest"]]
+    for m in range(n):
+        r = run.reports.get(m)
+        if r is None:
+            state = "killed" if m == killed else ("error" if m in run.errors else "no report")
+            rows.append([str(m), state, "-", "-", "-", "-", "-", "-"])
+            continue
+        rows.append(
+            [
+                str(m),
+                "survivor",
+                str(r["delivered"]),
+                f"{r['msgs_per_s']:.0f}",
+                f"{r['p50_us']:.0f}",
+                f"{r['p99_us']:.0f}",
+                ",".join(map(str, r["views"])),
+                r["digest"][:12],
+            ]
+        )
+    print(_table(rows))
+    for m, e in sorted(run.errors.items()):
+        print(f"member {m}: {e}")
+    digests = {r["digest"] for r in run.reports.values()}
+    same = len(digests) == 1 and len(run.reports) == n - (1 if killed is not None else 0)
+    print(f"\nsurvivors' logs identical: {'yes' if same else 'NO'}")
+    return 0 if same else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    n = args.members
+    senders = n if args.senders == "all" else int(args.senders)
+    run = _Run(
+        n,
+        args.transport,
+        args.messages,
+        args.size,
+        args.depth,
+        senders,
+        args.heartbeat_ms,
+        args.suspect_after_ms,
+    )
+    start = time.monotonic()
+    while len(run.reports) < n and run.alive() and time.monotonic() - start < args.timeout:
+        run.poll(0.5)
+    run.finish(10.0)
+    if len(run.reports) < n:
+        print(f"bench failed: reports from {sorted(run.reports)} only; errors {run.errors}")
+        return 1
+    r = list(run.reports.values())
+    rate = min(x["msgs_per_s"] for x in r)
+    rows = [
+        [
+            "transport",
+            "members",
+            "senders",
+            "size B",
+            "msgs",
+            "msgs/s (min member)",
+            "p50 µs",
+            "p99 µs",
+            "p99.9 µs",
+        ],
+        [
+            args.transport,
+            str(n),
+            str(senders),
+            str(args.size),
+            str(r[0]["delivered"]),
+            f"{rate:.0f}",
+            f"{max(x['p50_us'] for x in r):.0f}",
+            f"{max(x['p99_us'] for x in r):.0f}",
+            f"{max(x['p999_us'] for x in r):.0f}",
+        ],
+    ]
+    print(_table(rows))
+    print(
+        f"(cores: {os.cpu_count()}; outstanding calls per sender: {args.depth}; "
+        f"latency is the ordered call, submit to every member's reply)"
+    )
+    return 0 if len({x["digest"] for x in r}) == 1 else 1
+
+
+def cmd_member(args: argparse.Namespace) -> int:
+    import derecho_async as da
+
+    config = da.Config.load(args.config)
+    from derecho_async.workload import run_member
+
+    class _Print:
+        def put(self, msg: tuple[Any, ...]) -> None:
+            print(*msg, flush=True)
+
+    async def go() -> None:
+        await run_member(config, _Print(), args.messages, args.size, args.depth)
+
+    import uvloop
+
+    uvloop.run(go())
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from derecho_async.transport.shm import SHM_DIR
+
+    names = sorted(f for f in os.listdir(SHM_DIR) if f.startswith("da-"))
+    if not names:
+        print("no derecho_async shared-memory segments on this host")
+        return 0
+    for name in names:
+        print(name)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="derecho-async",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    def common(p: argparse.ArgumentParser, members: int, messages: int) -> None:
+        p.add_argument("--members", type=int, default=members)
+        p.add_argument("--transport", choices=["shm", "tcp"], default="shm")
+        p.add_argument("--messages", type=int, default=messages, help="appends per sender")
+        p.add_argument("--size", type=int, default=1024, help="message size in bytes")
+        p.add_argument("--depth", type=int, default=32, help="outstanding calls per sender")
+        p.add_argument("--heartbeat-ms", type=float, default=50.0)
+        p.add_argument("--suspect-after-ms", type=float, default=500.0)
+        p.add_argument("--timeout", type=float, default=300.0)
+
+    demo = sub.add_parser("demo", help="a local 3-member group with a member killed halfway")
+    common(demo, 3, 3000)
+    demo.add_argument("--no-kill", action="store_true", help="do not kill a member")
+    demo.set_defaults(fn=cmd_demo)
+    bench = sub.add_parser("bench", help="ordered msgs/s and latency of a local group")
+    common(bench, 3, 20000)
+    bench.add_argument("--senders", default="all", help="'all' or a number of senders")
+    bench.set_defaults(fn=cmd_bench)
+    member = sub.add_parser("member", help="run one member of a multi-host group")
+    member.add_argument("--config", required=True, help="TOML file (see README)")
+    member.add_argument("--messages", type=int, default=1000)
+    member.add_argument("--size", type=int, default=1024)
+    member.add_argument("--depth", type=int, default=32)
+    member.set_defaults(fn=cmd_member)
+    status = sub.add_parser("status", help="list local groups' shared-memory segments")
+    status.set_defaults(fn=cmd_status)
+    args = parser.parse_args(argv)
+    if getattr(args, "members", 2) < 2 and args.cmd in ("demo", "bench"):
+        parser.error("--members must be at least 2")
+    try:
+        return int(args.fn(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

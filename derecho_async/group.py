@@ -1,0 +1,553 @@
+"""The user-facing group: join, host replicated actors, make ordered and p2p calls, leave.
+
+Theory of operation: a :class:`Group` builds the transport named by its :class:`Config`, a
+:class:`~derecho_async.runtime.driver.Driver` for the pure core, and one subgroup per actor class
+(the layout). An ordered call encodes ``(method, args, kwargs)`` with the msgpack codec and
+submits it to the core; when the message is delivered, every member runs the handler through the
+actor's :class:`~derecho_async.runtime.runner.SerialRunner` (one at a time, in delivery order)
+and sends its result back to the caller, which completes the call's future once every member of
+the delivering view answered; members that leave or fail first are reported as
+:class:`MemberFailed`. A p2p call goes to one member over the channel and runs there at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import msgpack  # type: ignore[import-untyped]
+
+from derecho_async import codec
+from derecho_async.actor import Actor, ActorSpec, actor_spec
+from derecho_async.config import Config, parse_hostport
+from derecho_async.core import (
+    Delivered,
+    Evicted,
+    Layout,
+    Left,
+    MemberState,
+    Partitioned,
+    SendFailed,
+    SubgroupSpec,
+    View,
+    ViewInstalled,
+)
+from derecho_async.core.effects import Event
+from derecho_async.errors import (
+    DerechoError,
+    GroupClosed,
+    MemberFailed,
+    PartitionedError,
+    ProtocolViolation,
+    UsageError,
+)
+from derecho_async.runtime import envelope as env
+from derecho_async.runtime.driver import Driver
+from derecho_async.runtime.runner import SerialRunner
+from derecho_async.transport.base import Transport
+
+if TYPE_CHECKING:
+    from derecho_async.transport.loopback import LoopbackFabric
+
+__all__ = ["Group", "HandlerError", "Replies", "SubgroupHandle"]
+
+log = logging.getLogger("derecho_async.group")
+
+
+class HandlerError(DerechoError):
+    """A handler raised at another member: its exception type name and message."""
+
+    def __init__(self, member: int, type_name: str, message: str) -> None:
+        self.member = member
+        self.type_name = type_name
+        self.message = message
+        super().__init__(f"member {member}: {type_name}: {message}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HandlerError) and (
+            (other.member, other.type_name, other.message)
+            == (self.member, self.type_name, self.message)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.member, self.type_name, self.message))
+
+
+class Replies(Mapping[int, object]):
+    """The outcome of an ordered call: member id -> result, exception or :class:`MemberFailed`.
+
+    ``version`` is the call's ``(view_id, seq)``, identical at every member.
+    """
+
+    def __init__(self, results: dict[int, object], version: tuple[int, int]) -> None:
+        self._results = dict(sorted(results.items()))
+        self.version = version
+
+    def __getitem__(self, member: int) -> object:
+        return self._results[member]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._results)
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    def values_ok(self) -> list[object]:
+        """The results of the members that answered without an exception."""
+        return [v for v in self._results.values() if not isinstance(v, BaseException)]
+
+    def __repr__(self) -> str:
+        return f"Replies({self._results!r}, version={self.version})"
+
+
+@dataclass(slots=True)
+class _PendingCall:
+    future: asyncio.Future[Replies]
+    expected: frozenset[int] | None = None
+    version: tuple[int, int] = (0, 0)
+    results: dict[int, object] = field(default_factory=dict)
+
+
+def _make_transport(config: Config) -> Transport:
+    if config.transport == "shm":
+        from derecho_async.transport.shm import ShmTransport
+
+        return ShmTransport(config.group, config.member_id)
+    if config.transport == "tcp":
+        import ssl
+
+        from derecho_async.transport.tcp import TcpTransport
+
+        assert config.secret is not None  # Config guarantees it for tcp
+        server_ctx = client_ctx = None
+        if config.tls_cert:
+            server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=config.tls_ca)
+            server_ctx.load_cert_chain(config.tls_cert, config.tls_key)
+            client_ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.tls_ca)
+            client_ctx.check_hostname = False
+        peers = {m: parse_hostport(a, "peers") for m, a in config.peers.items()}
+        return TcpTransport(
+            config.member_id,
+            parse_hostport(config.listen, "listen"),
+            secret=config.secret.encode(),
+            peers=peers,
+            ssl_server=server_ctx,
+            ssl_client=client_ctx,
+        )
+    if config.transport == "sim":
+        from derecho_async.transport.loopback import LoopbackFabric
+
+        fabric = _FABRICS.setdefault(config.group, LoopbackFabric())
+        return fabric.transport(config.member_id)
+    raise UsageError(f"transport {config.transport!r} is not available in this build")
+
+
+_FABRICS: dict[str, LoopbackFabric] = {}
+"""In-process fabrics of ``transport="sim"`` groups, by group name."""
+
+
+class _OrderedMethod:
+    def __init__(self, group: Group, spec: ActorSpec, name: str) -> None:
+        self._group = group
+        self._spec = spec
+        self._name = name
+
+    def __call__(self, *args: object, **kwargs: object) -> Awaitable[Replies]:
+        return self._group._ordered_call(self._spec, self._name, args, kwargs)
+
+
+class _P2PMethod:
+    def __init__(self, group: Group, spec: ActorSpec, name: str) -> None:
+        self._group = group
+        self._spec = spec
+        self._name = name
+
+    def at(self, member: int) -> Callable[..., Awaitable[Any]]:
+        """The call bound to ``member``: ``await handle.method.at(m)(*args)``."""
+
+        def call(*args: object, **kwargs: object) -> Awaitable[Any]:
+            return self._group._p2p_call(member, self._spec, self._name, args, kwargs)
+
+        return call
+
+
+class SubgroupHandle:
+    """Calls into one actor's subgroup: ``await handle.method(...)`` for ``@ordered`` methods,
+    ``await handle.method.at(member)(...)`` for ``@p2p`` methods."""
+
+    def __init__(self, group: Group, spec: ActorSpec) -> None:
+        self._group = group
+        self._spec = spec
+
+    def __getattr__(self, name: str) -> Any:
+        kind = self._spec.kind_of(name)
+        if kind == "ordered":
+            return _OrderedMethod(self._group, self._spec, name)
+        if kind == "p2p":
+            return _P2PMethod(self._group, self._spec, name)
+        raise AttributeError(f"actor {self._spec.name} has no @ordered or @p2p method {name!r}")
+
+
+class Group:
+    """One member's membership in a group (see the module docstring).
+
+    ``async with Group(config, actors=[Log]) as group:`` joins, and leaves on exit;
+    ``await Group.join(config, actors=[Log])`` and ``await group.leave()`` do the same by hand.
+    """
+
+    def __init__(self, config: Config, actors: Sequence[type[Actor]] = ()) -> None:
+        if not isinstance(config, Config):
+            raise UsageError("Group needs a derecho_async.Config")
+        self.config = config
+        self._specs: dict[str, ActorSpec] = {}
+        for cls in actors:
+            spec = actor_spec(cls)
+            if spec.name in self._specs:
+                raise UsageError(f"two actor classes named {spec.name!r}")
+            self._specs[spec.name] = spec
+        self._actors: dict[str, Actor] = {}
+        self._runners: dict[str, SerialRunner] = {}
+        for name, spec in self._specs.items():
+            self._actors[name] = spec.cls()
+            self._runners[name] = SerialRunner()
+        names = tuple(self._specs) or ("default",)
+        self.layout = Layout(tuple(SubgroupSpec(n) for n in names))
+        self._driver: Driver | None = None
+        self._view: View | None = None
+        self._pending: dict[int, _PendingCall] = {}
+        self._early_replies: dict[int, dict[int, object]] = {}
+        self._p2p_ids = itertools.count(1)
+        self._p2p: dict[int, tuple[int, asyncio.Future[Any]]] = {}
+        self._closed: BaseException | None = None
+        self._started = False
+        self.history: list[View] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    @classmethod
+    async def join(
+        cls, config: Config, actors: Sequence[type[Actor]] = (), *, timeout: float | None = 60.0
+    ) -> Self:
+        """Join the group named by ``config`` and return once this member is in a view."""
+        group = cls(config, actors)
+        await group.start(timeout=timeout)
+        return group
+
+    async def start(self, *, timeout: float | None = 60.0) -> None:
+        """Start the transport and wait until this member has installed its first view."""
+        if self._started:
+            raise UsageError("this Group was already started")
+        self._started = True
+        logging.getLogger("derecho_async").setLevel(self.config.log_level)
+        driver = Driver(self.config, _make_transport(self.config), self.layout, self)
+        self._driver = driver
+        await driver.start()
+        assert driver.first_view is not None
+        try:
+            await asyncio.wait_for(asyncio.shield(driver.first_view), timeout)
+        except TimeoutError:
+            await driver.close()
+            raise GroupClosed(
+                f"member {self.config.member_id} was not admitted to group "
+                f"{self.config.group!r} within {timeout} s"
+            ) from None
+        except RuntimeError as exc:
+            await driver.close()
+            raise GroupClosed(f"could not join: {exc}") from None
+
+    async def leave(self) -> None:
+        """Leave the group: the others install a view without this member. Idempotent."""
+        driver = self._driver
+        if driver is None:
+            return
+        if driver.core is not None and driver.core.state is MemberState.ACTIVE:
+            driver.leave()
+        self._close(GroupClosed("this member left the group"))
+        await driver.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.leave()
+
+    # -- accessors -----------------------------------------------------------------------------
+    @property
+    def view(self) -> View:
+        """The view this member is in."""
+        if self._view is None:
+            raise UsageError("the group has not installed a view yet")
+        return self._view
+
+    @property
+    def member_id(self) -> int:
+        return self.config.member_id
+
+    def subgroup(self, actor: type[Actor]) -> SubgroupHandle:
+        """The handle for calls into ``actor``'s subgroup."""
+        return SubgroupHandle(self, self._spec_of(actor))
+
+    def local(self, actor: type[Actor]) -> Actor:
+        """This member's own replica of ``actor`` (for local reads)."""
+        return self._actors[self._spec_of(actor).name]
+
+    def _spec_of(self, actor: type[Actor]) -> ActorSpec:
+        spec = self._specs.get(getattr(actor, "__name__", ""))
+        if spec is None or spec.cls is not actor:
+            raise UsageError(f"{actor!r} is not one of this group's actors")
+        return spec
+
+    def _check_open(self) -> Driver:
+        if self._closed is not None:
+            raise self._closed
+        if self._driver is None or self._driver.core is None or self._view is None:
+            raise UsageError("the group is not started")
+        return self._driver
+
+    # -- ordered calls -------------------------------------------------------------------------
+    async def _ordered_call(
+        self, spec: ActorSpec, method: str, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> Replies:
+        driver = self._check_open()
+        payload = codec.encode_call(f"{spec.name}.{method}", args, kwargs)
+        core = driver.core
+        assert core is not None
+        msg_no = core.submit(spec.name, payload)
+        if msg_no is None:
+            raise self._closed or GroupClosed("this member cannot send now")
+        fut: asyncio.Future[Replies] = asyncio.get_running_loop().create_future()
+        self._pending[msg_no] = _PendingCall(fut)
+        driver.kick()
+        return await fut
+
+    def _complete(self, msg_no: int) -> None:
+        call = self._pending.get(msg_no)
+        if call is None or call.expected is None:
+            return
+        if call.expected <= call.results.keys():
+            del self._pending[msg_no]
+            if not call.future.done():
+                call.future.set_result(Replies(call.results, call.version))
+
+    def _record_reply(self, msg_no: int, member: int, value: object) -> None:
+        call = self._pending.get(msg_no)
+        if call is None:
+            return
+        if call.expected is None:
+            self._early_replies.setdefault(msg_no, {})[member] = value
+            return
+        if member in call.expected:
+            call.results.setdefault(member, value)
+            self._complete(msg_no)
+
+    def _on_delivered(self, ev: Delivered) -> None:
+        spec = self._specs.get(ev.subgroup)
+        runner = self._runners.get(ev.subgroup)
+        actor = self._actors.get(ev.subgroup)
+        if ev.sender == self.member_id:
+            call = self._pending.get(ev.msg_no)
+            if call is not None:
+                info = self.layout.assign(self.view.members).find(ev.subgroup)
+                members = info.members if info is not None else self.view.members
+                call.expected = frozenset(members)
+                call.version = (ev.view_id, ev.seq)
+                for m, v in self._early_replies.pop(ev.msg_no, {}).items():
+                    if m in call.expected:
+                        call.results.setdefault(m, v)
+        if spec is None or runner is None or actor is None:
+            return
+        payload = ev.payload
+        try:
+            if not isinstance(payload, bytes):
+                raise ProtocolViolation("ordered call payload is not bytes")
+            name, args, kwargs = codec.decode_call(payload)
+            actor_name, _, method = name.partition(".")
+            if actor_name != spec.name or method not in spec.ordered:
+                raise ProtocolViolation(f"no ordered method {name!r}")
+            fn = getattr(actor, method)
+        except (ProtocolViolation, DerechoError) as exc:
+            log.warning("member %d: undeliverable call from %d: %s", self.member_id, ev.sender, exc)
+            self._reply(ev, False, exc)
+            return
+        runner.submit(lambda: fn(*args, **kwargs), lambda ok, v: self._reply(ev, ok, v))
+
+    def _reply(self, ev: Delivered, ok: bool, value: object) -> None:
+        if ev.sender == self.member_id:
+            self._record_reply(ev.msg_no, self.member_id, value)
+            return
+        driver = self._driver
+        if driver is None or self._closed is not None:
+            return
+        try:
+            body = codec.encode(value) if ok else _encode_error(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            ok, body = False, _encode_error(exc)
+        driver.transport.send(ev.sender, env.encode(env.REPLY, ev.subgroup, ev.msg_no, ok, body))
+
+    # -- p2p calls -----------------------------------------------------------------------------
+    async def _p2p_call(
+        self,
+        member: int,
+        spec: ActorSpec,
+        method: str,
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+    ) -> Any:
+        driver = self._check_open()
+        if member not in self.view.members:
+            raise MemberFailed(member, "is not a member of the current view")
+        if member == self.member_id:
+            result = getattr(self._actors[spec.name], method)(*args, **kwargs)
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+        req = next(self._p2p_ids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._p2p[req] = (member, fut)
+        body = codec.encode_call(f"{spec.name}.{method}", args, kwargs)
+        driver.transport.send(member, env.encode(env.P2P_REQ, req, spec.name, method, body))
+        return await fut
+
+    def _serve_p2p(self, sender: int, req: int, actor_name: str, method: str, body: bytes) -> None:
+        spec = self._specs.get(actor_name)
+        driver = self._driver
+        if driver is None:
+            return
+
+        def answer(ok: bool, value: object) -> None:
+            try:
+                data = codec.encode(value) if ok else _encode_error(value)
+            except (TypeError, ValueError, OverflowError) as exc:
+                ok, data = False, _encode_error(exc)
+            if self._closed is None:
+                driver.transport.send(sender, env.encode(env.P2P_RESP, req, ok, data))
+
+        if spec is None or method not in spec.p2p:
+            answer(False, UsageError(f"no p2p method {actor_name}.{method}"))
+            return
+        try:
+            _name, args, kwargs = codec.decode_call(body)
+        except ProtocolViolation as exc:
+            answer(False, exc)
+            return
+        fn = getattr(self._actors[actor_name], method)
+        SerialRunner().submit(lambda: fn(*args, **kwargs), answer)
+
+    # -- driver callbacks (Host) ---------------------------------------------------------------
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, Delivered):
+            self._on_delivered(event)
+        elif isinstance(event, ViewInstalled):
+            self._on_view(event)
+        elif isinstance(event, SendFailed):
+            call = self._pending.pop(event.msg_no, None)
+            if call is not None and not call.future.done():
+                call.future.set_exception(GroupClosed(f"call not delivered: {event.reason}"))
+        elif isinstance(event, Partitioned):
+            self._close(
+                PartitionedError(
+                    f"member {self.member_id} lost a majority of view {event.view_id} and wedged"
+                )
+            )
+        elif isinstance(event, Evicted):
+            self._close(GroupClosed(f"member {self.member_id} was removed from the group"))
+        elif isinstance(event, Left):
+            self._close(GroupClosed("this member left the group"))
+
+    def _on_view(self, ev: ViewInstalled) -> None:
+        if ev.state is not None:
+            self._restore(ev.state)
+        self._view = ev.view
+        self.history.append(ev.view)
+        gone = set(ev.departed)
+        for msg_no, call in list(self._pending.items()):
+            if call.expected is None:
+                continue
+            for m in call.expected - call.results.keys():
+                if m in gone:
+                    call.results[m] = MemberFailed(m, "left the group before replying")
+            self._complete(msg_no)
+        for req, (member, fut) in list(self._p2p.items()):
+            if member in gone and not fut.done():
+                fut.set_exception(MemberFailed(member, "left the group before replying"))
+                del self._p2p[req]
+
+    def on_app_message(self, sender: int, msg: list[object]) -> None:
+        kind = msg[0]
+        if kind == env.REPLY:
+            _, _sub, msg_no, ok, body = msg
+            assert isinstance(msg_no, int) and isinstance(body, bytes)
+            self._record_reply(msg_no, sender, _decode_result(sender, bool(ok), body))
+        elif kind == env.P2P_REQ:
+            _, req, actor_name, method, body = msg
+            assert isinstance(req, int) and isinstance(body, bytes)
+            self._serve_p2p(sender, req, str(actor_name), str(method), body)
+        elif kind == env.P2P_RESP:
+            _, req, ok, body = msg
+            assert isinstance(req, int) and isinstance(body, bytes)
+            entry = self._p2p.pop(req, None)
+            if entry is None or entry[0] != sender or entry[1].done():
+                return
+            result = _decode_result(sender, bool(ok), body)
+            if ok:
+                entry[1].set_result(result)
+            else:
+                assert isinstance(result, BaseException)
+                entry[1].set_exception(result)
+
+    def snapshot(self) -> bytes:
+        state = {name: actor.snapshot() for name, actor in self._actors.items()}
+        out = msgpack.packb(state, use_bin_type=True)
+        assert isinstance(out, bytes)
+        return out
+
+    def _restore(self, state: bytes) -> None:
+        try:
+            parts = msgpack.unpackb(state, raw=False) if state else {}
+        except Exception as exc:
+            raise ProtocolViolation(f"undecodable state snapshot: {exc}") from exc
+        if not isinstance(parts, dict):
+            raise ProtocolViolation("state snapshot is not a map")
+        for name, actor in self._actors.items():
+            blob = parts.get(name)
+            if isinstance(blob, bytes):
+                actor.restore(blob)
+
+    def _close(self, exc: BaseException) -> None:
+        if self._closed is None:
+            self._closed = exc
+        for call in self._pending.values():
+            if not call.future.done():
+                call.future.set_exception(exc)
+        self._pending.clear()
+        for _member, fut in self._p2p.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._p2p.clear()
+
+
+def _encode_error(exc: object) -> bytes:
+    name = type(exc).__name__
+    return codec.encode([name, str(exc)])
+
+
+def _decode_result(sender: int, ok: bool, body: bytes) -> object:
+    try:
+        value = codec.decode(body)
+    except ProtocolViolation as exc:
+        return exc
+    if ok:
+        return value
+    if isinstance(value, list | tuple) and len(value) == 2:
+        return HandlerError(sender, str(value[0]), str(value[1]))
+    return HandlerError(sender, "Exception", repr(value))

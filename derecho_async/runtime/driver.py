@@ -1,0 +1,256 @@
+"""The asyncio driver of one member: it runs the pure core against a real transport.
+
+Theory of operation: the driver is the transport's handler. Remote pushes go straight into the
+core (``receive_push``), channel messages are decoded and dispatched, and either kind of arrival
+schedules one *process* callback on the event loop (coalesced: a burst of arrivals costs one
+step). A step polls the core, carries out its ``Ready`` (events to the host in order, then pushes,
+channel sends and data-plane transfers through the transport) and advances it, repeating while
+the core has more to do. Time enters from a timer that ticks the core every heartbeat period;
+an idle group therefore costs a heartbeat per period and nothing else (no busy polling).
+
+Bootstrap: the *contact* (the lowest configured member id) collects join requests until
+``initial_members`` members are known, then forms view 0 and welcomes them; every other member
+starts as a joiner whose core retries its join request. A member joining a running group takes
+the same path and is admitted by the leader with a state snapshot.
+
+Large payloads currently travel on the reliable channel as DATA messages (one per receiver);
+landing them reports ``data_landed`` to the core, which counts them received only then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from typing import Protocol
+
+from derecho_async.config import Config
+from derecho_async.core import (
+    CoreConfig,
+    DataKey,
+    Evicted,
+    JoinRequest,
+    Layout,
+    Left,
+    Member,
+    MemberState,
+    Partitioned,
+    Ready,
+    View,
+    ViewInstalled,
+    Welcome,
+    decode_message,
+    encode_message,
+)
+from derecho_async.core.effects import Event
+from derecho_async.errors import ProtocolViolation
+from derecho_async.runtime import envelope as env
+from derecho_async.transport.base import Transport
+
+__all__ = ["Driver", "Host"]
+
+log = logging.getLogger("derecho_async.driver")
+
+
+class Host(Protocol):
+    """What the driver reports to the layer above it (the Group)."""
+
+    def on_event(self, event: Event) -> None: ...
+
+    def on_app_message(self, sender: int, msg: list[object]) -> None: ...
+
+    def snapshot(self) -> bytes: ...
+
+
+class Driver:
+    """Drives one member's core over ``transport`` (see the module docstring)."""
+
+    def __init__(self, config: Config, transport: Transport, layout: Layout, host: Host) -> None:
+        self.config = config
+        self.transport = transport
+        self.host = host
+        self.member_id = config.member_id
+        tick_s = config.heartbeat_ms / 1000.0
+        self.tick_s = tick_s
+        self.core_config = CoreConfig(
+            window=config.window,
+            max_payload=config.max_payload,
+            heartbeat_period=1,
+            suspect_after=max(2, math.ceil(config.suspect_after_ms / config.heartbeat_ms)),
+            join_retry=max(1, math.ceil(100.0 / config.heartbeat_ms)),
+            partition_safety=config.partition_safety,
+            layout=layout,
+        )
+        self.contact = min((*config.peers.keys(), 0)) if config.peers else 0
+        self.core: Member | None = None
+        self._bootstrap_joiners: list[int] = []
+        self._scheduled = False
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self.first_view: asyncio.Future[View] | None = None
+        self.steps = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the transport and the clock; begin bootstrap or joining."""
+        self._loop = asyncio.get_running_loop()
+        self.first_view = self._loop.create_future()
+        await self.transport.start(self)
+        is_contact = self.member_id == self.contact
+        if is_contact and self.config.initial_members == 1:
+            self._form_initial_view([])
+        elif not is_contact:
+            contacts = tuple(sorted(self.config.peers)) or (self.contact,)
+            contacts = tuple(c for c in contacts if c != self.member_id) or (self.contact,)
+            self.core = Member(self.member_id, self.core_config, contacts=contacts)
+        self._tick_handle = self._loop.call_later(self.tick_s, self._on_tick)
+        self.kick()
+
+    async def close(self) -> None:
+        """Stop the clock and release the transport."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        # A dead peer must not hold up shutdown: give queued traffic a second, then close.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.transport.drain(), timeout=1.0)
+        await self.transport.close()
+
+    def leave(self) -> None:
+        """Ask the core to leave the group and push that out now."""
+        if self.core is not None:
+            self.core.leave()
+            self._step()
+
+    # -- TransportHandler ----------------------------------------------------------------------
+    def on_push(self, view_id: int, sender: int, offset: int, data: bytes) -> None:
+        core = self.core
+        if core is None:
+            return
+        core.receive_push(view_id, sender, offset, data)
+        self.kick()
+
+    def on_message(self, sender: int, payload: bytes) -> None:
+        try:
+            msg = env.decode(payload)
+            kind = msg[0]
+            if kind == env.CORE:
+                self._on_core_message(sender, msg[1])
+            elif kind == env.DATA:
+                _, view_id, src, msg_no, data = msg
+                if src != sender:
+                    raise ProtocolViolation(f"data for sender {src} relayed by {sender}")
+                if self.core is not None:
+                    self.core.data_landed(DataKey(view_id, src, msg_no), data)
+            else:
+                self.host.on_app_message(sender, msg)
+        except ProtocolViolation as exc:
+            log.warning("member %d: dropped a message from %d: %s", self.member_id, sender, exc)
+            return
+        self.kick()
+
+    def on_failure(self, member: int, reason: str) -> None:
+        log.info("member %d: transport reports %d: %s", self.member_id, member, reason)
+
+    # -- stepping ------------------------------------------------------------------------------
+    def kick(self) -> None:
+        """Schedule one processing step (coalesced)."""
+        if not self._scheduled and not self._closed and self._loop is not None:
+            self._scheduled = True
+            self._loop.call_soon(self._step)
+
+    def _on_tick(self) -> None:
+        if self._closed:
+            return
+        assert self._loop is not None
+        self._tick_handle = self._loop.call_later(self.tick_s, self._on_tick)
+        if self.core is not None:
+            self.core.tick()
+        self._step()
+
+    def _step(self) -> None:
+        self._scheduled = False
+        core = self.core
+        if core is None or self._closed:
+            return
+        for _ in range(64):
+            core.poll()
+            ready = core.ready()
+            if not ready:
+                return
+            self.steps += 1
+            self._execute(core, ready)
+            core.advance(ready)
+        self.kick()  # more work: yield to the loop, then continue
+
+    def _execute(self, core: Member, ready: Ready) -> None:
+        for event in ready.events:
+            if isinstance(event, ViewInstalled):
+                self.transport.set_view(
+                    event.view.view_id, event.view.members, core.schema.row_bytes
+                )
+                for m in event.view.members:
+                    if m != self.member_id:
+                        self.transport.add_peer(m, self.config.peers.get(m))
+                if self.first_view is not None and not self.first_view.done():
+                    self.first_view.set_result(event.view)
+            elif isinstance(event, (Partitioned, Evicted, Left)) and (
+                self.first_view is not None and not self.first_view.done()
+            ):
+                self.first_view.set_exception(RuntimeError(type(event).__name__))
+            self.host.on_event(event)
+        transport = self.transport
+        for p in ready.pushes:
+            transport.push(p.view_id, p.offset, p.data, p.targets)
+        for s in ready.sends:
+            message = s.message
+            if s.attach_state and isinstance(message, Welcome):
+                message = Welcome(message.view_id, message.members, self.host.snapshot())
+            transport.send(s.to, env.encode(env.CORE, encode_message(message)))
+        for t in ready.transfers:
+            data = t.payload
+            if not isinstance(data, bytes):
+                data = bytes(memoryview(data))  # type: ignore[arg-type]
+            frame = env.encode(env.DATA, t.key.view_id, t.key.sender, t.key.msg_no, data)
+            for dst in t.targets:
+                transport.send(dst, frame)
+        for v in ready.violations:
+            log.warning("member %d: protocol violation: %s", self.member_id, v)
+
+    # -- bootstrap -----------------------------------------------------------------------------
+    def _on_core_message(self, sender: int, raw: object) -> None:
+        message = decode_message(raw)
+        if self.core is None:
+            # The contact before view 0: count the members asking in.
+            if isinstance(message, JoinRequest) and message.joiner == sender:
+                if sender not in self._bootstrap_joiners and sender != self.member_id:
+                    self._bootstrap_joiners.append(sender)
+                    self.transport.add_peer(sender, self.config.peers.get(sender))
+                if len(self._bootstrap_joiners) + 1 >= self.config.initial_members:
+                    self._form_initial_view(self._bootstrap_joiners)
+            return
+        if isinstance(message, JoinRequest) and message.joiner != sender:
+            raise ProtocolViolation(f"join request for {message.joiner} sent by {sender}")
+        if isinstance(message, JoinRequest):
+            self.transport.add_peer(sender, self.config.peers.get(sender))
+        self.core.receive_message(sender, message)
+
+    def _form_initial_view(self, others: list[int]) -> None:
+        members = tuple(sorted({self.member_id, *others}))
+        view = View(0, members)
+        self.core = Member(self.member_id, self.core_config, view=view)
+        for m in members:
+            if m != self.member_id:
+                self.transport.send(
+                    m, env.encode(env.CORE, encode_message(Welcome(0, members, None)))
+                )
+        self._step()
+
+    # -- introspection -------------------------------------------------------------------------
+    @property
+    def state(self) -> MemberState:
+        return self.core.state if self.core is not None else MemberState.JOINING

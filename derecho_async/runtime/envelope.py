@@ -1,0 +1,62 @@
+"""The runtime's messages on the transport's reliable channel, msgpack-encoded.
+
+Every channel message is a msgpack list whose first item is its kind. Decoding validates each
+field's type and range; anything malformed raises :class:`ProtocolViolation` and is dropped by the
+driver with a logged reason. Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+
+from derecho_async.errors import ProtocolViolation
+
+__all__ = ["CORE", "DATA", "P2P_REQ", "P2P_RESP", "REPLY", "decode", "encode"]
+
+CORE = 0  # [CORE, core message as a list]
+REPLY = 1  # [REPLY, subgroup, msg_no, ok, encoded result]
+P2P_REQ = 2  # [P2P_REQ, req_id, actor, method, encoded call]
+P2P_RESP = 3  # [P2P_RESP, req_id, ok, encoded result]
+DATA = 4  # [DATA, view_id, sender, msg_no, payload bytes]
+
+_SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
+    CORE: (list,),
+    REPLY: (str, int, bool, bytes),
+    P2P_REQ: (int, str, str, bytes),
+    P2P_RESP: (int, bool, bytes),
+    DATA: (int, int, int, bytes),
+}
+_MAX_INT = (1 << 63) - 1
+
+
+def encode(kind: int, *fields: object) -> bytes:
+    """Pack one channel message."""
+    out = msgpack.packb([kind, *fields], use_bin_type=True)
+    assert isinstance(out, bytes)
+    return out
+
+
+def decode(data: bytes) -> list[Any]:
+    """Unpack and validate one channel message: ``[kind, *fields]``."""
+    try:
+        msg = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:
+        raise ProtocolViolation(f"undecodable channel message: {exc}") from exc
+    if not isinstance(msg, list) or not msg or type(msg[0]) is not int:
+        raise ProtocolViolation("channel message is not a [kind, ...] list")
+    shape = _SHAPES.get(msg[0])
+    if shape is None:
+        raise ProtocolViolation(f"unknown channel message kind {msg[0]!r}")
+    fields = msg[1:]
+    if len(fields) != len(shape):
+        raise ProtocolViolation(f"channel message kind {msg[0]} has {len(fields)} fields")
+    for value, want in zip(fields, shape, strict=True):
+        if want is int and (type(value) is not int or not 0 <= value <= _MAX_INT):
+            raise ProtocolViolation(f"channel message field {value!r} is not a valid count/id")
+        if want is bool and type(value) is not bool:
+            raise ProtocolViolation("channel message flag is not a bool")
+        if not isinstance(value, want):
+            raise ProtocolViolation(f"channel message field of type {type(value).__name__}")
+    return msg

@@ -1,0 +1,117 @@
+"""Runs an actor's handlers one at a time, in delivery order, without a Task per message.
+
+Theory of operation: each delivered call is queued on its actor's :class:`SerialRunner`. When the
+runner is free it starts the handler on the spot: a plain function runs to completion; a
+coroutine is stepped by hand with ``send(None)``. If it finishes without suspending, which is the
+common case for handlers that only touch memory, its result is reported synchronously and no
+Task or Future is created. Only a handler that really suspends (it awaited an unfinished future)
+is handed to a Task that resumes it exactly where it stopped; the runner stays busy until that
+Task ends, then carries on with the queue. Results and exceptions go to a completion callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections import deque
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any
+
+__all__ = ["SerialRunner"]
+
+Done = Callable[[bool, object], None]
+"""``done(ok, value_or_exception)``."""
+
+
+class _Yielded:
+    """Awaitable that re-yields what a hand-stepped coroutine yielded, so a Task can wait on it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __await__(self) -> Generator[Any, None, None]:
+        yield self.value
+
+
+async def _resume(coro: Coroutine[Any, Any, Any], first: object) -> Any:
+    """Continue a coroutine that suspended once under hand stepping, until it returns."""
+    pending = first
+    while True:
+        try:
+            await _Yielded(pending)
+        except BaseException as exc:  # cancellation or an error delivered to the awaiter
+            try:
+                pending = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            continue
+        try:
+            pending = coro.send(None)
+        except StopIteration as stop:
+            return stop.value
+
+
+class SerialRunner:
+    """Runs queued calls one at a time, in order (one runner per actor)."""
+
+    __slots__ = ("_busy", "_queue", "tasks_created")
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[Callable[[], object], Done]] = deque()
+        self._busy = False
+        self.tasks_created = 0
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    def submit(self, call: Callable[[], object], done: Done) -> None:
+        """Queue ``call`` (a plain call or one returning a coroutine); ``done`` gets its result."""
+        self._queue.append((call, done))
+        if not self._busy:
+            self._drain()
+
+    def _drain(self) -> None:
+        q = self._queue
+        while q:
+            call, done = q.popleft()
+            try:
+                result = call()
+            except Exception as exc:
+                done(False, exc)
+                continue
+            if not inspect.iscoroutine(result):
+                done(True, result)
+                continue
+            try:
+                first = result.send(None)
+            except StopIteration as stop:
+                done(True, stop.value)
+                continue
+            except Exception as exc:
+                done(False, exc)
+                continue
+            # It suspended: a Task resumes it; the queue waits for it.
+            self._busy = True
+            self.tasks_created += 1
+            task = asyncio.ensure_future(_resume(result, first))
+
+            def finished(t: asyncio.Future[Any], done: Done = done) -> None:
+                self._finished(t, done)
+
+            task.add_done_callback(finished)
+            return
+
+    def _finished(self, task: asyncio.Future[Any], done: Done) -> None:
+        self._busy = False
+        if task.cancelled():
+            done(False, asyncio.CancelledError())
+        else:
+            exc = task.exception()
+            if exc is None:
+                done(True, task.result())
+            else:
+                done(False, exc)
+        self._drain()

@@ -1,0 +1,179 @@
+"""The replicated-log workload behind ``derecho-async demo`` and ``bench`` and the multi-process
+tests.
+
+Each member process joins the group with a :class:`ReplicatedLog` actor, makes ``count`` ordered
+appends (at most ``depth`` outstanding), appends a ``done`` marker, waits until it has delivered
+the done markers of every other member of its view, and reports to the parent through a queue:
+``("view", member, view_id, members)`` as views change, ``("progress", member, delivered)`` while
+running, and ``("done", member, report)`` at the end, where the report holds the delivered count,
+throughput, call latencies (p50/p99/p99.9 in microseconds), the views installed and a SHA-256
+digest of the delivered log. A member killed mid-run simply never reports ``done``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from typing import Any
+
+import derecho_async as da
+
+__all__ = ["ReplicatedLog", "percentile", "run_member"]
+
+
+class ReplicatedLog(da.Actor):
+    """An append-only log of byte strings, replicated by ordered calls."""
+
+    def __init__(self) -> None:
+        self.items: list[bytes] = []
+        self.on_append: Any = None
+
+    @da.ordered
+    def append(self, item: bytes) -> int:
+        self.items.append(item)
+        if self.on_append is not None:
+            self.on_append(item)
+        return len(self.items)
+
+    @da.p2p
+    def size(self) -> int:
+        return len(self.items)
+
+    @da.p2p
+    def digest(self) -> str:
+        return log_digest(self.items)
+
+    def snapshot(self) -> bytes:
+        import msgpack  # type: ignore[import-untyped]
+
+        out = msgpack.packb(self.items, use_bin_type=True)
+        assert isinstance(out, bytes)
+        return out
+
+    def restore(self, state: bytes) -> None:
+        import msgpack
+
+        items = msgpack.unpackb(state, raw=False) if state else []
+        if not isinstance(items, list) or not all(isinstance(i, bytes) for i in items):
+            raise da.ProtocolViolation("bad ReplicatedLog snapshot")
+        self.items = items
+
+
+def log_digest(items: list[bytes]) -> str:
+    h = hashlib.sha256()
+    for item in items:
+        h.update(len(item).to_bytes(4, "little"))
+        h.update(item)
+    return h.hexdigest()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of ``values`` by nearest rank; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[k]
+
+
+async def run_member(
+    config: da.Config,
+    queue: Any,
+    count: int,
+    size: int,
+    depth: int,
+    sender: bool = True,
+    linger: float = 0.3,
+) -> None:
+    """Run the workload as one member (see the module docstring)."""
+    me = config.member_id
+    async with da.Group(config, actors=[ReplicatedLog]) as group:
+        log = group.subgroup(ReplicatedLog)
+        mine: ReplicatedLog = group.local(ReplicatedLog)  # type: ignore[assignment]
+        done_seen: set[int] = set()
+        finished = asyncio.Event()
+
+        def need() -> set[int]:
+            return {m for m in group.view.members if m != me}
+
+        def on_append(item: bytes) -> None:
+            if item.startswith(b"done-"):
+                done_seen.add(int(item[5:]))
+            if need() <= done_seen:
+                finished.set()
+
+        mine.on_append = on_append
+        views_seen = [group.view]
+        queue.put(("view", me, group.view.view_id, list(group.view.members)))
+        latencies: list[float] = []
+        pad = b"." * max(0, size - 16)
+        sem = asyncio.Semaphore(depth)
+        t0 = time.perf_counter()
+        last_report = t0
+
+        async def one(i: int) -> None:
+            async with sem:
+                start = time.perf_counter()
+                await log.append(b"%d:%d:" % (me, i) + pad)
+                latencies.append(time.perf_counter() - start)
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(count if sender else 0)]
+        while tasks and not all(t.done() for t in tasks):
+            await asyncio.sleep(0.05)
+            now = time.perf_counter()
+            if group.history[-1] is not views_seen[-1]:
+                views_seen.append(group.history[-1])
+                v = views_seen[-1]
+                queue.put(("view", me, v.view_id, list(v.members)))
+            if now - last_report > 0.2:
+                queue.put(("progress", me, len(mine.items)))
+                last_report = now
+        for t in tasks:
+            exc = t.exception()
+            if exc is not None:
+                raise exc
+        await log.append(b"done-%d" % me)
+        while not need() <= done_seen:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finished.wait(), 0.1)
+            finished.clear()
+            if need() <= done_seen:
+                break
+            if group.history[-1] is not views_seen[-1]:
+                views_seen.append(group.history[-1])
+                v = views_seen[-1]
+                queue.put(("view", me, v.view_id, list(v.members)))
+        elapsed = time.perf_counter() - t0
+        for v in group.history[len(views_seen) :]:
+            queue.put(("view", me, v.view_id, list(v.members)))
+        items = [i for i in mine.items]
+        queue.put(
+            (
+                "done",
+                me,
+                {
+                    "delivered": len(items),
+                    "elapsed": elapsed,
+                    "msgs_per_s": len(items) / elapsed if elapsed > 0 else 0.0,
+                    "p50_us": percentile(latencies, 0.5) * 1e6,
+                    "p99_us": percentile(latencies, 0.99) * 1e6,
+                    "p999_us": percentile(latencies, 0.999) * 1e6,
+                    "views": [v.view_id for v in group.history],
+                    "members": list(group.view.members),
+                    "digest": log_digest(items),
+                    "per_sender": _per_sender(items),
+                },
+            )
+        )
+        await asyncio.sleep(linger)
+
+
+def _per_sender(items: list[bytes]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for item in items:
+        head = item.split(b":", 1)[0]
+        if head.isdigit():
+            counts[int(head)] = counts.get(int(head), 0) + 1
+    return counts

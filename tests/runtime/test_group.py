@@ -1,0 +1,243 @@
+"""The Group API in one process over the loopback transport (fast, real event loops)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+import derecho_async as da
+
+_ids = itertools.count()
+
+
+class Log(da.Actor):
+    def __init__(self) -> None:
+        self.items: list[bytes] = []
+        self.running = 0
+        self.max_running = 0
+        self.gate: asyncio.Event | None = None
+
+    @da.ordered
+    async def append(self, item: bytes) -> int:
+        self.items.append(item)
+        return len(self.items)
+
+    @da.ordered
+    async def slow_append(self, item: bytes) -> int:
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        await asyncio.sleep(0.005)
+        if self.gate is not None:
+            await self.gate.wait()
+        self.items.append(item)
+        self.running -= 1
+        return len(self.items)
+
+    @da.ordered
+    def boom(self, text: str) -> None:
+        raise ValueError(text)
+
+    @da.p2p
+    async def size(self) -> int:
+        return len(self.items)
+
+    def snapshot(self) -> bytes:
+        return b"\n".join(self.items)
+
+    def restore(self, state: bytes) -> None:
+        self.items = state.split(b"\n") if state else []
+
+
+class Counter(da.Actor):
+    def __init__(self) -> None:
+        self.n = 0
+
+    @da.ordered
+    def add(self, k: int) -> int:
+        self.n += k
+        return self.n
+
+
+def cfg(group: str, member: int, n: int = 3) -> da.Config:
+    return da.Config(
+        group=group,
+        member_id=member,
+        initial_members=n,
+        transport="sim",
+        heartbeat_ms=5,
+        suspect_after_ms=100,
+    )
+
+
+async def start(n: int, actors: list[type[da.Actor]] | None = None) -> tuple[str, list[da.Group]]:
+    name = f"g{next(_ids)}"
+    groups = await asyncio.gather(
+        *(
+            da.Group.join(cfg(name, i, n), actors=actors or [Log, Counter], timeout=10)
+            for i in range(n)
+        )
+    )
+    return name, list(groups)
+
+
+async def close(groups: list[da.Group]) -> None:
+    for g in groups:
+        await g.leave()
+
+
+async def test_ordered_calls_return_every_members_result_in_one_total_order() -> None:
+    _, gs = await start(3)
+    try:
+        assert all(g.view == da.View(0, (0, 1, 2)) for g in gs)
+        replies = await asyncio.gather(
+            *(gs[i % 3].subgroup(Log).append(b"m%d" % i) for i in range(30))
+        )
+        logs = [g.local(Log).items for g in gs]  # type: ignore[attr-defined]
+        assert logs[0] == logs[1] == logs[2] and len(logs[0]) == 30
+        for r in replies:
+            assert set(r) == {0, 1, 2} and len(set(r.values())) == 1
+            assert isinstance(r, da.Replies) and r.version[0] == 0
+        # the reply value is the position in the common log
+        positions = sorted(next(iter(r.values())) for r in replies)  # type: ignore[type-var]
+        assert positions == list(range(1, 31))
+        assert len({r.version for r in replies}) == 30
+    finally:
+        await close(gs)
+
+
+async def test_handlers_run_one_at_a_time_and_quick_ones_cost_no_task() -> None:
+    _, gs = await start(3)
+    try:
+        await asyncio.gather(*(gs[0].subgroup(Counter).add(1) for _ in range(50)))
+        for g in gs:
+            assert g._runners["Counter"].tasks_created == 0
+            assert g.local(Counter).n == 50  # type: ignore[attr-defined]
+        await asyncio.gather(*(gs[i % 3].subgroup(Log).slow_append(b"s%d" % i) for i in range(9)))
+        for g in gs:
+            log = g.local(Log)
+            assert log.max_running == 1  # type: ignore[attr-defined]
+        assert gs[0].local(Log).items == gs[1].local(Log).items  # type: ignore[attr-defined]
+    finally:
+        await close(gs)
+
+
+async def test_a_handler_that_awaits_holds_back_the_next_delivery() -> None:
+    _, gs = await start(2)
+    try:
+        gate = asyncio.Event()
+        gs[1].local(Log).gate = gate  # type: ignore[attr-defined]
+        first = asyncio.ensure_future(gs[0].subgroup(Log).slow_append(b"first"))
+        second = asyncio.ensure_future(gs[0].subgroup(Log).append(b"second"))
+        await asyncio.sleep(0.2)
+        assert not first.done() and not second.done()
+        assert gs[1].local(Log).items == []  # type: ignore[attr-defined]
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+        assert gs[1].local(Log).items == [b"first", b"second"]  # type: ignore[attr-defined]
+    finally:
+        await close(gs)
+
+
+async def test_handler_exceptions_come_back_per_member() -> None:
+    _, gs = await start(3)
+    try:
+        r = await gs[2].subgroup(Log).boom("bad input")
+        assert isinstance(r[2], ValueError) and str(r[2]) == "bad input"
+        for m in (0, 1):
+            err = r[m]
+            assert isinstance(err, da.HandlerError)
+            assert (err.member, err.type_name, err.message) == (m, "ValueError", "bad input")
+        assert r.values_ok() == []
+    finally:
+        await close(gs)
+
+
+async def test_p2p_calls_reach_the_chosen_member() -> None:
+    _, gs = await start(3)
+    try:
+        await gs[0].subgroup(Log).append(b"a")
+        assert await gs[0].subgroup(Log).size.at(2)() == 1
+        assert await gs[1].subgroup(Log).size.at(1)() == 1
+        with pytest.raises(da.MemberFailed):
+            await gs[0].subgroup(Log).size.at(99)()
+    finally:
+        await close(gs)
+
+
+async def test_joiner_receives_state_then_deliveries_and_leave_shrinks_the_view() -> None:
+    name, gs = await start(3)
+    try:
+        for i in range(5):
+            await gs[i % 3].subgroup(Log).append(b"x%d" % i)
+        joiner = await da.Group.join(cfg(name, 7), actors=[Log, Counter], timeout=10)
+        gs.append(joiner)
+        assert joiner.view.members == (0, 1, 2, 7) and joiner.view.view_id == 1
+        assert joiner.local(Log).items == gs[0].local(Log).items  # type: ignore[attr-defined]
+        r = await joiner.subgroup(Log).append(b"from joiner")
+        assert set(r) == {0, 1, 2, 7}
+        await gs[1].leave()
+        for _ in range(100):
+            if gs[0].view.members == (0, 2, 7):
+                break
+            await asyncio.sleep(0.02)
+        assert gs[0].view == da.View(2, (0, 2, 7))
+        r = await gs[0].subgroup(Log).append(b"after leave")
+        assert set(r) == {0, 2, 7}
+        with pytest.raises(da.GroupClosed):
+            await gs[1].subgroup(Log).append(b"from the departed")
+    finally:
+        await close(gs)
+
+
+async def test_a_member_that_leaves_before_replying_is_reported_as_failed() -> None:
+    _, gs = await start(3)
+    try:
+        gate = asyncio.Event()  # never set: member 2 never finishes the handler
+        gs[2].local(Log).gate = gate  # type: ignore[attr-defined]
+        call = asyncio.ensure_future(gs[0].subgroup(Log).slow_append(b"x"))
+        await asyncio.sleep(0.2)
+        assert not call.done()
+        await gs[2].leave()
+        r = await asyncio.wait_for(call, 5)
+        assert r[0] == 1 and r[1] == 1
+        assert r[2] == da.MemberFailed(2, "left the group before replying")
+    finally:
+        await close(gs)
+
+
+async def test_misuse_gets_clear_errors() -> None:
+    with pytest.raises(da.UsageError):
+        da.Group(cfg("x", 0), actors=[int])  # type: ignore[list-item]
+
+    class NoMethods(da.Actor):
+        pass
+
+    with pytest.raises(da.UsageError, match="no @ordered"):
+        da.Group(cfg("x", 0), actors=[NoMethods])
+    _, gs = await start(1, [Log])
+    try:
+        with pytest.raises(da.UsageError):
+            gs[0].subgroup(Counter)
+        with pytest.raises(AttributeError):
+            gs[0].subgroup(Log).nope  # noqa: B018
+        with pytest.raises(TypeError, match="cannot encode"):
+            await gs[0].subgroup(Log).append(object())
+    finally:
+        await close(gs)
+    with pytest.raises(da.GroupClosed):
+        await gs[0].subgroup(Log).append(b"closed")
+
+
+async def test_join_times_out_with_a_clear_error_when_nobody_answers() -> None:
+    c = da.Config(
+        group=f"lonely{next(_ids)}",
+        member_id=3,
+        initial_members=2,
+        transport="sim",
+        heartbeat_ms=5,
+        suspect_after_ms=100,
+    )
+    with pytest.raises(da.GroupClosed, match="not admitted"):
+        await da.Group.join(c, actors=[Log], timeout=0.3)

@@ -1,0 +1,130 @@
+"""Real member processes over shm and tcp: concurrent ordered sends, SIGKILL, join, leave."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from derecho_async.cli import _Run
+from derecho_async.transport.shm import ShmTransport
+
+
+def _wait(run: _Run, cond: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run.poll(0.1)
+        if cond():  # type: ignore[operator]
+            return
+    raise AssertionError(
+        f"timed out; progress {run.progress}, views {run.views}, "
+        f"errors {run.errors}, reports {sorted(run.reports)}"
+    )
+
+
+@pytest.mark.parametrize("transport,members", [("shm", 3), ("shm", 5), ("tcp", 3), ("tcp", 5)])
+def test_sigkill_mid_run_survivors_agree_and_lose_nothing(transport: str, members: int) -> None:
+    count = 1000
+    run = _Run(
+        members,
+        transport,
+        count,
+        200,
+        8,
+        members,
+        heartbeat_ms=10,
+        suspect_after_ms=250,
+        use_uvloop=True,
+    )
+    victim = members - 1
+    try:
+        _wait(run, lambda: max(run.progress.values(), default=0) >= 200, 60)
+        os.kill(run.procs[victim].pid, signal.SIGKILL)
+        survivors = set(range(members)) - {victim}
+        _wait(run, lambda: survivors <= run.reports.keys(), 60)
+    finally:
+        run.finish(10)
+    reports = [run.reports[m] for m in sorted(survivors)]
+    assert len({r["digest"] for r in reports}) == 1, "survivors' logs differ"
+    for r in reports:
+        assert r["members"] == sorted(survivors)
+        assert len(r["views"]) >= 2
+        for m in survivors:
+            assert r["per_sender"][m] == count, f"member {m}'s appends lost or duplicated"
+        assert r["per_sender"].get(victim, 0) <= count
+    assert ShmTransport.segments(run.group) == []
+
+
+def test_uvloop_and_stock_asyncio_members_interoperate() -> None:
+    run = _Run(3, "shm", 50, 64, 4, 3, heartbeat_ms=10, suspect_after_ms=300, use_uvloop=False)
+    try:
+        _wait(run, lambda: len(run.reports) == 3, 60)
+    finally:
+        run.finish(10)
+    assert len({r["digest"] for r in run.reports.values()}) == 1
+
+
+def _joiner(fields: dict[str, object], q: object) -> None:
+    import uvloop
+
+    import derecho_async as da
+    from derecho_async.workload import ReplicatedLog, log_digest
+
+    async def go() -> None:
+        async with da.Group(da.Config(**fields), actors=[ReplicatedLog]) as g:  # type: ignore[arg-type]
+            items = list(g.local(ReplicatedLog).items)  # type: ignore[attr-defined]
+            r = await g.subgroup(ReplicatedLog).append(b"hello from the joiner")
+            q.put(
+                (
+                    "joined",
+                    fields["member_id"],
+                    {  # type: ignore[attr-defined]
+                        "view": list(g.view.members),
+                        "items": len(items),
+                        "digest": log_digest(items),
+                        "replies": sorted(r),
+                    },
+                )
+            )
+
+    uvloop.run(go())
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_new_process_joins_a_running_group_and_receives_the_state(transport: str) -> None:
+    run = _Run(
+        3,
+        transport,
+        100,
+        64,
+        8,
+        3,
+        heartbeat_ms=10,
+        suspect_after_ms=400,
+        use_uvloop=True,
+        linger=8.0,
+    )
+    try:
+        _wait(run, lambda: len(run.reports) == 3, 60)
+        fields = dict(run.base, member_id=7)
+        if transport == "tcp":
+            from derecho_async.cli import _free_ports
+
+            fields["listen"] = f"127.0.0.1:{_free_ports(1)[0]}"
+        p = run.ctx.Process(target=_joiner, args=(fields, run.q))
+        p.start()
+        got: list[tuple[object, ...]] = []
+        deadline = time.monotonic() + 30
+        while not got and time.monotonic() < deadline:
+            got = [m for m in run.poll(0.2) if m[0] == "joined"]
+        p.join(10)
+    finally:
+        run.finish(15)
+    assert got, f"the joiner never reported; errors {run.errors}"
+    joined = got[0][2]
+    assert isinstance(joined, dict)
+    assert joined["view"] == [0, 1, 2, 7] and joined["replies"] == [0, 1, 2, 7]
+    assert joined["digest"] == run.reports[0]["digest"]  # state transfer: the whole log
+    assert joined["items"] == run.reports[0]["delivered"]

@@ -1,0 +1,195 @@
+"""Shared-memory transport: hostile ring contents, segment lifetime, configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+import pytest
+from transport_support import Recorder, new_group
+
+from derecho_async.errors import ConfigError, UsageError
+from derecho_async.transport import ShmTransport
+from derecho_async.transport import shm as shm_mod
+
+LOGGER = "derecho_async.transport"
+ROW = 64
+
+
+class FakeProducer:
+    """Writes raw records into a ring ``sender -> receiver``, like a buggy peer would."""
+
+    def __init__(self, group: str, sender: int, receiver: int, *, alive: bool = True) -> None:
+        self.group, self.sender, self.receiver = group, sender, receiver
+        self.inc = 12345
+        path = shm_mod._seg_path(group, sender, receiver)
+        self.ring = shm_mod._create_ring(path, sender, receiver, 64 << 10, self.inc)
+        self.head = 0
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        if alive:
+            self.sock.bind(shm_mod._doorbell_name(group, sender))
+
+    def record(
+        self, typ: int, a: int, b: int, payload: bytes, *, flags: int = 0, length: int | None = None
+    ) -> None:
+        n = len(payload) if length is None else length
+        self.ring.write(self.head, shm_mod._REC.pack(typ, flags, a, b, n))
+        self.ring.write(self.head + 32, payload)
+        self.head += 32 + ((len(payload) + 7) & ~7)
+
+    def publish(self, head: int | None = None) -> None:
+        self.ring.words[shm_mod._W_HEAD] = self.head if head is None else head
+        self.sock.sendto(
+            shm_mod._DG.pack(shm_mod._D_DATA, 0, self.sender, self.inc),
+            shm_mod._doorbell_name(self.group, self.receiver),
+        )
+
+    def close(self) -> None:
+        self.ring.close()
+        self.sock.close()
+        shm_mod._unlink(self.ring.path)
+
+
+R_PUSH, R_MSG = shm_mod._R_PUSH, shm_mod._R_MSG
+GARBAGE = {
+    "unknown record type": lambda p: p.record(99, 0, 0, b"x"),
+    "flags": lambda p: p.record(R_MSG, 1, 0, b"x", flags=4),
+    "overruns published data": lambda p: p.record(R_MSG, 3000, 0, b"abc", length=3000),
+    "out of order": lambda p: p.record(R_MSG, 10, 5, b"x"),
+    "exceeds max_message": lambda p: p.record(R_MSG, 1 << 20, 0, b"x"),
+    "does not fit the message": lambda p: p.record(R_MSG, 2, 0, b"xyz"),
+}
+
+
+@pytest.mark.parametrize("case", [*GARBAGE, "head beyond the ring"])
+async def test_corrupt_ring_is_abandoned_and_reported(
+    case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    group = new_group()
+    r0, r1 = Recorder(), Recorder()
+    t0 = ShmTransport(group, 0)
+    t1 = ShmTransport(group, 1, max_message=1 << 16)
+    await t0.start(r0)
+    await t1.start(r1)
+    fake = FakeProducer(group, 7, 1)
+    try:
+        t1.set_view(1, [0, 1, 7], ROW)
+        fake.record(R_MSG, 2, 0, b"ok")  # good records before the garbage are delivered
+        fake.record(R_PUSH, 1, 2 * ROW, b"rowdata!")
+        fake.record(R_PUSH, 1, 0, b"intrude!")  # outside its row: dropped, ring stays usable
+        fake.record(R_MSG, 5, 0, b"after")
+        if case == "head beyond the ring":
+            fake.publish(fake.head + (1 << 20))
+            expect = "not within the ring"
+        else:
+            GARBAGE[case](fake)
+            fake.publish()
+            expect = case
+        await r1.wait_for(lambda: any(expect in f for f in r1.failures(7)))
+        if case != "head beyond the ring":
+            assert r1.messages(7) == [b"ok", b"after"]
+            assert r1.pushes(7) == [(1, 7, 2 * ROW, b"rowdata!")]
+            assert any("outside member 7's row" in f for f in r1.failures(7))
+        assert expect in caplog.text
+        assert fake.ring.words[shm_mod._W_CCLOSED] == 1  # the producer is told
+        # the group carries on
+        t0.send(1, b"still working")
+        await r1.wait_for(lambda: r1.messages(0) == [b"still working"])
+    finally:
+        fake.close()
+        await t0.close()
+        await t1.close()
+    assert ShmTransport.segments(group) == []
+
+
+async def test_ring_written_before_the_consumer_started_is_delivered() -> None:
+    group = new_group()
+    r0, r1 = Recorder(), Recorder()
+    t0 = ShmTransport(group, 0)
+    await t0.start(r0)
+    t1 = ShmTransport(group, 1)
+    try:
+        t0.send(1, b"early bird")  # member 1 is not running yet: the data waits in the ring
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await t1.start(r1)
+        await r1.wait_for(lambda: r1.messages(0) == [b"early bird"])
+        assert r0.failures() == []
+    finally:
+        await t0.close()
+        await t1.close()
+
+
+async def test_start_removes_segments_of_dead_producers() -> None:
+    group = new_group()
+    dead = FakeProducer(group, 5, 6, alive=False)
+    dead.ring.close()
+    dead.sock.close()
+    assert len(ShmTransport.segments(group)) == 1
+    t = ShmTransport(group, 0)
+    await t.start(Recorder())
+    try:
+        assert ShmTransport.segments(group) == []
+    finally:
+        await t.close()
+
+
+async def test_configuration_and_usage_errors() -> None:
+    group = new_group()
+    with pytest.raises(ConfigError):
+        ShmTransport("bad/name", 0)
+    with pytest.raises(ConfigError):
+        ShmTransport("", 0)
+    with pytest.raises(ConfigError):
+        ShmTransport(group, 0, ring_bytes=1000)
+    with pytest.raises(UsageError):
+        ShmTransport(group, -1)
+    with pytest.raises(ConfigError):
+        ShmTransport.cleanup_group("../etc")
+    t = ShmTransport(group, 0)
+    twin = ShmTransport(group, 0)
+    await t.start(Recorder())
+    try:
+        with pytest.raises(UsageError, match="already running"):
+            await twin.start(Recorder())
+        t.add_peer(1, None)
+        t.add_peer(1, ("127.0.0.1", 5))  # addresses mean nothing here: ignored
+        with pytest.raises(UsageError):
+            t.add_peer(-1, None)
+        big = ShmTransport(group, 9, max_message=10)
+        await big.start(Recorder())
+        with pytest.raises(UsageError, match="max_message"):
+            big.send(0, b"x" * 11)
+        await big.close()
+    finally:
+        await t.close()
+        await twin.close()
+    assert ShmTransport.segments(group) == []
+
+
+async def test_segments_are_private_and_named_from_group_and_ids() -> None:
+    group = new_group()
+    r0, r1 = Recorder(), Recorder()
+    t0, t1 = ShmTransport(group, 0), ShmTransport(group, 1)
+    await t0.start(r0)
+    await t1.start(r1)
+    try:
+        t0.send(1, b"a")
+        t1.send(0, b"b")
+        await r1.wait_for(lambda: bool(r1.messages()))
+        await r0.wait_for(lambda: bool(r0.messages()))
+        paths = ShmTransport.segments(group)
+        assert [os.path.basename(p) for p in paths] == [
+            f"derecho_async.{group}.0.1",
+            f"derecho_async.{group}.1.0",
+        ]
+        for p in paths:
+            st = os.stat(p)
+            assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.getuid()
+    finally:
+        await t0.close()
+        await t1.close()
+    assert ShmTransport.segments(group) == []
