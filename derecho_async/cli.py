@@ -73,6 +73,7 @@ class _Run:
         self.reports: dict[int, dict[str, Any]] = {}
         self.progress: dict[int, int] = {}
         self.views: dict[int, tuple[int, list[int]]] = {}
+        self.view_times: dict[tuple[int, int], float] = {}  # (member, view_id) -> monotonic
         self.errors: dict[int, str] = {}
         self.linger = linger
         base: dict[str, Any] = {
@@ -113,6 +114,7 @@ class _Run:
                 self.progress[member] = msg[2]
             elif kind == "view":
                 self.views[member] = (msg[2], msg[3])
+                self.view_times[(member, msg[2])] = msg[4]
             elif kind == "done":
                 self.reports[member] = msg[2]
                 self.progress[member] = msg[2]["delivered"]
@@ -182,24 +184,39 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     total = n * args.messages
     killed: int | None = None
+    killed_at = 0.0
     start = time.monotonic()
     last_views: dict[int, tuple[int, list[int]]] = {}
+    tty = sys.stdout.isatty()
+    cr, end = ("\r", "") if tty else ("", "\n")
+    last_line = 0.0
     while run.alive() and time.monotonic() - start < args.timeout:
         run.poll(0.2)
         done = max(run.progress.values(), default=0)
         for m, v in sorted(run.views.items()):
             if last_views.get(m) != v:
                 last_views[m] = v
-                print(f"\r  member {m} installed view {v[0]}: members {v[1]}" + " " * 20)
-        print(f"\r  delivered {done:>7}/{total}  alive {run.alive()}", end="", flush=True)
+                print(f"{cr}  member {m} installed view {v[0]}: members {v[1]}" + " " * 20)
+        if tty or time.monotonic() - last_line >= 1.0:
+            last_line = time.monotonic()
+            print(f"{cr}  delivered {done:>7}/{total}  alive {run.alive()}", end=end, flush=True)
         if not args.no_kill and killed is None and done >= total // 2:
             killed = n - 1
+            killed_at = time.monotonic()
             os.kill(run.procs[killed].pid, signal.SIGKILL)
-            print(f"\r  SIGKILL member {killed} at {done} delivered" + " " * 20)
+            print(f"{cr}  SIGKILL member {killed} at {done} delivered" + " " * 20)
         if len(run.reports) + (1 if killed is not None else 0) >= n:
             break
     print()
     run.finish(10.0)
+    if killed is not None:
+        after = [t - killed_at for (m, v), t in run.view_times.items() if v > 0 and t > killed_at]
+        if after:
+            print(
+                f"view change after the kill: survivors installed the new view "
+                f"{min(after) * 1000:.0f}-{max(after) * 1000:.0f} ms after SIGKILL "
+                f"(suspect_after_ms = {args.suspect_after_ms:.0f})"
+            )
     return _report(run, killed, n)
 
 
@@ -226,8 +243,11 @@ def _report(run: _Run, killed: int | None, n: int) -> int:
     print(_table(rows))
     for m, e in sorted(run.errors.items()):
         print(f"member {m}: {e}")
-    digests = {r["digest"] for r in run.reports.values()}
-    same = len(digests) == 1 and len(run.reports) == n - (1 if killed is not None else 0)
+    survivors = [m for m in range(n) if m != killed]
+    digests = {run.reports[m]["digest"] for m in survivors if m in run.reports}
+    same = len(digests) == 1 and all(m in run.reports for m in survivors)
+    if killed is not None and killed in run.reports:
+        print(f"(member {killed} had finished before the kill: use more --messages)")
     print(f"\nsurvivors' logs identical: {'yes' if same else 'NO'}")
     return 0 if same else 1
 

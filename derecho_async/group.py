@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -226,6 +227,7 @@ class Group:
         self._closed: BaseException | None = None
         self._started = False
         self.history: list[View] = []
+        self.installed_at: list[float] = []  # time.monotonic() of each install in ``history``
 
     # -- lifecycle -----------------------------------------------------------------------------
     @classmethod
@@ -469,6 +471,7 @@ class Group:
             self._restore(ev.state)
         self._view = ev.view
         self.history.append(ev.view)
+        self.installed_at.append(time.monotonic())
         gone = set(ev.departed)
         for msg_no, call in list(self._pending.items()):
             if call.expected is None:

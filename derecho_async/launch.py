@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import secrets
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -35,12 +36,15 @@ def run_member(main: Main, fields: dict[str, Any], use_uvloop: bool = True) -> N
         asyncio.run(main(config))
 
 
-def launch_local(n: int, main: Main, /, **config_fields: Any) -> list[int]:
+def launch_local(
+    n: int, main: Main, /, *, timeout: float | None = None, **config_fields: Any
+) -> list[int]:
     """Start ``n`` member processes (ids ``0..n-1``) of one group and wait for them.
 
     ``config_fields`` are :class:`Config` fields shared by every member (``group`` defaults to a
-    fresh name, ``initial_members`` to ``n``, ``transport`` to ``shm``). Returns the exit codes in
-    member order (a negative code is the signal that ended the process).
+    fresh name, ``initial_members`` to ``n``, ``transport`` to ``shm``). Members still running
+    after ``timeout`` seconds are killed. Returns the exit codes in member order (a negative code
+    is the signal that ended the process).
     """
     if n < 1:
         raise ValueError("launch_local needs n >= 1")
@@ -60,9 +64,13 @@ def launch_local(n: int, main: Main, /, **config_fields: Any) -> list[int]:
         )
         p.start()
         procs.append(p)
+    deadline = None if timeout is None else time.monotonic() + timeout
     codes = []
     for p in procs:
-        p.join()
+        p.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
         codes.append(p.exitcode if p.exitcode is not None else -1)
     if fields["transport"] == "shm":
         from derecho_async.transport.shm import ShmTransport

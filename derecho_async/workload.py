@@ -4,7 +4,8 @@ tests.
 Each member process joins the group with a :class:`ReplicatedLog` actor, makes ``count`` ordered
 appends (at most ``depth`` outstanding), appends a ``done`` marker, waits until it has delivered
 the done markers of every other member of its view, and reports to the parent through a queue:
-``("view", member, view_id, members)`` as views change, ``("progress", member, delivered)`` while
+``("view", member, view_id, members, installed_at)`` as views change (``installed_at`` from
+``time.monotonic()``), ``("progress", member, delivered)`` while
 running, and ``("done", member, report)`` at the end, where the report holds the delivered count,
 throughput, call latencies (p50/p99/p99.9 in microseconds), the views installed and a SHA-256
 digest of the delivered log. A member killed mid-run simply never reports ``done``.
@@ -106,7 +107,15 @@ async def run_member(
 
         mine.on_append = on_append
         views_seen = [group.view]
-        queue.put(("view", me, group.view.view_id, list(group.view.members)))
+
+        def report_views() -> None:
+            while len(views_seen) < len(group.history):
+                i = len(views_seen)
+                v = group.history[i]
+                views_seen.append(v)
+                queue.put(("view", me, v.view_id, list(v.members), group.installed_at[i]))
+
+        queue.put(("view", me, group.view.view_id, list(group.view.members), group.installed_at[0]))
         latencies: list[float] = []
         pad = b"." * max(0, size - 16)
         sem = asyncio.Semaphore(depth)
@@ -123,10 +132,7 @@ async def run_member(
         while tasks and not all(t.done() for t in tasks):
             await asyncio.sleep(0.05)
             now = time.perf_counter()
-            if group.history[-1] is not views_seen[-1]:
-                views_seen.append(group.history[-1])
-                v = views_seen[-1]
-                queue.put(("view", me, v.view_id, list(v.members)))
+            report_views()
             if now - last_report > 0.2:
                 queue.put(("progress", me, len(mine.items)))
                 last_report = now
@@ -141,13 +147,9 @@ async def run_member(
             finished.clear()
             if need() <= done_seen:
                 break
-            if group.history[-1] is not views_seen[-1]:
-                views_seen.append(group.history[-1])
-                v = views_seen[-1]
-                queue.put(("view", me, v.view_id, list(v.members)))
+            report_views()
         elapsed = time.perf_counter() - t0
-        for v in group.history[len(views_seen) :]:
-            queue.put(("view", me, v.view_id, list(v.members)))
+        report_views()
         items = [i for i in mine.items]
         queue.put(
             (

@@ -1,0 +1,57 @@
+"""The command line and the local launcher, as a user runs them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import derecho_async as da
+from derecho_async.transport.shm import ShmTransport
+from tests.runtime import apps
+
+ROOT = Path(__file__).parents[2]
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "derecho_async.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def test_demo_kills_a_member_and_the_survivors_logs_are_identical() -> None:
+    r = _cli("demo", "--messages", "2500", "--size", "256")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SIGKILL member 2" in r.stdout
+    assert "installed view 1: members [0, 1]" in r.stdout
+    assert "survivors' logs identical: yes" in r.stdout
+    assert "view change after the kill" in r.stdout
+
+
+def test_bench_prints_a_table() -> None:
+    r = _cli("bench", "--messages", "200", "--size", "1024", "--transport", "tcp")
+    assert r.returncode == 0, r.stdout + r.stderr
+    header, _rule, row = r.stdout.splitlines()[:3]
+    assert "msgs/s" in header and row.split()[0] == "tcp"
+    assert float(row.split()[5]) > 0
+
+
+def test_member_with_a_bad_config_names_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "member.toml"
+    bad.write_text('[derecho_async]\ngroup = "g"\nmember_id = 0\nheartbeat_ms = -5\n')
+    r = _cli("member", "--config", str(bad), timeout=30)
+    assert r.returncode != 0
+    assert "heartbeat_ms" in r.stderr and "ConfigError" in r.stderr
+
+
+def test_launch_local_runs_members_and_returns_exit_codes() -> None:
+    group = "launch-test"
+    assert da.launch_local(
+        3, apps.append_and_check, group=group, heartbeat_ms=10, suspect_after_ms=1000
+    ) == [0, 0, 0]
+    assert ShmTransport.segments(group) == []
+    assert da.launch_local(2, apps.fail, group="launch-fail") == [0, 7]
