@@ -461,10 +461,14 @@ class Member:
         sc = self.schema
         mask = self.suspected
         wedge_seen = False
+        leavers = 0
         for r in range(self.view_size):
             if r == self.rank:
                 continue
-            mask |= t.get(r, sc.suspected)
+            theirs = t.get(r, sc.suspected)
+            mask |= theirs
+            if theirs >> r & 1:
+                leavers += 1  # it suspects itself: it left voluntarily
             if t.get(r, sc.wedged):
                 wedge_seen = True
         mask &= (1 << self.view_size) - 1
@@ -475,8 +479,10 @@ class Member:
             self._leave_group(Evicted(self.view.view_id), MemberState.EVICTED)
             return
         self._publish_suspicions()
+        # Partition safety: the unsuspected members must be a strict majority of the view, not
+        # counting members that left voluntarily (they will never form a view of their own).
         unsuspected = self.view_size - bin(self.suspected).count("1")
-        if self.config.partition_safety and 2 * unsuspected <= self.view_size:
+        if self.config.partition_safety and 2 * unsuspected <= self.view_size - leavers:
             self._leave_group(Partitioned(self.view.view_id), MemberState.PARTITIONED)
             return
         if self.suspected or wedge_seen:
@@ -503,7 +509,10 @@ class Member:
             if sh is None:
                 continue
             sh.receive(self._landed_early, self._awaiting, expects)
-            sh.send(transfers)
+            if sh.send(transfers) and sh.queue:
+                # My own progress may free more of the window (alone in a view, nobody else's
+                # push will say so): look again on the next poll.
+                self._dirty_multicast = True
             sh.deliver_stable(events)
             sh.publish_progress()
 

@@ -7,7 +7,9 @@ proposer's rank + 1):
 1. **Suspect.** A peer whose heartbeat has not moved for ``suspect_after`` ticks is suspected:
    its row is frozen and the suspicion published. Every member ORs the suspicions of all rows.
    A member that finds itself suspected is *evicted*; one whose ``U`` is not a strict majority of
-   the view (partition safety on) is *partitioned* and wedges for good.
+   the view (partition safety on) is *partitioned* and wedges for good. Members that left
+   voluntarily (their own row suspects themselves) do not count towards the majority: they will
+   never form a view, so two disjoint sides still cannot both hold a majority of the rest.
 2. **Wedge.** On any suspicion, any peer's wedged flag, or a join request at the leader, a member
    stops sending, receiving and delivering in this view, publishes its final ``recv_frontier``
    and then ``wedged = 1``.

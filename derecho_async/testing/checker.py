@@ -55,6 +55,7 @@ class Checker:
     deliveries: dict[int, list[_DeliveryRecord]] = field(default_factory=lambda: defaultdict(list))
     views: dict[int, list[View]] = field(default_factory=lambda: defaultdict(list))
     view_members: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    leavers: set[int] = field(default_factory=set)
     violation: InvariantViolation | None = None
 
     def fail(self, step: int, text: str) -> None:
@@ -84,8 +85,10 @@ class Checker:
             prev = self.view_members.get(view.view_id - 1)
             if prev is not None and self.partition_safety:
                 kept = len(set(prev) & set(view.members))
-                if 2 * kept <= len(prev):
-                    self.fail(step, f"view {view} keeps only {kept} of {len(prev)} members")
+                voters = len(set(prev) - self.leavers)
+                if 2 * kept <= voters:
+                    self.fail(step, f"view {view} keeps only {kept} of the {voters} members of "
+                              f"view {view.view_id - 1} that did not leave voluntarily")
         elif known != view.members:
             self.fail(
                 step,

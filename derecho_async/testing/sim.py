@@ -178,6 +178,8 @@ class SimCluster:
         core = self.members.get(member)
         if core is None or member in self.crashed:
             return
+        if core.state is MemberState.ACTIVE:
+            self.checker.leavers.add(member)
         core.leave()
         self._drain(member)
         self.log.append(f"t={self.now} leave {member}")

@@ -55,3 +55,18 @@ def test_launch_local_runs_members_and_returns_exit_codes() -> None:
     ) == [0, 0, 0]
     assert ShmTransport.segments(group) == []
     assert da.launch_local(2, apps.fail, group="launch-fail") == [0, 7]
+
+
+def test_the_readme_example_runs() -> None:
+    r = subprocess.run(
+        [sys.executable, "examples/replicated_log.py"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=ROOT,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "exit codes: [0, 0, 0]" in r.stdout
+    assert r.stdout.count("answered by [0, 1, 2]") == 3
+    logs = {line.split("log ", 1)[1] for line in r.stdout.splitlines() if "log [" in line}
+    assert len(logs) == 1  # the same first three entries, in the same order, everywhere
