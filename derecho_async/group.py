@@ -48,6 +48,7 @@ from derecho_async.errors import (
     UsageError,
 )
 from derecho_async.runtime import envelope as env
+from derecho_async.runtime.dataplane import OutOfBand
 from derecho_async.runtime.driver import Driver
 from derecho_async.runtime.runner import SerialRunner
 from derecho_async.transport.base import Transport
@@ -321,10 +322,15 @@ class Group:
         self, spec: ActorSpec, method: str, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> Replies:
         driver = self._check_open()
-        payload = codec.encode_call(f"{spec.name}.{method}", args, kwargs)
+        arrays: list[object] = []
+        call = codec.encode_call(f"{spec.name}.{method}", args, kwargs, buffers=arrays)
         core = driver.core
         assert core is not None
-        msg_no = core.submit(spec.name, payload)
+        if arrays:  # arrays travel out of band, on the data plane
+            oob = OutOfBand(call, tuple(arrays))
+            msg_no = core.submit(spec.name, oob, nbytes=oob.nbytes)
+        else:
+            msg_no = core.submit(spec.name, call)
         if msg_no is None:
             raise self._closed or GroupClosed("this member cannot send now")
         fut: asyncio.Future[Replies] = asyncio.get_running_loop().create_future()
@@ -370,9 +376,12 @@ class Group:
             return
         payload = ev.payload
         try:
-            if not isinstance(payload, bytes):
+            if isinstance(payload, OutOfBand):
+                name, args, kwargs = codec.decode_call(payload.call, buffers=list(payload.arrays))
+            elif isinstance(payload, bytes):
+                name, args, kwargs = codec.decode_call(payload)
+            else:
                 raise ProtocolViolation("ordered call payload is not bytes")
-            name, args, kwargs = codec.decode_call(payload)
             actor_name, _, method = name.partition(".")
             if actor_name != spec.name or method not in spec.ordered:
                 raise ProtocolViolation(f"no ordered method {name!r}")

@@ -13,8 +13,8 @@ Bootstrap: the *contact* (the lowest configured member id) collects join request
 starts as a joiner whose core retries its join request. A member joining a running group takes
 the same path and is admitted by the leader with a state snapshot.
 
-Large payloads currently travel on the reliable channel as DATA messages (one per receiver);
-landing them reports ``data_landed`` to the core, which counts them received only then.
+Large payloads and arrays move on the data plane (:mod:`.dataplane`); landing them reports
+``data_landed`` to the core, which counts them received only then.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from derecho_async.core import (
 from derecho_async.core.effects import Event
 from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
+from derecho_async.runtime.dataplane import HostStagingPlane
 from derecho_async.transport.base import Transport
 
 __all__ = ["Driver", "Host"]
@@ -91,6 +92,11 @@ class Driver:
         self._closed = False
         self.first_view: asyncio.Future[View] | None = None
         self.steps = 0
+        self.dataplane = HostStagingPlane(
+            transport.send,
+            self._data_landed,
+            lambda key, body: env.encode(env.DATA, *key, body),
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -144,8 +150,7 @@ class Driver:
                 _, view_id, src, msg_no, data = msg
                 if src != sender:
                     raise ProtocolViolation(f"data for sender {src} relayed by {sender}")
-                if self.core is not None:
-                    self.core.data_landed(DataKey(view_id, src, msg_no), data)
+                self.dataplane.receive((view_id, src, msg_no), data)
             else:
                 self.host.on_app_message(sender, msg)
         except ProtocolViolation as exc:
@@ -155,6 +160,11 @@ class Driver:
 
     def on_failure(self, member: int, reason: str) -> None:
         log.info("member %d: transport reports %d: %s", self.member_id, member, reason)
+
+    def _data_landed(self, key: tuple[int, int, int], payload: object) -> None:
+        if self.core is not None:
+            self.core.data_landed(DataKey(*key), payload)
+            self.kick()
 
     # -- stepping ------------------------------------------------------------------------------
     def kick(self) -> None:
@@ -212,12 +222,8 @@ class Driver:
                 message = Welcome(message.view_id, message.members, self.host.snapshot())
             transport.send(s.to, env.encode(env.CORE, encode_message(message)))
         for t in ready.transfers:
-            data = t.payload
-            if not isinstance(data, bytes):
-                data = bytes(memoryview(data))  # type: ignore[arg-type]
-            frame = env.encode(env.DATA, t.key.view_id, t.key.sender, t.key.msg_no, data)
-            for dst in t.targets:
-                transport.send(dst, frame)
+            key = (t.key.view_id, t.key.sender, t.key.msg_no)
+            self.dataplane.start(key, t.payload, t.targets)
         for v in ready.violations:
             log.warning("member %d: protocol violation: %s", self.member_id, v)
 

@@ -1,0 +1,244 @@
+"""The data plane for large messages and arrays: what a descriptor's bytes travel on.
+
+Theory of operation: an ordered call whose arguments hold arrays (numpy, CuPy, torch, anything
+with ``__cuda_array_interface__`` or DLPack) is encoded with the arrays *out of band*: the msgpack
+call carries a reference (dtype, shape, kind) for each, and the arrays ride beside it as an
+:class:`OutOfBand` payload. The core orders the call's descriptor like any message and counts it
+received at a member only once :meth:`HostStagingPlane.receive` has rebuilt its arrays there.
+
+This module's plane stages through host memory: the sender copies each array to host bytes
+(device arrays on a worker thread, so the event loop never waits for the GPU) and sends one DATA
+frame per receiver on the reliable channel; the receiver rebuilds arrays of the same kind on its
+own device (CuPy arrays with CuPy, torch tensors on torch's current CUDA device, numpy otherwise;
+when the receiver has no GPU library a device array arrives as numpy and this is logged once).
+Plain large byte payloads travel the same way. Every frame is validated before use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+
+from derecho_async.codec import DTYPES
+from derecho_async.errors import ProtocolViolation
+
+__all__ = ["ArrayInfo", "HostStagingPlane", "OutOfBand", "array_info"]
+
+log = logging.getLogger("derecho_async.dataplane")
+
+_MAX_ARRAYS = 4096
+_PLAIN = 0
+_CALL = 1
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfBand:
+    """An encoded call and the arrays its buffer references point at, in order."""
+
+    call: bytes
+    arrays: tuple[object, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.call) + sum(array_info(a).nbytes for a in self.arrays)
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayInfo:
+    """What the data plane needs to know of an array (DESIGN.md §6's adapter)."""
+
+    lib: str  # "numpy" | "cupy" | "torch" | "cuda" (other __cuda_array_interface__ objects)
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    pointer: int
+    device: int  # -1 for host memory
+    is_gpu: bool
+
+
+def array_info(arr: object) -> ArrayInfo:
+    """Describe ``arr`` (numpy, CuPy, torch or any CUDA-array-interface object)."""
+    mod = type(arr).__module__.split(".")[0]
+    if mod == "torch":
+        t: Any = arr
+        dtype = str(t.dtype).removeprefix("torch.")
+        is_gpu = bool(t.is_cuda)
+        return ArrayInfo("torch", dtype, tuple(t.shape), int(t.numel() * t.element_size()),
+                         int(t.data_ptr()), int(t.device.index) if is_gpu else -1, is_gpu)
+    if hasattr(arr, "__cuda_array_interface__"):
+        a: Any = arr
+        cai = a.__cuda_array_interface__
+        lib = "cupy" if mod == "cupy" else "cuda"
+        device = int(a.device.id) if hasattr(a, "device") and hasattr(a.device, "id") else 0
+        return ArrayInfo(lib, str(a.dtype), tuple(cai["shape"]), int(a.nbytes),
+                         int(cai["data"][0]), device, True)
+    if hasattr(arr, "__array_interface__"):
+        n: Any = arr
+        return ArrayInfo("numpy", str(n.dtype), tuple(n.shape), int(n.nbytes),
+                         int(n.__array_interface__["data"][0]), -1, False)
+    raise TypeError(f"{type(arr).__name__} is not an array the data plane can move")
+
+
+def _to_host_bytes(arr: object) -> bytes:
+    """The array's elements as C-ordered little-endian bytes (a device-to-host copy for GPUs)."""
+    info = array_info(arr)
+    a: Any = arr
+    if info.lib == "torch":
+        host = a.detach().to("cpu").contiguous().numpy()
+    elif info.is_gpu:
+        import cupy
+
+        host = cupy.asnumpy(cupy.ascontiguousarray(cupy.asarray(a)))
+    else:
+        import numpy as np
+
+        host = np.ascontiguousarray(a)
+    return bytes(host.astype(host.dtype.newbyteorder("<"), copy=False).data)
+
+
+_warned_no_gpu = False
+
+
+def _rebuild(lib: str, dtype: str, shape: tuple[int, ...], raw: bytes) -> object:
+    """An array of kind ``lib`` on this member's device holding ``raw``."""
+    global _warned_no_gpu
+    import numpy as np
+
+    host = np.frombuffer(bytearray(raw), dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
+    host = host.astype(np.dtype(dtype), copy=False)
+    if lib == "numpy":
+        return host
+    try:
+        if lib == "torch":
+            import torch
+
+            t = torch.from_numpy(host)
+            return t.to("cuda") if torch.cuda.is_available() else t
+        import cupy
+
+        return cupy.asarray(host)
+    except ImportError:
+        if not _warned_no_gpu:
+            _warned_no_gpu = True
+            log.warning("a %s device array arrived but this member has no GPU library: "
+                        "delivering numpy arrays", lib)
+        return host
+
+
+class HostStagingPlane:
+    """Moves large payloads through host memory on the reliable channel (see module header)."""
+
+    def __init__(self, send: Callable[[int, bytes], None],
+                 landed: Callable[[tuple[int, int, int], object], None],
+                 encode_frame: Callable[[tuple[int, int, int], bytes], bytes]) -> None:
+        self._send = send
+        self._landed = landed
+        self._encode_frame = encode_frame
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    def start(self, key: tuple[int, int, int], payload: object, targets: tuple[int, ...]) -> None:
+        """Ship ``payload`` (bytes or :class:`OutOfBand`) for data key ``key`` to ``targets``."""
+        if isinstance(payload, OutOfBand) and any(array_info(a).is_gpu for a in payload.arrays):
+            fut = asyncio.get_running_loop().run_in_executor(None, self._pack, payload)
+            self._tasks.add(fut)
+
+            def done(f: asyncio.Future[bytes]) -> None:
+                self._tasks.discard(f)
+                if f.cancelled() or f.exception() is not None:
+                    log.error("staging a device payload failed: %r", f.exception())
+                    return
+                self._ship(key, f.result(), targets)
+
+            fut.add_done_callback(done)
+        else:
+            self._ship(key, self._pack(payload), targets)
+
+    def _ship(self, key: tuple[int, int, int], body: bytes, targets: tuple[int, ...]) -> None:
+        frame = self._encode_frame(key, body)
+        for dst in targets:
+            self._send(dst, frame)
+
+    @staticmethod
+    def _pack(payload: object) -> bytes:
+        if isinstance(payload, OutOfBand):
+            arrays = []
+            for a in payload.arrays:
+                info = array_info(a)
+                arrays.append([info.lib, info.dtype, list(info.shape), _to_host_bytes(a)])
+            body = [_CALL, payload.call, arrays]
+        else:
+            body = [_PLAIN, bytes(memoryview(payload))]  # type: ignore[arg-type]
+        out = msgpack.packb(body, use_bin_type=True)
+        assert isinstance(out, bytes)
+        return out
+
+    def receive(self, key: tuple[int, int, int], body: bytes) -> None:
+        """A DATA frame arrived: rebuild its payload (device copies off the loop), then land it."""
+        try:
+            msg = msgpack.unpackb(body, raw=False, use_list=True)
+            payload_or_job = self._unpack(msg)
+        except ProtocolViolation:
+            raise
+        except Exception as exc:
+            raise ProtocolViolation(f"undecodable data frame: {exc}") from exc
+        if not callable(payload_or_job):
+            self._landed(key, payload_or_job)
+            return
+        fut = asyncio.get_running_loop().run_in_executor(None, payload_or_job)
+        self._tasks.add(fut)
+
+        def done(f: asyncio.Future[object]) -> None:
+            self._tasks.discard(f)
+            if f.cancelled() or f.exception() is not None:
+                log.error("rebuilding a device payload failed: %r", f.exception())
+                return
+            self._landed(key, f.result())
+
+        fut.add_done_callback(done)
+
+    @staticmethod
+    def _unpack(msg: object) -> object:
+        if not isinstance(msg, list) or not msg or msg[0] not in (_PLAIN, _CALL):
+            raise ProtocolViolation("data frame is not [kind, ...]")
+        if msg[0] == _PLAIN:
+            if len(msg) != 2 or not isinstance(msg[1], bytes):
+                raise ProtocolViolation("plain data frame must carry bytes")
+            return msg[1]
+        if len(msg) != 3 or not isinstance(msg[1], bytes) or not isinstance(msg[2], list):
+            raise ProtocolViolation("call data frame must be [1, call, arrays]")
+        call, specs = msg[1], msg[2]
+        if len(specs) > _MAX_ARRAYS:
+            raise ProtocolViolation(f"data frame with {len(specs)} arrays")
+        checked: list[tuple[str, str, tuple[int, ...], bytes]] = []
+        any_gpu = False
+        for spec in specs:
+            if not (isinstance(spec, list) and len(spec) == 4):
+                raise ProtocolViolation("array spec must be [lib, dtype, shape, bytes]")
+            lib, dtype, shape, raw = spec
+            if lib not in ("numpy", "cupy", "torch", "cuda") or dtype not in DTYPES:
+                raise ProtocolViolation(f"array of lib {lib!r} dtype {dtype!r}")
+            if not isinstance(shape, list) or len(shape) > 32 or not all(
+                type(n) is int and 0 <= n < 1 << 62 for n in shape
+            ):
+                raise ProtocolViolation(f"bad array shape {shape!r}")
+            if not isinstance(raw, bytes):
+                raise ProtocolViolation("array bytes missing")
+            import numpy as np
+
+            count = 1
+            for n in shape:
+                count *= n
+            if count * np.dtype(dtype).itemsize != len(raw):
+                raise ProtocolViolation(f"array of shape {shape} {dtype} with {len(raw)} bytes")
+            any_gpu = any_gpu or lib != "numpy"
+            checked.append((lib if lib != "cuda" else "cupy", dtype, tuple(shape), raw))
+
+        def build() -> OutOfBand:
+            return OutOfBand(call, tuple(_rebuild(*c) for c in checked))
+
+        return build if any_gpu else build()

@@ -1,0 +1,53 @@
+"""Device arrays through ordered calls between real processes sharing a GPU (marker ``gpu``).
+
+Run on the accelerator machine: ``pytest -m gpu tests/gpu``. Skipped, with the reason, where
+CuPy, torch or a CUDA device is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import derecho_async as da
+
+pytestmark = pytest.mark.gpu
+
+
+def _need_gpu() -> None:
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device")
+    except Exception as exc:  # ImportError, CUDA driver errors
+        pytest.skip(f"CuPy with a CUDA device is needed: {exc}")
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("torch has no CUDA device")
+    except ImportError:
+        pytest.skip("torch is not installed")
+
+
+@pytest.mark.parametrize("members", [2, 4])
+def test_cupy_and_torch_payloads_arrive_as_device_arrays_in_total_order(
+    members: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _need_gpu()
+    from tests.gpu import gpu_apps
+
+    monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
+    monkeypatch.setenv("DA_GPU_COUNT", "20")
+    codes = da.launch_local(members, gpu_apps.sends_device_arrays, group=f"gpu{os.getpid()}",
+                            timeout=180)
+    assert codes == [0] * members
+    results = [json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(members)]
+    assert len({r["digest"] for r in results}) == 1, "members saw different sequences"
+    assert all(r["seen"] == members * 21 for r in results)
+    expected = sum(256 * 256 * float(m * 1000 + i) for m in range(members) for i in range(20))
+    assert all(abs(r["total"] - expected) / expected < 1e-6 for r in results)
