@@ -627,6 +627,10 @@ class TcpTransport(Transport):
                 return
             conn.task = task
             await self._read_loop(conn)
+        except asyncio.CancelledError:
+            # close() cancels the stream handlers; on Python 3.11 asyncio would log a
+            # cancelled handler as an error, so end quietly (the stream is being torn down).
+            writer.close()
         finally:
             if task is not None:
                 self._tasks.discard(task)
