@@ -32,7 +32,7 @@ async def main() -> None:
         listen=peers[me],
         secret=sys.argv[4],
         heartbeat_ms=20,
-        suspect_after_ms=400,
+        suspect_after_ms=600,
     )
     seconds = float(sys.argv[5])
     group = await da.Group.join(config, actors=[ReplicatedLog], timeout=30)

@@ -67,7 +67,7 @@ def cfg(group: str, member: int, n: int = 3) -> da.Config:
         initial_members=n,
         transport="sim",
         heartbeat_ms=5,
-        suspect_after_ms=100,
+        suspect_after_ms=500,
     )
 
 
@@ -237,7 +237,7 @@ async def test_join_times_out_with_a_clear_error_when_nobody_answers() -> None:
         initial_members=2,
         transport="sim",
         heartbeat_ms=5,
-        suspect_after_ms=100,
+        suspect_after_ms=500,
     )
     with pytest.raises(da.GroupClosed, match="not admitted"):
         await da.Group.join(c, actors=[Log], timeout=0.3)

@@ -34,8 +34,8 @@ def test_sigkill_mid_run_survivors_agree_and_lose_nothing(transport: str, member
         200,
         8,
         members,
-        heartbeat_ms=10,
-        suspect_after_ms=250,
+        heartbeat_ms=25,
+        suspect_after_ms=1000,
         use_uvloop=True,
     )
     victim = members - 1
@@ -58,7 +58,7 @@ def test_sigkill_mid_run_survivors_agree_and_lose_nothing(transport: str, member
 
 
 def test_uvloop_and_stock_asyncio_members_interoperate() -> None:
-    run = _Run(3, "shm", 50, 64, 4, 3, heartbeat_ms=10, suspect_after_ms=300, use_uvloop=False)
+    run = _Run(3, "shm", 50, 64, 4, 3, heartbeat_ms=25, suspect_after_ms=1000, use_uvloop=False)
     try:
         _wait(run, lambda: len(run.reports) == 3, 60)
     finally:
@@ -101,8 +101,8 @@ def test_a_new_process_joins_a_running_group_and_receives_the_state(transport: s
         64,
         8,
         3,
-        heartbeat_ms=10,
-        suspect_after_ms=400,
+        heartbeat_ms=25,
+        suspect_after_ms=1000,
         use_uvloop=True,
         linger=8.0,
     )
