@@ -175,3 +175,13 @@ def test_check_names_the_seed_and_the_step() -> None:
         c.checker.on_delivery(c.step_no, 1, Delivery(0, 99, 0, b"forged"), 77, frozenset({0, 1}))
     with pytest.raises(InvariantViolation, match="seed 1234"):
         c.check()
+
+
+def test_a_transport_failure_report_suspects_the_member_and_changes_the_view() -> None:
+    c = SimCluster(3, seed=23)
+    c.members[0].report_failure(2)  # as a driver does when the link to 2 broke
+    c.members[0].report_failure(99)  # not a member: ignored
+    assert c.run_until_idle()
+    c.check()
+    assert c.views(0)[-1].members == (0, 1) and c.views(1)[-1].members == (0, 1)
+    assert c.alive() == {0, 1}  # 2 is out of the primary view (it wedges on its own timeouts)

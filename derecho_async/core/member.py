@@ -238,6 +238,18 @@ class Member:
         else:
             shard.data_landed(key, payload)
 
+    def report_failure(self, member: int) -> None:
+        """The transport lost ``member`` (its link broke, pushes may have been lost): suspect it.
+
+        The shared-state table assumes every push on a link lands, in order; after a broken
+        link that no longer holds, so the member is removed by a view change rather than
+        trusted with a row that may be missing writes.
+        """
+        if self.state is not MemberState.ACTIVE or member == self.member_id:
+            return
+        if member in self.view.members:
+            self._suspect(self.view.members.index(member))
+
     def leave(self) -> None:
         """Leave the group: the others remove this member in the next view."""
         if self.state is not MemberState.ACTIVE:

@@ -160,6 +160,9 @@ class Driver:
 
     def on_failure(self, member: int, reason: str) -> None:
         log.info("member %d: transport reports %d: %s", self.member_id, member, reason)
+        if self.core is not None:
+            self.core.report_failure(member)
+            self.kick()
 
     def _data_landed(self, key: tuple[int, int, int], payload: object) -> None:
         if self.core is not None:
