@@ -140,6 +140,7 @@ def _make_transport(config: Config) -> Transport:
             peers=peers,
             ssl_server=server_ctx,
             ssl_client=client_ctx,
+            max_frame=1 << 30,  # a data-plane frame carries a whole large call (up to 1 GiB)
         )
     if config.transport == "sim":
         from derecho_async.transport.loopback import LoopbackFabric
