@@ -185,3 +185,18 @@ def test_a_transport_failure_report_suspects_the_member_and_changes_the_view() -
     c.check()
     assert c.views(0)[-1].members == (0, 1) and c.views(1)[-1].members == (0, 1)
     assert c.alive() == {0, 1}  # 2 is out of the primary view (it wedges on its own timeouts)
+
+
+def test_traffic_from_a_member_counts_as_a_heartbeat() -> None:
+    from derecho_async.core import CoreConfig, Member, View
+
+    m = Member(0, CoreConfig(suspect_after=5), view=View(0, (0, 1)))
+    for _ in range(20):
+        m.heard_from(1)  # a message arrived, its heartbeat push is stuck behind bulk data
+        m.tick()
+        m.poll()
+    assert m.suspected == 0
+    for _ in range(6):
+        m.tick()
+        m.poll()
+    assert m.suspected == 0b10  # silence for suspect_after ticks: suspected

@@ -238,6 +238,12 @@ class Member:
         else:
             shard.data_landed(key, payload)
 
+    def heard_from(self, member: int) -> None:
+        """Traffic from ``member`` arrived (any message): it is alive, whatever its heartbeat
+        push is queued behind (bulk data shares the link's FIFO with row pushes)."""
+        if self.state is MemberState.ACTIVE and member in self.view.members:
+            self._last_change[self.view.members.index(member)] = self.now
+
     def report_failure(self, member: int) -> None:
         """The transport lost ``member`` (its link broke, pushes may have been lost): suspect it.
 

@@ -141,6 +141,8 @@ class Driver:
         self.kick()
 
     def on_message(self, sender: int, payload: bytes) -> None:
+        if self.core is not None:
+            self.core.heard_from(sender)
         try:
             msg = env.decode(payload)
             kind = msg[0]
