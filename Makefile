@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo sim-demo sweep clean
+.PHONY: test lint demo sim-demo sweep rdma-test clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,9 @@ demo: $(STAMP)
 
 sim-demo: $(STAMP)
 	$(BIN)/python examples/sim_demo.py
+
+rdma-test: $(STAMP)
+	scripts/rdma-tests.sh
 
 sweep: $(STAMP)
 	$(BIN)/python -m derecho_async.testing.sweep --count 100000

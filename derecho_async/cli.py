@@ -83,14 +83,14 @@ class _Run:
             "heartbeat_ms": heartbeat_ms,
             "suspect_after_ms": suspect_after_ms,
         }
-        if transport == "tcp":
+        if transport in ("tcp", "rdma"):
             ports = _free_ports(members)
             base["peers"] = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
             base["secret"] = secrets.token_hex(16)
         self.base = base
         for i in range(members):
             fields = dict(base, member_id=i)
-            if transport == "tcp":
+            if transport in ("tcp", "rdma"):
                 fields["listen"] = base["peers"][i]
             p = self.ctx.Process(
                 target=_child,
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def common(p: argparse.ArgumentParser, members: int, messages: int) -> None:
         p.add_argument("--members", type=int, default=members)
-        p.add_argument("--transport", choices=["shm", "tcp"], default="shm")
+        p.add_argument("--transport", choices=["shm", "tcp", "rdma"], default="shm")
         p.add_argument("--messages", type=int, default=messages, help="appends per sender")
         p.add_argument("--size", type=int, default=1024, help="message size in bytes")
         p.add_argument("--depth", type=int, default=32, help="outstanding calls per sender")

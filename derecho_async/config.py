@@ -237,9 +237,9 @@ class Config:
             not isinstance(self.secret, str) or len(self.secret) < _MIN_SECRET
         ):
             raise ConfigError("secret", _EXPECTED["secret"], "<hidden>")
-        if self.transport == "tcp" and self.secret is None:
+        if self.transport in ("tcp", "rdma") and self.secret is None:
             raise ConfigError(
-                "secret", _EXPECTED["secret"] + " (required when transport is 'tcp')", None
+                "secret", _EXPECTED["secret"] + " (required when transport is 'tcp' or 'rdma')", None
             )
         for name in ("tls_cert", "tls_key", "tls_ca", "rdma_device"):
             value = getattr(self, name)

@@ -142,6 +142,19 @@ def _make_transport(config: Config) -> Transport:
             ssl_client=client_ctx,
             max_frame=1 << 30,  # a data-plane frame carries a whole large call (up to 1 GiB)
         )
+    if config.transport == "rdma":
+        from derecho_async.transport.rdma import RdmaTransport
+
+        assert config.secret is not None  # Config requires it for rdma (its channel is tcp)
+        return RdmaTransport(
+            config.member_id,
+            parse_hostport(config.listen, "listen"),
+            secret=config.secret.encode(),
+            peers={m: parse_hostport(a, "peers") for m, a in config.peers.items()},
+            device=config.rdma_device,
+            port=config.rdma_port,
+            gid_index=config.rdma_gid_index,
+        )
     if config.transport == "sim":
         from derecho_async.transport.loopback import LoopbackFabric
 

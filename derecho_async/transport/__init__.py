@@ -4,7 +4,8 @@
 # group (DESIGN.md §4.1, §5). ``base`` defines the interface every transport implements and the
 # push validation they share; ``loopback`` (in-process), ``shm`` (one host, shared-memory rings)
 # and ``tcp`` (several hosts, authenticated streams, optional TLS) implement it and pass one
-# conformance suite (tests/transport).
+# conformance suite (tests/transport); ``rdma`` (pyverbs RC queue pairs, loaded on demand so that
+# importing this package never needs pyverbs) passes it on Soft-RoCE (scripts/rdma-tests.sh).
 """Transports: push byte ranges of my row to peers, plus a reliable message channel."""
 
 from __future__ import annotations

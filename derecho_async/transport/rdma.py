@@ -1,0 +1,1569 @@
+# Theory of operation
+# -------------------
+# Members on hosts with RDMA NICs (or Soft-RoCE). Two channels per pair of members:
+#
+# * the control/message channel is a composed ``TcpTransport`` (same listen address, peers and
+#   shared-secret authentication). It carries the user's messages and the rdma control messages
+#   (CONNECT, RESET); every payload on it starts with a 17-byte header (kind u8, endpoint u64,
+#   count u64).
+# * pushes travel over one RC queue pair per peer as RDMA WRITEs.
+#
+# Inboxes. For every peer a member registers a private *inbox*: a ring of ``inbox_bytes`` in its
+# own memory region with remote-write access, whose address and rkey are sent to that peer only
+# (in its CONNECT). A peer can therefore write nothing but its own inbox: the NIC rejects any
+# other address (the writer's and the owner's queue pairs both go to the error state, which is
+# reported as a failure of the writer). A push is written into the receiver's inbox as a record
+# (32-byte header: type, flags, length, view_id, table offset, messages-before; then the bytes,
+# padded to 8) and handed to ``on_push`` after the receiver validated the header and passed the
+# push through the ``PushGate``, which confines it to the sender's row of that view. Rows are not
+# written in place: a later push to the same bytes would overwrite an earlier one before the
+# receiver read it, and the transport contract delivers every push, whole and in order.
+#
+# Sending. The sender keeps a registered staging mirror of the peer's inbox: ``push`` copies
+# header and bytes into the mirror at the ring position they will occupy remotely, and a flush
+# (once per loop iteration) posts the new bytes as one RDMA WRITE per contiguous span. The last
+# write of a flush is WRITE_WITH_IMM; its immediate value (bit 31 clear) carries the new ring
+# head in 8-byte units (mod 2**30) and bit 30 "please return credit". A record never wraps: a PAD
+# record fills the end of the ring (or, when fewer than 32 bytes are left, both sides skip them).
+# Pushes larger than a quarter of the inbox are split at 8-byte aligned table offsets.
+#
+# Credit. The receiver consumes records in order and returns its consumed position to the sender
+# as a zero-length SEND_WITH_IMM (bit 31 set) when a quarter of the ring was consumed since the
+# last return, or after consuming data the sender flagged. The sender reuses ring space only
+# when it is credited *and* its own writes covering it completed (signalled completions; every
+# 16th work request, and every flagged doorbell, is signalled). Pushes that do not fit wait in a
+# backlog (FIFO, bounded); posted receives are reposted as they complete; an empty receive queue
+# only delays the peer (RNR retry is infinite).
+#
+# Order between the two channels. Each (sender, receiver) link is FIFO across pushes and
+# messages: a message carries the number of pushes the sender issued before it on its current
+# endpoint, a push record the number of messages; the receiver delivers a message only after
+# that many pushes, and a push only after that many messages. Messages overtake pushes that the
+# sender could not transmit yet (no endpoint paired, e.g. for a view the peer has not installed).
+#
+# Endpoints. An endpoint (queue pair, completion queue on its own completion channel, inbox,
+# mirror) has a random 64-bit id. Creating one sends CONNECT(src=id, dst=0); a member answering
+# a dst=0 CONNECT pairs with it and replies CONNECT(src=its id, dst=the peer's id); a CONNECT for
+# an endpoint that no longer exists is ignored, one from a peer endpoint that replaced the paired
+# one resets the link. Every received field (QP number, PSN, GID, address, rkey, size) is
+# validated before use; nothing is unpickled or evaluated.
+#
+# Completions. Each completion channel's fd is non-blocking and registered with
+# ``loop.add_reader``; the reader collects the channel's events, acknowledges them in batches,
+# re-arms the CQ, then drains it. With ``busy_poll`` the CQs are also polled from the loop
+# (``call_soon``) for as long as completions keep arriving. Completion errors, queue-pair errors
+# and retry exhaustion tear the endpoint down and report ``on_failure(peer, reason)``; the next
+# push after a short back-off builds a fresh endpoint. A lost tcp link also tears the endpoint
+# down (the counters that order the two channels are per endpoint).
+"""RDMA transport: pushes as RDMA WRITEs into per-peer inboxes, messages over tcp."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import random
+import socket
+import ssl
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+
+from derecho_async.errors import ConfigError, UsageError
+from derecho_async.transport import verbs
+from derecho_async.transport.base import (
+    Transport,
+    TransportHandler,
+    as_bytes_view,
+    check_member_id,
+    log,
+)
+from derecho_async.transport.tcp import TcpTransport
+
+__all__ = ["ConnectInfo", "RdmaTransport"]
+
+# -- wire formats ------------------------------------------------------------------------------
+
+#: Channel message header: kind, endpoint id (0 = none), count (pushes before this message).
+CHAN = struct.Struct("<BQQ")
+K_USER, K_CONNECT, K_RESET = 1, 2, 3
+
+#: Inbox record header: type, flags, length, view_id, table offset, messages before.
+REC = struct.Struct("<HHIQQQ")
+R_PUSH, R_PAD = 1, 2
+RF_FINAL = 1  # last piece of a push
+
+IMM_CREDIT = 1 << 31
+IMM_FLAG = 1 << 30  # doorbell: "return credit"; with IMM_CREDIT: no-op
+IMM_MASK = (1 << 30) - 1
+IMM_NOOP = IMM_CREDIT | IMM_FLAG
+
+_U63 = 1 << 63
+_U64 = 1 << 64
+MIN_INBOX = 16 << 10
+MAX_INBOX = 64 << 20  # also bounds the mirror a peer's CONNECT makes us allocate
+PROTOCOL_VERSION = 1
+_MAX_CONNECT = 1024
+_MAX_REASON = 512
+
+
+def align8(n: int) -> int:
+    """``n`` rounded up to a multiple of 8."""
+    return (n + 7) & ~7
+
+
+class RingError(Exception):
+    """The peer broke the inbox protocol (bad record, bad doorbell, bad credit)."""
+
+
+class Malformed(Exception):
+    """A control message failed validation."""
+
+
+def imm_doorbell(head: int, want_credit: bool) -> int:
+    """Immediate value announcing ring head ``head`` (a multiple of 8)."""
+    return ((head >> 3) & IMM_MASK) | (IMM_FLAG if want_credit else 0)
+
+
+def imm_credit(tail: int) -> int:
+    """Immediate value returning consumed position ``tail`` (a multiple of 8)."""
+    return IMM_CREDIT | ((tail >> 3) & IMM_MASK)
+
+
+def advance(old: int, units: int) -> int:
+    """The position >= ``old`` whose 8-byte unit count is ``units`` mod 2**30."""
+    return old + ((((units & IMM_MASK) - (old >> 3)) & IMM_MASK) << 3)
+
+
+@dataclass(frozen=True)
+class ConnectInfo:
+    """What one endpoint tells its peer (and only that peer) to connect and write to it."""
+
+    ep: int  # this endpoint's id, random, non-zero
+    dst: int  # the peer endpoint it pairs with, 0 if none yet
+    qpn: int
+    psn: int
+    gid: bytes
+    lid: int
+    mtu: int  # IBV_MTU_* enum value, 1..5
+    ethernet: bool
+    addr: int  # inbox address
+    rkey: int  # inbox rkey (remote write, this peer only)
+    size: int  # inbox bytes
+
+    def encode(self) -> bytes:
+        """msgpack map (validated again on decode)."""
+        packed: bytes = msgpack.packb(
+            {
+                "v": PROTOCOL_VERSION,
+                "ep": self.ep,
+                "dst": self.dst,
+                "qpn": self.qpn,
+                "psn": self.psn,
+                "gid": self.gid,
+                "lid": self.lid,
+                "mtu": self.mtu,
+                "eth": self.ethernet,
+                "addr": self.addr,
+                "rkey": self.rkey,
+                "size": self.size,
+            }
+        )
+        return packed
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ConnectInfo:
+        """Parse and validate; raises :class:`Malformed`."""
+        if len(raw) > _MAX_CONNECT:
+            raise Malformed(f"CONNECT of {len(raw)} bytes")
+        try:
+            obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=False)
+        except Exception as exc:
+            raise Malformed(f"undecodable CONNECT: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise Malformed("CONNECT is not a map")
+        if obj.get("v") != PROTOCOL_VERSION:
+            raise Malformed(f"CONNECT version {obj.get('v')!r}, expected {PROTOCOL_VERSION}")
+
+        def num(key: str, lo: int, hi: int) -> int:
+            v = obj.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v < hi:
+                raise Malformed(f"CONNECT field {key!r} = {v!r} not in [{lo}, {hi})")
+            return v
+
+        gid = obj.get("gid")
+        if not isinstance(gid, bytes) or len(gid) != 16:
+            raise Malformed("CONNECT field 'gid' is not 16 bytes")
+        eth = obj.get("eth")
+        if not isinstance(eth, bool):
+            raise Malformed("CONNECT field 'eth' is not a bool")
+        size = num("size", MIN_INBOX, MAX_INBOX + 1)
+        if size % 8:
+            raise Malformed(f"inbox size {size} is not a multiple of 8")
+        addr = num("addr", 1, _U64)
+        if addr + size > _U64:
+            raise Malformed("inbox address range overflows")
+        return cls(
+            ep=num("ep", 1, _U64),
+            dst=num("dst", 0, _U64),
+            qpn=num("qpn", 1, 1 << 24),
+            psn=num("psn", 0, 1 << 24),
+            gid=gid,
+            lid=num("lid", 0, 1 << 16),
+            mtu=num("mtu", 1, 6),
+            ethernet=eth,
+            addr=addr,
+            rkey=num("rkey", 0, 1 << 32),
+            size=size,
+        )
+
+
+def encode_reset(ep: int, dst: int, why: str, graceful: bool) -> bytes:
+    """RESET control message: endpoint ``ep`` (mine) paired with ``dst`` (yours) is gone."""
+    body: bytes = msgpack.packb({"dst": dst, "why": why[:_MAX_REASON], "graceful": graceful})
+    return CHAN.pack(K_RESET, ep, 0) + body
+
+
+def decode_reset(body: bytes) -> tuple[int, str, bool]:
+    """(dst, why, graceful) of a RESET body; raises :class:`Malformed`."""
+    if len(body) > _MAX_CONNECT:
+        raise Malformed("RESET too long")
+    try:
+        obj = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise Malformed(f"undecodable RESET: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise Malformed("RESET is not a map")
+    dst, why, graceful = obj.get("dst"), obj.get("why"), obj.get("graceful")
+    if isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < _U64:
+        raise Malformed("RESET dst")
+    if not isinstance(why, str) or not isinstance(graceful, bool):
+        raise Malformed("RESET why/graceful")
+    return dst, why[:_MAX_REASON], graceful
+
+
+# -- ring bookkeeping (pure) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one record goes in the ring: an optional PAD header, then the record."""
+
+    pad_at: int | None  # ring offset of a PAD record, or None
+    pad_len: int  # payload length of that PAD record
+    at: int  # ring offset of the record header
+
+
+class SendRing:
+    """The sender's view of a peer's inbox ring. Positions are monotone byte counters.
+
+    ``staged``: bytes written into the local mirror; ``posted``: bytes covered by posted
+    writes; ``credit``: bytes the receiver consumed; ``done``: bytes covered by locally
+    completed writes. Space is reusable below ``min(credit, done)``.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size % 8 or size < 4 * REC.size:
+            raise ValueError("ring size must be a multiple of 8 and at least 128")
+        self.size = size
+        self.staged = self.posted = self.credit = self.done = 0
+
+    @property
+    def max_payload(self) -> int:
+        """Largest record payload: records stay within a quarter of the ring."""
+        return (self.size // 4 - REC.size) & ~7
+
+    def free(self) -> int:
+        """Bytes that may be staged now."""
+        return self.size - (self.staged - min(self.credit, self.done))
+
+    def place(self, payload_len: int) -> Placement | None:
+        """Reserve space for one record of ``payload_len`` bytes; None when it does not fit."""
+        if payload_len > self.max_payload:
+            raise ValueError(f"record payload {payload_len} > {self.max_payload}")
+        need = REC.size + align8(payload_len)
+        pos = self.staged % self.size
+        room = self.size - pos
+        skip = pad = 0
+        pad_at: int | None = None
+        if room < REC.size:
+            skip = room
+        elif room < need:
+            pad = room
+            pad_at = pos
+        total = skip + pad + need
+        if total > self.free():
+            return None
+        at = 0 if (skip or pad) else pos
+        self.staged += total
+        return Placement(pad_at, pad - REC.size if pad else 0, at)
+
+    def take_unposted(self) -> list[tuple[int, int]]:
+        """Ring spans (offset, length) staged but not posted, split at the wrap; marks posted."""
+        spans = []
+        pos, end = self.posted, self.staged
+        while pos < end:
+            off = pos % self.size
+            n = min(end - pos, self.size - off)
+            spans.append((off, n))
+            pos += n
+        self.posted = end
+        return spans
+
+    def on_credit(self, units: int) -> int:
+        """Apply a credit immediate value; returns the new credit. Raises :class:`RingError`."""
+        new = advance(self.credit, units)
+        if new > self.posted:
+            raise RingError(f"credit {new} beyond the {self.posted} bytes posted")
+        self.credit = new
+        return new
+
+    def on_done(self, pos: int) -> None:
+        """Local writes up to ``pos`` completed."""
+        if pos > self.done:
+            self.done = pos
+
+
+@dataclass(frozen=True)
+class Record:
+    """One validated PUSH record at the tail of an inbox."""
+
+    final: bool
+    view_id: int
+    offset: int
+    length: int
+    msgs_before: int
+    data_at: int  # ring offset of the bytes
+    total: int  # bytes the record occupies (header + padded payload)
+
+
+class RecvRing:
+    """The receiver's view of one inbox ring: validates what the peer wrote."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.head = self.tail = 0
+        self.msgs_floor = 0  # records' messages-before never decreases
+
+    def on_doorbell(self, units: int) -> int:
+        """Apply a doorbell; returns the new head. Raises :class:`RingError`."""
+        new = advance(self.head, units)
+        if new - self.tail > self.size:
+            raise RingError(f"doorbell head {new} is more than a ring ahead of {self.tail}")
+        self.head = new
+        return new
+
+    def peek(self, buf: Any) -> Record | None:
+        """The next PUSH record (skipping PADs), or None when the ring is empty so far."""
+        while self.tail < self.head:
+            avail = self.head - self.tail
+            pos = self.tail % self.size
+            room = self.size - pos
+            if room < REC.size:
+                if avail < room:
+                    raise RingError("doorbell inside the ring's end gap")
+                self.tail += room
+                continue
+            if avail < REC.size:
+                raise RingError(f"truncated record header ({avail} bytes)")
+            typ, flags, length, view_id, offset, msgs_before = REC.unpack_from(buf, pos)
+            if typ == R_PAD:
+                if flags or view_id or offset or msgs_before or length != room - REC.size:
+                    raise RingError(f"malformed PAD record at ring offset {pos}")
+                if avail < room:
+                    raise RingError("truncated PAD record")
+                self.tail += room
+                continue
+            if typ != R_PUSH:
+                raise RingError(f"unknown record type {typ} at ring offset {pos}")
+            if flags & ~RF_FINAL:
+                raise RingError(f"record flags {flags:#x}")
+            total = REC.size + align8(length)
+            if total > room:
+                raise RingError(f"record of {length} bytes crosses the ring end")
+            if total > avail:
+                raise RingError(f"record of {length} bytes extends past the doorbell")
+            if view_id >= _U63 or offset >= _U63:
+                raise RingError(f"record view {view_id} / offset {offset} out of range")
+            if msgs_before < self.msgs_floor:
+                raise RingError("record's message count went backwards")
+            return Record(
+                bool(flags & RF_FINAL), view_id, offset, length, msgs_before, pos + REC.size, total
+            )
+        return None
+
+    def consume(self, rec: Record) -> None:
+        """Advance past ``rec`` (returned by :meth:`peek`)."""
+        self.tail += rec.total
+        self.msgs_floor = rec.msgs_before
+
+
+def piece_end(offset: int, n: int, chunk: int) -> int:
+    """End (table offset) of the first piece of a push ``[offset, offset+n)``.
+
+    Pieces end at multiples of ``chunk`` (a multiple of 8), so no aligned word is split.
+    """
+    return min(offset + n, (offset // chunk + 1) * chunk)
+
+
+# -- completions (pure) ----------------------------------------------------------------------
+
+RECV_WR = 1 << 63  # wr_id bit of posted receives
+
+
+@dataclass(frozen=True)
+class WcCodes:
+    """The verbs constants completion handling needs (from pyverbs, or fakes in tests)."""
+
+    success: int
+    flush_err: int
+    op_recv: int
+    op_recv_rdma_imm: int
+    with_imm: int
+    names: Mapping[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_enums(cls, e: Any) -> WcCodes:
+        names = {}
+        for n in dir(e):
+            if (n.startswith("IBV_WC_") and n.endswith("_ERR")) or n == "IBV_WC_SUCCESS":
+                names[int(getattr(e, n))] = n
+        return cls(
+            success=int(e.IBV_WC_SUCCESS),
+            flush_err=int(e.IBV_WC_WR_FLUSH_ERR),
+            op_recv=int(e.IBV_WC_RECV),
+            op_recv_rdma_imm=int(e.IBV_WC_RECV_RDMA_WITH_IMM),
+            with_imm=int(e.IBV_WC_WITH_IMM),
+            names=names,
+        )
+
+
+@dataclass(frozen=True)
+class WcEvent:
+    """What one completion means. kind: send_done, doorbell, credit, noop, flushed, error."""
+
+    kind: str
+    wr_id: int = 0
+    units: int = 0
+    flag: bool = False
+    detail: str = ""
+
+
+def classify_wc(
+    codes: WcCodes, *, status: int, opcode: int, wr_id: int, imm: int, byte_len: int, flags: int
+) -> WcEvent:
+    """Decode one work completion. ``imm`` is in host order (already ``ntohl``-ed)."""
+    is_recv = bool(wr_id & RECV_WR)
+    if status != codes.success:
+        if status == codes.flush_err:
+            return WcEvent("flushed", wr_id)
+        name = codes.names.get(status, f"status {status}")
+        side = "receive" if is_recv else "send"
+        return WcEvent("error", wr_id, detail=f"{side} completion error {name}")
+    if not is_recv:
+        return WcEvent("send_done", wr_id)
+    if not flags & codes.with_imm:
+        return WcEvent("error", wr_id, detail="receive completion without immediate data")
+    if opcode == codes.op_recv_rdma_imm:
+        if imm & IMM_CREDIT:
+            return WcEvent("error", wr_id, detail="RDMA write carrying a credit value")
+        return WcEvent("doorbell", wr_id, units=imm & IMM_MASK, flag=bool(imm & IMM_FLAG))
+    if opcode == codes.op_recv:
+        if byte_len:
+            return WcEvent("error", wr_id, detail=f"unexpected SEND of {byte_len} bytes")
+        if not imm & IMM_CREDIT:
+            return WcEvent("error", wr_id, detail="SEND carrying a doorbell value")
+        if imm & IMM_FLAG:
+            return WcEvent("noop", wr_id)
+        return WcEvent("credit", wr_id, units=imm & IMM_MASK)
+    return WcEvent("error", wr_id, detail=f"unexpected receive opcode {opcode}")
+
+
+# -- endpoints -------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Endpoint:
+    """One queue pair to one peer, with its CQ, channel, inbox and (once paired) mirror."""
+
+    peer: int
+    id: int
+    qp: Any
+    cq: Any
+    channel: Any
+    fd: int | None
+    inbox: verbs.HostBuffer
+    inbox_mr: Any
+    scratch_mr: Any
+    psn: int
+    rx: RecvRing
+    # set when paired
+    peer_info: ConnectInfo | None = None
+    mirror: verbs.HostBuffer | None = None
+    mirror_mr: Any = None
+    tx: SendRing | None = None
+    # state
+    dead: bool = False
+    unacked: int = 0
+    # sending
+    backlog: collections.deque[tuple[int, int, memoryview, int]] = field(
+        default_factory=collections.deque
+    )
+    backlog_bytes: int = 0
+    pushes_issued: int = 0
+    msgs_sent: int = 0
+    sq_seq: int = 0
+    sq_done: int = 0
+    unsignaled: int = 0
+    signaled: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)
+    flush_wanted: bool = False
+    # receiving
+    pushes_consumed: int = 0
+    returned: int = 0
+    credit_wanted: bool = False
+    held: collections.deque[tuple[int, bytes]] = field(default_factory=collections.deque)
+    held_bytes: int = 0
+    spin_until: float = 0.0
+    spinning: bool = False
+    # reusable work requests (post copies them; pyverbs objects are costly to build)
+    recv_wr: Any = None
+    imm_wr: Any = None
+
+    @property
+    def paired(self) -> bool:
+        return self.peer_info is not None
+
+    @property
+    def peer_ep(self) -> int:
+        return self.peer_info.ep if self.peer_info is not None else 0
+
+
+@dataclass(eq=False)
+class _Link:
+    """Per-peer state that outlives endpoints."""
+
+    peer: int
+    ep: _Endpoint | None = None
+    quiet_until: float = 0.0
+    dropped: int = 0
+    rx_tag: int = 0  # the peer endpoint id of the last tagged message delivered
+    rx_count: int = 0  # messages delivered with that tag
+
+
+class _ChannelHandler:
+    """The composed tcp transport's handler: forwards into the rdma transport."""
+
+    def __init__(self, outer: RdmaTransport) -> None:
+        self._outer = outer
+
+    def on_push(self, view_id: int, sender: int, offset: int, data: bytes) -> None:
+        # never set_view on the channel, so pushes over it are held and bounded there
+        log.warning("member %d: push over the rdma control channel ignored", sender)
+
+    def on_message(self, sender: int, payload: bytes) -> None:
+        self._outer._on_channel(sender, payload)
+
+    def on_failure(self, member: int, reason: str) -> None:
+        self._outer._on_channel_failure(member, reason)
+
+
+class RdmaTransport(Transport):
+    """Transport over RDMA (pyverbs): pushes as RDMA WRITEs, messages over authenticated tcp.
+
+    ``listen``, ``secret``, ``peers``, ``ssl_server``, ``ssl_client`` and ``max_frame`` are those
+    of the composed :class:`TcpTransport` (peers are addressed by their tcp listen address).
+    ``device``/``port``/``gid_index`` choose the RDMA port (None: first device with an active
+    ``port``; a RoCE v2 IPv4 GID). ``inbox_bytes`` is the ring each peer writes into (also the
+    size of this member's staging mirror per peer). ``busy_poll`` polls the completion queues
+    from the event loop while completions keep arriving, instead of waiting for every wakeup.
+    """
+
+    #: queue depths per queue pair
+    send_depth: int = 256
+    recv_depth: int = 256
+    #: RC attributes: ack timeout exponent (4.096 us * 2**timeout), retries, RNR timer code
+    qp_timeout: int = 14
+    qp_retry_cnt: int = 7
+    qp_rnr_retry: int = 7  # 7 = retry forever on receiver-not-ready
+    min_rnr_timer: int = 12
+    #: signal at least every this many work requests
+    signal_every: int = 16
+    #: after an endpoint failed, pushes to that peer are dropped for this long (seconds)
+    reconnect_backoff: float = 0.5
+    #: bounds on pushes waiting for an endpoint / space, and on messages waiting for pushes
+    max_backlog_bytes: int = 256 << 20
+    max_held_bytes: int = 1 << 30
+    #: busy polling keeps going this long after the last completion (seconds)
+    busy_poll_window: float = 0.002
+
+    def __init__(
+        self,
+        member_id: int,
+        listen: tuple[str, int],
+        *,
+        secret: bytes,
+        peers: Mapping[int, tuple[str, int] | str] = {},
+        device: str | None = None,
+        port: int = 1,
+        gid_index: int | None = None,
+        busy_poll: bool = False,
+        inbox_bytes: int = 512 << 10,
+        ssl_server: ssl.SSLContext | None = None,
+        ssl_client: ssl.SSLContext | None = None,
+        max_frame: int = 64 << 20,
+    ) -> None:
+        super().__init__(member_id)
+        if device is not None and (not isinstance(device, str) or not device):
+            raise ConfigError("rdma_device", "None or an RDMA device name", device)
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 255:
+            raise ConfigError("rdma_port", "an integer from 1 to 255", port)
+        if gid_index is not None and (
+            isinstance(gid_index, bool) or not isinstance(gid_index, int) or gid_index < 0
+        ):
+            raise ConfigError("rdma_gid_index", "None or a non-negative integer", gid_index)
+        if (
+            isinstance(inbox_bytes, bool)
+            or not isinstance(inbox_bytes, int)
+            or not MIN_INBOX <= inbox_bytes <= MAX_INBOX
+            or inbox_bytes % 8
+        ):
+            raise ConfigError(
+                "inbox_bytes", f"a multiple of 8 from {MIN_INBOX} to {MAX_INBOX}", inbox_bytes
+            )
+        self._tcp = TcpTransport(
+            member_id,
+            listen,
+            secret=secret,
+            peers=peers,
+            ssl_server=ssl_server,
+            ssl_client=ssl_client,
+            max_frame=max_frame,
+        )
+        self._device = device
+        self._port = port
+        self._gid_index = gid_index
+        self.busy_poll = bool(busy_poll)
+        self.inbox_bytes = inbox_bytes
+        self._pv: verbs.Pyverbs | None = None
+        self._ctx: Any = None
+        self._pd: Any = None
+        self.local: verbs.DevicePort | None = None
+        self._codes: WcCodes | None = None
+        self._links: dict[int, _Link] = {}
+        self._dirty: set[_Endpoint] = set()
+        self._flush_scheduled = False
+        self._draining = 0
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._rng = random.SystemRandom()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def address(self) -> tuple[str, int]:
+        """The tcp listen address peers use to reach this member."""
+        return self._tcp.address
+
+    async def start(self, handler: TransportHandler) -> None:
+        """Open the RDMA device, then start the tcp channel."""
+        self._begin_start(handler)
+        try:
+            pv = verbs.load_pyverbs()
+            ctx, local = verbs.choose_port(pv, self._device, self._port, self._gid_index)
+            self._pv, self._ctx, self.local = pv, ctx, local
+            self._pd = pv.pd.PD(ctx)
+            self._codes = WcCodes.from_enums(pv.enums)
+            await self._tcp.start(_ChannelHandler(self))
+        except BaseException:
+            self._closed = True
+            self._close_device()
+            raise
+        log.info(
+            "member %d: rdma on %s port %d gid index %d (pyverbs from %s)",
+            self.member_id,
+            local.device,
+            local.port,
+            local.gid_index,
+            pv.origin,
+        )
+
+    async def close(self) -> None:
+        """Tell paired peers, tear every endpoint down, close the channel and the device."""
+        if self._closed:
+            return
+        self._closed = True
+        for link in self._links.values():
+            ep = link.ep
+            if ep is not None and ep.paired and not ep.dead:
+                with contextlib.suppress(Exception):
+                    self._tcp.send(link.peer, encode_reset(ep.id, ep.peer_ep, "closed", True))
+            if ep is not None:
+                self._destroy(ep)
+            link.ep = None
+        for fut in self._drain_waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._drain_waiters.clear()
+        self._dirty.clear()
+        with contextlib.suppress(Exception):
+            await self._tcp.close()
+        self._gate.clear()
+        self._close_device()
+
+    def _close_device(self) -> None:
+        for obj in (self._pd, self._ctx):
+            if obj is not None:
+                with contextlib.suppress(Exception):
+                    obj.close()
+        self._pd = self._ctx = None
+
+    async def drain(self) -> None:
+        """Wait until every push was written and completed locally (or its link failed) and
+        the channel's buffers are empty."""
+        self._check_usable()
+        assert self._loop is not None
+        self._draining += 1
+        try:
+            while True:
+                pending = [
+                    link.ep
+                    for link in self._links.values()
+                    if link.ep is not None and not self._drained(link.ep)
+                ]
+                if not pending or self._closed:
+                    break
+                for ep in pending:
+                    self._mark_dirty(ep)
+                    if ep.tx is not None and not ep.signaled and ep.tx.done < ep.tx.posted:
+                        self._post_imm_send(ep, IMM_NOOP, signal=True)
+                fut: asyncio.Future[None] = self._loop.create_future()
+                self._drain_waiters.append(fut)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(fut, 0.5)
+        finally:
+            self._draining -= 1
+        if not self._closed:
+            await self._tcp.drain()
+
+    def _drained(self, ep: _Endpoint) -> bool:
+        if ep.dead:
+            return True
+        if ep.backlog:
+            return False
+        tx = ep.tx
+        return tx is None or (tx.staged == tx.posted and tx.done >= tx.posted)
+
+    def _wake_drainers(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    # -- peers -------------------------------------------------------------------------------
+    def add_peer(self, member_id: int, address: object) -> None:
+        """Learn the tcp listen address of ``member_id`` (None keeps what is known)."""
+        self._tcp.add_peer(member_id, address)
+
+    def _link(self, peer: int) -> _Link:
+        link = self._links.get(peer)
+        if link is None:
+            link = self._links[peer] = _Link(peer)
+        return link
+
+    # -- sending -----------------------------------------------------------------------------
+    def push(
+        self, view_id: int, offset: int, data: bytes | memoryview, targets: Sequence[int]
+    ) -> None:
+        """Write ``data`` at table offset ``offset`` of view ``view_id`` at every target."""
+        mv, remote = self._check_push(view_id, offset, data, targets)
+        for t in remote:
+            ep = self._endpoint_for(t)
+            if ep is None:
+                continue
+            ep.pushes_issued += 1
+            mb = ep.msgs_sent
+            if ep.backlog or ep.tx is None or not self._stage(ep, view_id, offset, mv, mb):
+                self._to_backlog(ep, view_id, offset, mv, mb)
+            self._mark_dirty(ep)
+
+    def send(self, to: int, payload: bytes) -> None:
+        """Send ``payload`` to ``to`` over the tcp channel, ordered with pushes on the link."""
+        self._check_usable()
+        check_member_id(to, "to")
+        mv = as_bytes_view(payload)
+        if len(mv) + CHAN.size > self._tcp.max_frame:
+            raise UsageError(
+                f"message of {len(mv)} bytes exceeds max_frame={self._tcp.max_frame}"
+                f" minus the {CHAN.size}-byte rdma header"
+            )
+        if to == self.member_id:
+            self._send_to_self(mv)
+            return
+        link = self._links.get(to)
+        ep = link.ep if link is not None else None
+        if ep is not None and not ep.dead:
+            hdr = CHAN.pack(K_USER, ep.id, ep.pushes_issued)
+            ep.msgs_sent += 1
+        else:
+            hdr = CHAN.pack(K_USER, 0, 0)
+        self._tcp.send(to, b"".join((hdr, mv)))
+
+    def _to_backlog(
+        self, ep: _Endpoint, view_id: int, offset: int, mv: memoryview, mb: int
+    ) -> None:
+        if ep.backlog_bytes + len(mv) > self.max_backlog_bytes:
+            self._fail(
+                ep,
+                f"rdma link to member {ep.peer} not draining: more than "
+                f"{self.max_backlog_bytes} bytes of pushes waiting",
+            )
+            return
+        data = memoryview(bytes(mv))
+        ep.backlog.append((view_id, offset, data, mb))
+        ep.backlog_bytes += len(data)
+
+    def _stage(self, ep: _Endpoint, view_id: int, offset: int, mv: memoryview, mb: int) -> bool:
+        """Copy one whole push into the mirror if it fits entirely; False otherwise."""
+        tx = ep.tx
+        assert tx is not None and ep.mirror is not None
+        n = len(mv)
+        chunk = tx.max_payload
+        if (n <= chunk and (offset + n - 1) // chunk == offset // chunk) or n == 0:
+            place = tx.place(n)
+            if place is None:
+                return False
+            self._write_record(ep, place, RF_FINAL, view_id, offset, mv, mb)
+            return True
+        # several pieces: stage only if all fit, else the backlog splits it as space frees
+        saved = tx.staged
+        pos, pieces = offset, []
+        while pos < offset + n:
+            end = piece_end(pos, offset + n - pos, chunk)
+            place = tx.place(end - pos)
+            if place is None:
+                tx.staged = saved
+                return False
+            pieces.append((place, pos, end))
+            pos = end
+        for place, start, end in pieces:
+            flags = RF_FINAL if end == offset + n else 0
+            self._write_record(
+                ep, place, flags, view_id, start, mv[start - offset : end - offset], mb
+            )
+        return True
+
+    def _write_record(
+        self,
+        ep: _Endpoint,
+        place: Placement,
+        flags: int,
+        view_id: int,
+        offset: int,
+        data: memoryview,
+        mb: int,
+    ) -> None:
+        assert ep.mirror is not None
+        mm = ep.mirror.mm
+        if place.pad_at is not None:
+            REC.pack_into(mm, place.pad_at, R_PAD, 0, place.pad_len, 0, 0, 0)
+        REC.pack_into(mm, place.at, R_PUSH, flags, len(data), view_id, offset, mb)
+        if len(data):
+            start = place.at + REC.size
+            mm[start : start + len(data)] = data
+
+    def _drain_backlog(self, ep: _Endpoint) -> None:
+        """Stage backlog pushes (splitting as needed) while space lasts."""
+        tx = ep.tx
+        if tx is None:
+            return
+        chunk = tx.max_payload
+        while ep.backlog:
+            view_id, offset, data, mb = ep.backlog[0]
+            n = len(data)
+            end = offset + n if n == 0 else piece_end(offset, n, chunk)
+            place = tx.place(end - offset)
+            if place is None:
+                return
+            last = end == offset + n
+            self._write_record(
+                ep, place, RF_FINAL if last else 0, view_id, offset, data[: end - offset], mb
+            )
+            if last:
+                ep.backlog.popleft()
+            else:
+                ep.backlog[0] = (view_id, end, data[end - offset :], mb)
+            ep.backlog_bytes -= end - offset
+
+    def _mark_dirty(self, ep: _Endpoint) -> None:
+        self._dirty.add(ep)
+        if not self._flush_scheduled and self._loop is not None and not self._closed:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_all)
+
+    def _flush_all(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        for ep in dirty:
+            if not ep.dead:
+                self._flush(ep)
+        self._wake_drainers()
+
+    def _flush(self, ep: _Endpoint) -> None:
+        """Post staged bytes (one WRITE per span, the last WITH_IMM) and any due credit."""
+        tx = ep.tx
+        if tx is None or ep.dead:
+            return
+        self._drain_backlog(ep)
+        pv = self._pv
+        assert pv is not None and ep.peer_info is not None and ep.mirror_mr is not None
+        if tx.staged > tx.posted:
+            if ep.sq_seq - ep.sq_done + 3 > self.send_depth:
+                ep.flush_wanted = True  # resumes on a send completion
+            else:
+                e = pv.enums
+                end = tx.posted  # ring position each write ends at (for local completion)
+                spans = tx.take_unposted()
+                want = tx.free() < tx.size // 2 or bool(ep.backlog)
+                info = ep.peer_info
+                mirror = ep.mirror
+                assert mirror is not None
+                lkey = ep.mirror_mr.lkey
+                try:
+                    for i, (off, n) in enumerate(spans):
+                        last = i == len(spans) - 1
+                        signal = ep.unsignaled + 1 >= self.signal_every or (
+                            last and (want or self._draining > 0)
+                        )
+                        sge = pv.wr.SGE(mirror.address + off, n, lkey)
+                        wr = pv.wr.SendWR(
+                            wr_id=ep.sq_seq + 1,
+                            opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM if last else e.IBV_WR_RDMA_WRITE,
+                            num_sge=1,
+                            sg=[sge],
+                            imm_data=socket.htonl(imm_doorbell(tx.posted, want)) if last else 0,
+                            send_flags=int(e.IBV_SEND_SIGNALED) if signal else 0,
+                        )
+                        wr.set_wr_rdma(info.rkey, info.addr + off)
+                        end += n
+                        self._post(ep, wr, signal, end)
+                except pv.any_error as exc:
+                    self._fail(ep, f"rdma post to member {ep.peer} failed: {exc}")
+                    return
+        self._maybe_return_credit(ep)
+        if self.busy_poll:
+            self._start_spin(ep)
+
+    def _post(self, ep: _Endpoint, wr: Any, signal: bool, pos: int) -> None:
+        ep.qp.post_send(wr, None)
+        ep.sq_seq += 1
+        if signal:
+            ep.unsignaled = 0
+            ep.signaled.append((ep.sq_seq, pos))
+        else:
+            ep.unsignaled += 1
+
+    def _post_imm_send(self, ep: _Endpoint, imm: int, *, signal: bool = False) -> bool:
+        """A zero-length SEND_WITH_IMM (credit or no-op); False when the SQ is full."""
+        pv = self._pv
+        if pv is None or ep.dead or not ep.paired:
+            return False
+        if ep.sq_seq - ep.sq_done + 1 > self.send_depth:
+            return False
+        e = pv.enums
+        signal = signal or ep.unsignaled + 1 >= self.signal_every
+        wr = ep.imm_wr
+        if wr is None:
+            sge = pv.wr.SGE(ep.inbox.address + self.inbox_bytes, 0, ep.scratch_mr.lkey)
+            wr = ep.imm_wr = pv.wr.SendWR(
+                wr_id=0, opcode=e.IBV_WR_SEND_WITH_IMM, num_sge=1, sg=[sge], send_flags=0
+            )
+        wr.wr_id = ep.sq_seq + 1
+        wr.imm_data = socket.htonl(imm)
+        wr.send_flags = int(e.IBV_SEND_SIGNALED) if signal else 0
+        try:
+            self._post(ep, wr, signal, ep.tx.posted if ep.tx is not None else 0)
+        except pv.any_error as exc:
+            self._fail(ep, f"rdma post to member {ep.peer} failed: {exc}")
+            return False
+        return True
+
+    def _maybe_return_credit(self, ep: _Endpoint) -> None:
+        rx = ep.rx
+        consumed = rx.tail - ep.returned
+        if consumed <= 0 or not ep.paired:
+            return
+        if ep.credit_wanted or consumed >= rx.size // 4:
+            if self._post_imm_send(ep, imm_credit(rx.tail)):
+                ep.returned = rx.tail
+                ep.credit_wanted = False
+            else:
+                ep.flush_wanted = True
+
+    # -- endpoints ---------------------------------------------------------------------------
+    def _endpoint_for(self, peer: int) -> _Endpoint | None:
+        """The current endpoint to ``peer``, creating one (and sending CONNECT) if needed."""
+        link = self._link(peer)
+        ep = link.ep
+        if ep is not None and not ep.dead:
+            return ep
+        if time.monotonic() < link.quiet_until:
+            link.dropped += 1
+            if link.dropped == 1:
+                log.info(
+                    "member %d: dropping pushes to member %d while its rdma link is down",
+                    self.member_id,
+                    peer,
+                )
+            return None
+        ep = self._new_endpoint(link)
+        if ep is not None:
+            self._send_connect(ep, 0)
+        return ep
+
+    def _new_endpoint(self, link: _Link) -> _Endpoint | None:
+        pv, pd, ctx, local = self._pv, self._pd, self._ctx, self.local
+        assert pv is not None and local is not None and self._loop is not None
+        e = pv.enums
+        created: list[Any] = []
+        inbox: verbs.HostBuffer | None = None
+        try:
+            channel, fd = verbs.comp_channel_fd(lambda: pv.cq.CompChannel(ctx))
+            created.append(channel)
+            cq = pv.cq.CQ(ctx, self.send_depth + self.recv_depth + 8, None, channel, 0)
+            created.append(cq)
+            cap = pv.qp.QPCap(
+                max_send_wr=self.send_depth,
+                max_recv_wr=self.recv_depth,
+                max_send_sge=1,
+                max_recv_sge=1,
+            )
+            init = pv.qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap, sq_sig_all=0)
+            qp = pv.qp.QP(pd, init)
+            created.append(qp)
+            inbox = verbs.HostBuffer(self.inbox_bytes + 64)
+            remote = int(e.IBV_ACCESS_LOCAL_WRITE) | int(e.IBV_ACCESS_REMOTE_WRITE)
+            inbox_mr = pv.mr.MR(pd, self.inbox_bytes, remote, address=inbox.address)
+            created.append(inbox_mr)
+            scratch_mr = pv.mr.MR(
+                pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE), address=inbox.address + self.inbox_bytes
+            )
+            created.append(scratch_mr)
+            attr = pv.qp.QPAttr(qp_state=e.IBV_QPS_INIT)
+            attr.pkey_index = 0
+            attr.port_num = local.port
+            attr.qp_access_flags = remote
+            qp.modify(
+                attr,
+                int(e.IBV_QP_STATE)
+                | int(e.IBV_QP_PKEY_INDEX)
+                | int(e.IBV_QP_PORT)
+                | int(e.IBV_QP_ACCESS_FLAGS),
+            )
+            ep = _Endpoint(
+                peer=link.peer,
+                id=self._rng.randrange(1, _U64),
+                qp=qp,
+                cq=cq,
+                channel=channel,
+                fd=fd,
+                inbox=inbox,
+                inbox_mr=inbox_mr,
+                scratch_mr=scratch_mr,
+                psn=self._rng.randrange(0, 1 << 24),
+                rx=RecvRing(self.inbox_bytes),
+            )
+            for i in range(self.recv_depth):
+                self._post_recv(ep, i)
+            cq.req_notify()
+            if fd is not None:
+                verbs.set_nonblocking(fd)
+                self._loop.add_reader(fd, self._on_cq_event, ep)
+            else:
+                ep.spinning = True  # no fd found: poll from the loop
+                self._loop.call_soon(self._spin, ep, True)
+        except (pv.any_error, OSError, ValueError) as exc:
+            for obj in reversed(created):
+                with contextlib.suppress(Exception):
+                    obj.close()
+            if inbox is not None:
+                inbox.close()
+            reason = f"cannot create an rdma endpoint for member {link.peer}: {exc}"
+            log.error("member %d: %s", self.member_id, reason)
+            link.quiet_until = time.monotonic() + self.reconnect_backoff
+            assert self._loop is not None
+            self._loop.call_soon(self._report_failure, link.peer, reason)
+            return None
+        link.ep = ep
+        link.dropped = 0
+        return ep
+
+    def _post_recv(self, ep: _Endpoint, i: int) -> None:
+        wr = ep.recv_wr
+        if wr is None:
+            pv = self._pv
+            assert pv is not None
+            sge = pv.wr.SGE(ep.inbox.address + self.inbox_bytes, 64, ep.scratch_mr.lkey)
+            wr = ep.recv_wr = pv.wr.RecvWR(wr_id=0, num_sge=1, sg=[sge])
+        wr.wr_id = RECV_WR | i
+        ep.qp.post_recv(wr, None)
+
+    def _connect_info(self, ep: _Endpoint, dst: int) -> ConnectInfo:
+        local = self.local
+        assert local is not None
+        return ConnectInfo(
+            ep=ep.id,
+            dst=dst,
+            qpn=int(ep.qp.qp_num),
+            psn=ep.psn,
+            gid=local.gid,
+            lid=local.lid,
+            mtu=local.active_mtu,
+            ethernet=local.link_layer_ethernet,
+            addr=int(ep.inbox_mr.buf),
+            rkey=int(ep.inbox_mr.rkey),
+            size=self.inbox_bytes,
+        )
+
+    def _send_connect(self, ep: _Endpoint, dst: int) -> None:
+        body = self._connect_info(ep, dst).encode()
+        try:
+            self._tcp.send(ep.peer, CHAN.pack(K_CONNECT, ep.id, 0) + body)
+        except Exception as exc:  # the channel refused (closed): the endpoint is useless
+            self._fail(ep, f"cannot send CONNECT to member {ep.peer}: {exc}", report=False)
+
+    def _pair(self, ep: _Endpoint, info: ConnectInfo) -> None:
+        """Connect ``ep``'s queue pair to the peer's (INIT -> RTR -> RTS) and build the mirror."""
+        pv, local = self._pv, self.local
+        assert pv is not None and local is not None
+        e = pv.enums
+        mirror: verbs.HostBuffer | None = None
+        try:
+            if info.ethernet != local.link_layer_ethernet:
+                raise ValueError("the peer's link layer differs from ours")
+            attr = pv.qp.QPAttr(qp_state=e.IBV_QPS_RTR)
+            attr.path_mtu = min(info.mtu, local.active_mtu)
+            attr.dest_qp_num = info.qpn
+            attr.rq_psn = info.psn
+            attr.max_dest_rd_atomic = 1
+            attr.min_rnr_timer = self.min_rnr_timer
+            if local.link_layer_ethernet:
+                gr = pv.addr.GlobalRoute(
+                    dgid=pv.addr.GID(verbs.gid_to_text(info.gid)), sgid_index=local.gid_index
+                )
+                attr.ah_attr = pv.addr.AHAttr(
+                    port_num=local.port, is_global=1, gr=gr, dlid=info.lid
+                )
+            else:
+                attr.ah_attr = pv.addr.AHAttr(port_num=local.port, is_global=0, dlid=info.lid)
+            ep.qp.modify(
+                attr,
+                int(e.IBV_QP_STATE)
+                | int(e.IBV_QP_AV)
+                | int(e.IBV_QP_PATH_MTU)
+                | int(e.IBV_QP_DEST_QPN)
+                | int(e.IBV_QP_RQ_PSN)
+                | int(e.IBV_QP_MAX_DEST_RD_ATOMIC)
+                | int(e.IBV_QP_MIN_RNR_TIMER),
+            )
+            attr = pv.qp.QPAttr(qp_state=e.IBV_QPS_RTS)
+            attr.timeout = self.qp_timeout
+            attr.retry_cnt = self.qp_retry_cnt
+            attr.rnr_retry = self.qp_rnr_retry
+            attr.sq_psn = ep.psn
+            attr.max_rd_atomic = 1
+            ep.qp.modify(
+                attr,
+                int(e.IBV_QP_STATE)
+                | int(e.IBV_QP_TIMEOUT)
+                | int(e.IBV_QP_RETRY_CNT)
+                | int(e.IBV_QP_RNR_RETRY)
+                | int(e.IBV_QP_SQ_PSN)
+                | int(e.IBV_QP_MAX_QP_RD_ATOMIC),
+            )
+            mirror = verbs.HostBuffer(info.size)
+            ep.mirror_mr = pv.mr.MR(
+                self._pd, info.size, int(e.IBV_ACCESS_LOCAL_WRITE), address=mirror.address
+            )
+        except (pv.any_error, OSError, ValueError) as exc:
+            if mirror is not None:
+                mirror.close()
+            self._fail(ep, f"cannot connect the rdma queue pair to member {ep.peer}: {exc}")
+            return
+        ep.mirror = mirror
+        ep.tx = SendRing(info.size)
+        ep.peer_info = info
+        log.debug(
+            "member %d: rdma link to member %d up (qpn %d -> %d)",
+            self.member_id,
+            ep.peer,
+            ep.qp.qp_num,
+            info.qpn,
+        )
+        self._mark_dirty(ep)
+
+    def _fail(self, ep: _Endpoint, reason: str, *, report: bool = True, tell: bool = True) -> None:
+        """Tear ``ep`` down (once); report ``reason`` as a failure of its peer."""
+        if ep.dead:
+            return
+        link = self._links.get(ep.peer)
+        if tell and ep.paired and not self._closed:
+            with contextlib.suppress(Exception):
+                self._tcp.send(ep.peer, encode_reset(ep.id, ep.peer_ep, reason, False))
+        held = self._destroy(ep)
+        if link is not None and link.ep is ep:
+            link.ep = None
+            link.quiet_until = time.monotonic() + self.reconnect_backoff
+        self._wake_drainers()
+        if self._closed or self._loop is None:
+            return
+        # never call the handler from inside a call the driver made: defer, in order
+        if held and link is not None:
+            self._loop.call_soon(self._deliver_held, link, ep.peer_ep, held)
+        if report:
+            log.warning("member %d: %s", self.member_id, reason)
+            self._loop.call_soon(self._report_failure, ep.peer, reason)
+
+    def _deliver_held(self, link: _Link, tag: int, held: list[bytes]) -> None:
+        """Messages that waited for pushes of a torn-down endpoint (those pushes are lost)."""
+        for payload in held:
+            self._deliver_user(link, tag, payload)
+
+    def _destroy(self, ep: _Endpoint) -> list[bytes]:
+        """Release the endpoint's resources; returns the messages that waited for its pushes."""
+        if ep.dead:
+            return []
+        ep.dead = True
+        self._dirty.discard(ep)
+        if ep.fd is not None and self._loop is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(ep.fd)
+        pv = self._pv
+        if pv is not None and ep.fd is not None:
+            # events read from the channel must all be acknowledged before the CQ goes
+            with contextlib.suppress(Exception):
+                while True:
+                    ep.channel.get_cq_event(ep.cq)
+                    ep.unacked += 1
+            with contextlib.suppress(Exception):
+                if ep.unacked:
+                    ep.cq.ack_events(ep.unacked)
+                    ep.unacked = 0
+        for obj in (
+            ep.recv_wr,
+            ep.imm_wr,
+            ep.qp,
+            ep.mirror_mr,
+            ep.inbox_mr,
+            ep.scratch_mr,
+            ep.cq,
+            ep.channel,
+        ):
+            if obj is not None:
+                with contextlib.suppress(Exception):
+                    obj.close()
+        ep.inbox.close()
+        if ep.mirror is not None:
+            ep.mirror.close()
+        ep.backlog.clear()
+        ep.backlog_bytes = 0
+        held = [payload for _, payload in ep.held]
+        ep.held.clear()
+        ep.held_bytes = 0
+        return held
+
+    # -- completions -------------------------------------------------------------------------
+    def _on_cq_event(self, ep: _Endpoint) -> None:
+        """The completion channel is readable: collect events, ack in batches, re-arm, drain."""
+        if ep.dead:
+            return
+        pv = self._pv
+        assert pv is not None
+        try:
+            # One-shot notification: at most one event is pending per arm, and the CQ is
+            # re-armed only below, so one read empties the channel (EAGAIN: nothing pending).
+            try:
+                ep.channel.get_cq_event(ep.cq)
+                ep.unacked += 1
+            except pv.rdma_error as exc:
+                if not verbs.is_eagain(pv, exc):
+                    raise
+            if ep.unacked >= 32:
+                ep.cq.ack_events(ep.unacked)
+                ep.unacked = 0
+            ep.cq.req_notify()
+        except pv.any_error as exc:
+            self._fail(ep, f"rdma completion channel of member {ep.peer} failed: {exc}")
+            return
+        if self._drain_cq(ep) and self.busy_poll:
+            self._start_spin(ep)
+
+    def _start_spin(self, ep: _Endpoint) -> None:
+        ep.spin_until = time.monotonic() + self.busy_poll_window
+        if not ep.spinning and self._loop is not None:
+            ep.spinning = True
+            self._loop.call_soon(self._spin, ep, False)
+
+    def _spin(self, ep: _Endpoint, forever: bool) -> None:
+        """Busy-poll ``ep``'s CQ while completions keep coming (``forever``: no channel fd)."""
+        if ep.dead or self._closed:
+            ep.spinning = False
+            return
+        if self._drain_cq(ep):
+            ep.spin_until = time.monotonic() + self.busy_poll_window
+        if forever or time.monotonic() < ep.spin_until:
+            assert self._loop is not None
+            if forever and time.monotonic() >= ep.spin_until:
+                self._loop.call_later(0.001, self._spin, ep, True)
+            else:
+                self._loop.call_soon(self._spin, ep, forever)
+        else:
+            ep.spinning = False
+
+    def _drain_cq(self, ep: _Endpoint) -> bool:
+        """Poll every completion of ``ep`` and act on them; True if there were any."""
+        pv, codes = self._pv, self._codes
+        assert pv is not None and codes is not None
+        got = False
+        doorbell = False
+        reposts = []
+        while not ep.dead:
+            try:
+                n, wcs = ep.cq.poll(32)
+            except pv.any_error as exc:
+                self._fail(ep, f"polling the rdma CQ for member {ep.peer} failed: {exc}")
+                return got
+            if not n:
+                break
+            got = True
+            for wc in wcs:
+                ev = classify_wc(
+                    codes,
+                    status=int(wc.status),
+                    opcode=int(wc.opcode),
+                    wr_id=int(wc.wr_id),
+                    imm=socket.ntohl(int(wc.imm_data)) if int(wc.status) == codes.success else 0,
+                    byte_len=int(wc.byte_len),
+                    flags=int(wc.wc_flags),
+                )
+                if not self._apply(ep, ev):
+                    return got
+                if ev.kind in ("doorbell", "credit", "noop"):
+                    reposts.append(ev.wr_id & ~RECV_WR)
+                    doorbell = doorbell or ev.kind == "doorbell"
+            if n < 32:
+                break
+        if ep.dead:
+            return got
+        try:
+            for i in reposts:
+                self._post_recv(ep, i)
+        except pv.any_error as exc:
+            self._fail(ep, f"reposting rdma receives for member {ep.peer} failed: {exc}")
+            return got
+        if doorbell or ep.held:
+            self._pump(ep)
+        owed = ep.rx.tail - ep.returned
+        if not ep.dead and (
+            ep.flush_wanted
+            or ep.backlog
+            or (owed > 0 and (ep.credit_wanted or owed >= ep.rx.size // 4))
+        ):
+            ep.flush_wanted = False
+            self._mark_dirty(ep)
+        if got:
+            self._wake_drainers()
+        return got
+
+    def _apply(self, ep: _Endpoint, ev: WcEvent) -> bool:
+        """Act on one completion; False when the endpoint was torn down."""
+        if ev.kind == "send_done":
+            while ep.signaled and ep.signaled[0][0] <= ev.wr_id:
+                seq, pos = ep.signaled.popleft()
+                ep.sq_done = seq
+                if ep.tx is not None:
+                    ep.tx.on_done(pos)
+            return True
+        if ev.kind == "doorbell":
+            try:
+                ep.rx.on_doorbell(ev.units)
+            except RingError as exc:
+                self._violation(ep, str(exc))
+                return False
+            if ev.flag:
+                ep.credit_wanted = True
+            return True
+        if ev.kind == "credit":
+            if ep.tx is None:
+                self._violation(ep, "credit before the link was paired")
+                return False
+            try:
+                ep.tx.on_credit(ev.units)
+            except RingError as exc:
+                self._violation(ep, str(exc))
+                return False
+            return True
+        if ev.kind == "noop":
+            return True
+        if ev.kind == "flushed":
+            self._fail(ep, f"rdma queue pair to member {ep.peer} is in the error state")
+            return False
+        detail = ev.detail
+        if "RETRY_EXC" in detail:
+            detail += " (retries exhausted: member unreachable over rdma)"
+        elif "REM_ACCESS" in detail or "REM_INV" in detail:
+            detail += " (remote access rejected)"
+        self._fail(ep, f"rdma link to member {ep.peer} failed: {detail}")
+        return False
+
+    def _violation(self, ep: _Endpoint, why: str) -> None:
+        self._fail(ep, f"protocol violation by member {ep.peer}: {why}")
+
+    # -- receiving ---------------------------------------------------------------------------
+    def _pump(self, ep: _Endpoint) -> None:
+        """Deliver inbox records and held messages of ``ep`` in their link order."""
+        link = self._link(ep.peer)
+        mm = ep.inbox.mm
+        while not ep.dead and not self._closed:
+            while ep.held and ep.held[0][0] <= ep.pushes_consumed:
+                _, payload = ep.held.popleft()
+                ep.held_bytes -= len(payload)
+                self._deliver_user(link, ep.peer_ep, payload)
+            try:
+                rec = ep.rx.peek(mm)
+            except RingError as exc:
+                self._violation(ep, str(exc))
+                return
+            if rec is None:
+                break
+            seen = link.rx_count if link.rx_tag == ep.peer_ep else 0
+            if rec.msgs_before > seen:
+                break  # a message sent before this push is still on its way
+            data = mm[rec.data_at : rec.data_at + rec.length]
+            ep.rx.consume(rec)
+            if rec.final:
+                ep.pushes_consumed += 1
+            self._gate.push_arrived(rec.view_id, ep.peer, rec.offset, data)
+        if not ep.dead:
+            self._maybe_return_credit(ep)
+
+    # -- the tcp channel ---------------------------------------------------------------------
+    def _on_channel(self, sender: int, payload: bytes) -> None:
+        if self._closed:
+            return
+        if len(payload) < CHAN.size:
+            self._channel_violation(sender, f"channel message of {len(payload)} bytes")
+            return
+        kind, ep_id, count = CHAN.unpack_from(payload)
+        body = payload[CHAN.size :]
+        if kind == K_USER:
+            self._on_user_message(sender, ep_id, count, body)
+        elif kind == K_CONNECT:
+            try:
+                info = ConnectInfo.decode(body)
+                if info.ep != ep_id or count:
+                    raise Malformed("CONNECT header and body disagree")
+            except Malformed as exc:
+                self._channel_violation(sender, str(exc))
+                return
+            self._on_connect(sender, info)
+        elif kind == K_RESET:
+            try:
+                dst, why, graceful = decode_reset(body)
+            except Malformed as exc:
+                self._channel_violation(sender, str(exc))
+                return
+            self._on_reset(sender, ep_id, dst, why, graceful)
+        else:
+            self._channel_violation(sender, f"unknown channel message kind {kind}")
+
+    def _channel_violation(self, sender: int, why: str) -> None:
+        reason = f"protocol violation by member {sender}: {why}"
+        log.warning("member %d: %s", self.member_id, reason)
+        link = self._links.get(sender)
+        if link is not None and link.ep is not None:
+            self._fail(link.ep, reason, report=False)
+        self._report_failure(sender, reason)
+
+    def _on_user_message(self, sender: int, tag: int, pushes_before: int, body: bytes) -> None:
+        link = self._link(sender)
+        ep = link.ep
+        if (
+            ep is not None
+            and not ep.dead
+            and tag != 0
+            and ep.peer_ep == tag
+            and (ep.held or pushes_before > ep.pushes_consumed)
+        ):
+            if ep.held_bytes + len(body) > self.max_held_bytes:
+                ep.held.append((pushes_before, body))
+                self._violation(ep, "too many messages waiting for pushes that do not arrive")
+                return
+            ep.held.append((pushes_before, body))
+            ep.held_bytes += len(body)
+            return
+        self._deliver_user(link, tag, body)
+        if ep is not None and not ep.dead and tag != 0 and ep.peer_ep == tag:
+            self._pump(ep)  # pushes may have waited for this message
+
+    def _deliver_user(self, link: _Link, tag: int, body: bytes) -> None:
+        if tag:
+            if link.rx_tag != tag:
+                link.rx_tag, link.rx_count = tag, 0
+            link.rx_count += 1
+        self._deliver_message(link.peer, body)
+
+    def _on_connect(self, sender: int, info: ConnectInfo) -> None:
+        link = self._link(sender)
+        ep = link.ep
+        if ep is not None and ep.dead:
+            ep = None
+        if info.dst == 0:
+            if ep is not None and ep.peer_ep == info.ep:
+                return  # duplicate
+            if ep is not None and ep.paired:
+                self._fail(
+                    ep,
+                    f"member {sender} replaced its rdma endpoint (pushes in flight may be lost)",
+                    tell=False,
+                )
+                ep = None
+            if ep is None:
+                ep = self._new_endpoint(link)
+                if ep is None:
+                    return
+            self._pair(ep, info)
+            if not ep.dead:
+                self._send_connect(ep, info.ep)
+            return
+        if ep is None or ep.id != info.dst:
+            log.debug("member %d: stale CONNECT from member %d ignored", self.member_id, sender)
+            return
+        if ep.paired:
+            if ep.peer_ep != info.ep:
+                log.warning(
+                    "member %d: member %d sent a CONNECT for an already paired endpoint",
+                    self.member_id,
+                    sender,
+                )
+            return
+        self._pair(ep, info)
+
+    def _on_reset(self, sender: int, ep_id: int, dst: int, why: str, graceful: bool) -> None:
+        link = self._links.get(sender)
+        ep = link.ep if link is not None else None
+        if ep is None or ep.dead or ep.id != dst or ep.peer_ep != ep_id:
+            return
+        if graceful:
+            self._fail(ep, f"member {sender} closed its rdma endpoint", report=False, tell=False)
+            if link is not None:
+                link.quiet_until = 0.0
+        else:
+            self._fail(ep, f"member {sender} reset the rdma link: {why}", tell=False)
+
+    def _on_channel_failure(self, member: int, reason: str) -> None:
+        link = self._links.get(member)
+        if link is not None and link.ep is not None:
+            self._fail(link.ep, reason, report=False, tell=False)
+        self._report_failure(member, reason)

@@ -1,0 +1,71 @@
+"""Group members over ``transport="rdma"`` in spawned processes (for test_rdma.py).
+
+Until ``derecho_async.group._make_transport`` builds an :class:`RdmaTransport` itself, the child
+installs an equivalent factory (the change proposed for group.py) before starting the group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def rdma_factory(config: Any) -> Any:
+    """What ``group._make_transport`` should do for ``config.transport == "rdma"``."""
+    from derecho_async.config import parse_hostport
+    from derecho_async.errors import ConfigError
+    from derecho_async.transport.rdma import RdmaTransport
+
+    if config.secret is None:
+        raise ConfigError("secret", "at least 16 characters (required for rdma)", None)
+    peers = {m: parse_hostport(a, "peers") for m, a in config.peers.items()}
+    return RdmaTransport(
+        config.member_id,
+        parse_hostport(config.listen, "listen"),
+        secret=config.secret.encode(),
+        peers=peers,
+        device=config.rdma_device,
+        port=config.rdma_port,
+        gid_index=config.rdma_gid_index,
+    )
+
+
+def install_rdma_factory() -> None:
+    """Make ``group._make_transport`` handle "rdma" if it does not yet."""
+    from derecho_async import group
+    from derecho_async.errors import UsageError
+
+    original = group._make_transport
+    if getattr(original, "_rdma_patched", False):
+        return
+
+    def make(config: Any) -> Any:
+        if config.transport == "rdma":
+            try:
+                return original(config)
+            except UsageError as exc:
+                if "not available" not in str(exc):
+                    raise
+            return rdma_factory(config)
+        return original(config)
+
+    make._rdma_patched = True  # type: ignore[attr-defined]
+    group._make_transport = make
+
+
+def child(fields: dict[str, Any], q: Any, count: int, size: int, depth: int, sender: bool) -> None:
+    """Process target: run the replicated-log workload as one member."""
+    import uvloop
+
+    import derecho_async as da
+    from derecho_async.workload import run_member
+
+    install_rdma_factory()
+    config = da.Config(**fields)
+    try:
+        uvloop.run(run_member(config, q, count, size, depth, sender, 0.3))
+    except da.DerechoError as exc:
+        q.put(("error", config.member_id, f"{type(exc).__name__}: {exc}"))
+        raise SystemExit(3) from exc
+    except BaseException as exc:
+        q.put(("error", config.member_id, f"{type(exc).__name__}: {exc}"))
+        raise

@@ -1,0 +1,1190 @@
+"""The rdma transport: unit tests (no device needed) and, marked ``rdma``, tests on a real device.
+
+The device tests run inside rxe-vm (Soft-RoCE; ``scripts/rdma-tests.sh``): the whole transport
+conformance suite over rdma (reusing its test functions with an rdma cluster), busy polling,
+per-peer inbox keys, injected queue-pair faults, separate processes, and a 3-member group whose
+member is SIGKILLed. Outside a machine with an RDMA device they skip, saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import multiprocessing
+import os
+import queue as queue_mod
+import random
+import secrets
+import signal
+import socket
+import sys
+import time
+import types
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+import pytest
+import test_transport_conformance as conformance
+import transport_support as support
+from member_process import ROW, expected_from
+from transport_support import SECRET, Cluster, Recorder, new_group
+
+from derecho_async.errors import ConfigError, DerechoError
+from derecho_async.transport import verbs
+from derecho_async.transport.rdma import (
+    CHAN,
+    IMM_CREDIT,
+    IMM_FLAG,
+    IMM_NOOP,
+    MIN_INBOX,
+    R_PAD,
+    R_PUSH,
+    REC,
+    RF_FINAL,
+    ConnectInfo,
+    Malformed,
+    RdmaTransport,
+    RecvRing,
+    RingError,
+    SendRing,
+    WcCodes,
+    advance,
+    classify_wc,
+    decode_reset,
+    encode_reset,
+    imm_credit,
+    imm_doorbell,
+    piece_end,
+)
+
+HERE = Path(__file__).parent
+
+
+# -- is there a device? ------------------------------------------------------------------------
+def _device_problem() -> str | None:
+    try:
+        pv = verbs.load_pyverbs()
+        ctx, _ = verbs.choose_port(pv, os.environ.get("RXE_DEV"))
+        ctx.close()
+    except verbs.RdmaUnavailable as exc:
+        return str(exc)
+    except Exception as exc:  # a broken installation: say so, do not crash collection
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+DEVICE_PROBLEM = _device_problem()
+needs_device = pytest.mark.skipif(
+    DEVICE_PROBLEM is not None,
+    reason=f"no usable RDMA device ({DEVICE_PROBLEM}); run scripts/rdma-tests.sh (rxe-vm)",
+)
+
+
+# ============================================================================================
+# Unit tests: no device needed
+# ============================================================================================
+
+
+def test_immediate_values_round_trip_across_the_wrap() -> None:
+    for old in (0, 8, (1 << 33) - 8, 5 << 40):
+        for delta in (0, 8, 4096, (1 << 32) - 8):
+            new = old + delta
+            units = imm_doorbell(new, False)
+            assert not units & (IMM_CREDIT | IMM_FLAG)
+            assert advance(old, units) == new
+            c = imm_credit(new)
+            assert c & IMM_CREDIT and not c & IMM_FLAG
+            assert advance(old, c) == new
+    assert imm_doorbell(64, True) & IMM_FLAG
+    assert IMM_NOOP == IMM_CREDIT | IMM_FLAG
+
+
+def _info(**over: Any) -> ConnectInfo:
+    base: dict[str, Any] = dict(
+        ep=7,
+        dst=0,
+        qpn=17,
+        psn=12345,
+        gid=bytes(10) + b"\xff\xff\xc0\x00\x02\x01",
+        lid=0,
+        mtu=5,
+        ethernet=True,
+        addr=0x7F00_0000_1000,
+        rkey=0x1234,
+        size=64 << 10,
+    )
+    base.update(over)
+    return ConnectInfo(**base)
+
+
+def test_connect_info_round_trip() -> None:
+    info = _info(dst=99)
+    assert ConnectInfo.decode(info.encode()) == info
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"ep": 0},
+        {"ep": -5},
+        {"qpn": 0},
+        {"qpn": 1 << 24},
+        {"psn": 1 << 24},
+        {"gid": b"short"},
+        {"gid": "x" * 16},
+        {"mtu": 0},
+        {"mtu": 6},
+        {"ethernet": 1},
+        {"addr": 0},
+        {"addr": (1 << 64) - 4096},  # range overflows
+        {"rkey": 1 << 32},
+        {"rkey": -1},
+        {"size": MIN_INBOX - 8},
+        {"size": (1 << 30) + 8},
+        {"size": (64 << 10) + 4},
+        {"lid": True},
+    ],
+)
+def test_connect_info_rejects_bad_fields(bad: dict[str, Any]) -> None:
+    fields = dict(_info().__dict__)
+    fields.update(bad)
+    raw = msgpack.packb(
+        {
+            "v": 1,
+            "ep": fields["ep"],
+            "dst": fields["dst"],
+            "qpn": fields["qpn"],
+            "psn": fields["psn"],
+            "gid": fields["gid"],
+            "lid": fields["lid"],
+            "mtu": fields["mtu"],
+            "eth": fields["ethernet"],
+            "addr": fields["addr"],
+            "rkey": fields["rkey"],
+            "size": fields["size"],
+        }
+    )
+    with pytest.raises(Malformed):
+        ConnectInfo.decode(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"\xc1",  # never-used msgpack byte
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb({"v": 2}),
+        msgpack.packb({"v": 1}),
+        b"\x00" * 2000,
+    ],
+)
+def test_connect_info_rejects_garbage(raw: bytes) -> None:
+    with pytest.raises(Malformed):
+        ConnectInfo.decode(raw)
+
+
+def test_reset_messages() -> None:
+    msg = encode_reset(5, 6, "why" * 1000, False)
+    kind, ep, count = CHAN.unpack_from(msg)
+    assert (kind, ep, count) == (3, 5, 0)
+    dst, why, graceful = decode_reset(msg[CHAN.size :])
+    assert dst == 6 and len(why) <= 512 and graceful is False
+    for body in (b"", msgpack.packb({"dst": -1, "why": "", "graceful": True}), b"\x93"):
+        with pytest.raises(Malformed):
+            decode_reset(body)
+
+
+def test_pieces_split_on_aligned_table_offsets() -> None:
+    chunk = 4096
+    for offset, n in ((12, 200 << 10), (0, 4096), (4090, 10), (7, 1)):
+        pos, ends = offset, []
+        while pos < offset + n:
+            end = piece_end(pos, offset + n - pos, chunk)
+            assert end > pos and end - pos <= chunk
+            ends.append(end)
+            pos = end
+        assert ends[-1] == offset + n
+        assert all(e % 8 == 0 for e in ends[:-1])
+
+
+class _Pipe:
+    """A sender ring and a receiver ring joined by a simulated RDMA write (memcpy of spans)."""
+
+    def __init__(self, size: int) -> None:
+        self.tx = SendRing(size)
+        self.rx = RecvRing(size)
+        self.mirror = bytearray(size)
+        self.inbox = bytearray(size)
+        self.sent: list[tuple[int, int, bytes, int]] = []
+        self.got: list[tuple[int, int, bytes, int]] = []
+
+    def stage(self, view: int, offset: int, data: bytes, mb: int) -> bool:
+        place = self.tx.place(len(data))
+        if place is None:
+            return False
+        if place.pad_at is not None:
+            REC.pack_into(self.mirror, place.pad_at, R_PAD, 0, place.pad_len, 0, 0, 0)
+        REC.pack_into(self.mirror, place.at, R_PUSH, RF_FINAL, len(data), view, offset, mb)
+        self.mirror[place.at + REC.size : place.at + REC.size + len(data)] = data
+        self.sent.append((view, offset, data, mb))
+        return True
+
+    def post(self) -> int:
+        for off, n in self.tx.take_unposted():
+            self.inbox[off : off + n] = self.mirror[off : off + n]
+        self.tx.on_done(self.tx.posted)
+        return imm_doorbell(self.tx.posted, False)
+
+    def receive(self, imm: int) -> None:
+        self.rx.on_doorbell(imm)
+        while (rec := self.rx.peek(self.inbox)) is not None:
+            data = bytes(self.inbox[rec.data_at : rec.data_at + rec.length])
+            self.rx.consume(rec)
+            self.got.append((rec.view_id, rec.offset, data, rec.msgs_before))
+        self.tx.on_credit(imm_credit(self.rx.tail))
+
+
+def test_rings_carry_every_record_in_order_with_wrap_pad_and_credit() -> None:
+    rnd = random.Random(5)
+    pipe = _Pipe(MIN_INBOX)
+    mb = 0
+    backlog: list[tuple[int, int, bytes, int]] = []
+    for i in range(3000):
+        n = rnd.choice((0, 8, 16, 24, 40, 1000, 3000, pipe.tx.max_payload))
+        mb += rnd.random() < 0.1
+        backlog.append((1, i * 8, rnd.randbytes(n), mb))
+        while backlog and pipe.stage(*backlog[0]):
+            backlog.pop(0)
+        if rnd.random() < 0.3 or backlog:
+            pipe.receive(pipe.post())
+    while backlog:
+        assert pipe.stage(*backlog.pop(0))
+        pipe.receive(pipe.post())
+    pipe.receive(pipe.post())
+    assert pipe.got == pipe.sent
+    assert pipe.tx.free() == pipe.tx.size
+
+
+def test_send_ring_needs_credit_and_local_completion() -> None:
+    tx = SendRing(MIN_INBOX)
+    n = 0
+    while tx.place(1000) is not None:
+        n += 1
+    assert n == MIN_INBOX // (REC.size + 1000)
+    tx.take_unposted()
+    tx.on_credit(imm_credit(tx.posted))  # consumed remotely, but writes not completed here
+    assert tx.place(1000) is None
+    tx.on_done(tx.posted)
+    assert tx.place(1000) is not None
+    with pytest.raises(RingError):
+        tx.on_credit(imm_credit(tx.posted + 8))  # credit for bytes never posted
+
+
+def _inbox_with(*records: tuple[int, int, int, int, int, int], size: int = MIN_INBOX) -> bytearray:
+    buf = bytearray(size)
+    pos = 0
+    for rec in records:
+        REC.pack_into(buf, pos, *rec)
+        pos += REC.size + ((rec[2] + 7) & ~7) if rec[0] != R_PAD else size - pos
+    return buf
+
+
+@pytest.mark.parametrize(
+    "record,head,why",
+    [
+        ((9, 0, 8, 1, 0, 0), 40, "unknown record type"),
+        ((R_PUSH, 2, 8, 1, 0, 0), 40, "flags"),
+        ((R_PUSH, 1, 64, 1, 0, 0), 40, "past the doorbell"),
+        ((R_PUSH, 1, MIN_INBOX, 1, 0, 0), MIN_INBOX, "crosses the ring end"),
+        ((R_PUSH, 1, 8, 1 << 63, 0, 0), 40, "out of range"),
+        ((R_PUSH, 1, 8, 1, 1 << 63, 0), 40, "out of range"),
+        ((R_PAD, 0, 8, 0, 0, 0), 40, "malformed PAD"),
+        ((R_PUSH, 1, 8, 1, 0, 0), 16, "truncated record header"),
+    ],
+)
+def test_recv_ring_rejects_malformed_records(
+    record: tuple[int, int, int, int, int, int], head: int, why: str
+) -> None:
+    rx = RecvRing(MIN_INBOX)
+    rx.on_doorbell(imm_doorbell(head, False))
+    with pytest.raises(RingError, match=why):
+        rx.peek(_inbox_with(record))
+
+
+def test_recv_ring_rejects_bad_doorbells_and_backwards_counts() -> None:
+    rx = RecvRing(MIN_INBOX)
+    with pytest.raises(RingError):
+        rx.on_doorbell(imm_doorbell(MIN_INBOX + 8, False))  # more than a ring ahead
+    buf = _inbox_with((R_PUSH, 1, 8, 1, 0, 5), (R_PUSH, 1, 8, 1, 0, 4))
+    rx.on_doorbell(imm_doorbell(80, False))
+    first = rx.peek(buf)
+    assert first is not None and first.msgs_before == 5
+    rx.consume(first)
+    with pytest.raises(RingError, match="backwards"):
+        rx.peek(buf)
+
+
+CODES = WcCodes(
+    success=0,
+    flush_err=5,
+    op_recv=128,
+    op_recv_rdma_imm=129,
+    with_imm=2,
+    names={0: "IBV_WC_SUCCESS", 5: "IBV_WC_WR_FLUSH_ERR", 12: "IBV_WC_RETRY_EXC_ERR"},
+)
+RECV = 1 << 63
+
+
+@pytest.mark.parametrize(
+    "wc,kind,extra",
+    [
+        (dict(status=0, opcode=1, wr_id=7, imm=0, byte_len=0, flags=0), "send_done", {}),
+        (dict(status=12, opcode=0, wr_id=7, imm=0, byte_len=0, flags=0), "error", {}),
+        (dict(status=5, opcode=0, wr_id=RECV | 3, imm=0, byte_len=0, flags=0), "flushed", {}),
+        (
+            dict(status=0, opcode=129, wr_id=RECV, imm=imm_doorbell(80, True), byte_len=0, flags=2),
+            "doorbell",
+            {"units": 10, "flag": True},
+        ),
+        (
+            dict(status=0, opcode=128, wr_id=RECV, imm=imm_credit(64), byte_len=0, flags=3),
+            "credit",
+            {"units": 8},
+        ),
+        (dict(status=0, opcode=128, wr_id=RECV, imm=IMM_NOOP, byte_len=0, flags=2), "noop", {}),
+        (dict(status=0, opcode=129, wr_id=RECV, imm=0, byte_len=0, flags=0), "error", {}),
+        (
+            dict(status=0, opcode=129, wr_id=RECV, imm=imm_credit(8), byte_len=0, flags=2),
+            "error",
+            {},
+        ),
+        (
+            dict(status=0, opcode=128, wr_id=RECV, imm=imm_credit(8), byte_len=4, flags=2),
+            "error",
+            {},
+        ),
+        (dict(status=0, opcode=128, wr_id=RECV, imm=8, byte_len=0, flags=2), "error", {}),
+        (dict(status=0, opcode=130, wr_id=RECV, imm=8, byte_len=0, flags=2), "error", {}),
+    ],
+)
+def test_completion_classification(wc: dict[str, int], kind: str, extra: dict[str, Any]) -> None:
+    ev = classify_wc(CODES, **wc)
+    assert ev.kind == kind, ev
+    for k, v in extra.items():
+        assert getattr(ev, k) == v
+    if wc["status"] == 12:
+        assert "RETRY_EXC" in ev.detail and "send" in ev.detail
+
+
+def test_completion_codes_from_an_enum_module() -> None:
+    e = types.SimpleNamespace(
+        IBV_WC_SUCCESS=0,
+        IBV_WC_WR_FLUSH_ERR=5,
+        IBV_WC_RETRY_EXC_ERR=12,
+        IBV_WC_RECV=128,
+        IBV_WC_RECV_RDMA_WITH_IMM=129,
+        IBV_WC_WITH_IMM=2,
+    )
+    codes = WcCodes.from_enums(e)
+    assert codes.names[12] == "IBV_WC_RETRY_EXC_ERR" and codes.op_recv_rdma_imm == 129
+
+
+# -- discovery ---------------------------------------------------------------------------------
+
+
+def test_discovery_without_pyverbs_names_the_fix(tmp_path: Path) -> None:
+    def missing() -> types.ModuleType:
+        raise ImportError("No module named 'pyverbs'")
+
+    with pytest.raises(verbs.RdmaUnavailable, match="python3-pyverbs") as info:
+        verbs._load(missing, verbs._import_from, str(tmp_path))
+    assert "identical rdma-core" in str(info.value)
+    assert isinstance(info.value, DerechoError)
+
+
+def test_discovery_when_the_distribution_copy_does_not_load(tmp_path: Path) -> None:
+    (tmp_path / "pyverbs").mkdir()
+
+    def missing() -> types.ModuleType:
+        raise ImportError("nope")
+
+    def broken(directory: str) -> types.ModuleType:
+        raise ImportError("undefined symbol: ibv_foo")
+
+    with pytest.raises(verbs.RdmaUnavailable, match="cannot be loaded by Python") as info:
+        verbs._load(missing, broken, str(tmp_path))
+    assert "undefined symbol" in str(info.value) and "python3-pyverbs" in str(info.value)
+
+
+@contextlib.contextmanager
+def _fake_pyverbs(tmp_path: Path, enum_module: str) -> Any:
+    pkg = tmp_path / "pyverbs"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("FAKE = True\n")
+    for name in ("device", "pd", "cq", "mr", "qp", "wr", "addr", "pyverbs_error"):
+        (pkg / f"{name}.py").write_text(f"NAME = {name!r}\n")
+    (pkg / f"{enum_module}.py").write_text("IBV_WC_SUCCESS = 0\n")
+    saved = {k: v for k, v in sys.modules.items() if k == "pyverbs" or k.startswith("pyverbs.")}
+    for k in saved:
+        del sys.modules[k]
+    path_before = list(sys.path)
+    try:
+        yield str(tmp_path)
+    finally:
+        for k in [k for k in sys.modules if k == "pyverbs" or k.startswith("pyverbs.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+        assert sys.path == path_before, "discovery must not touch sys.path"
+
+
+@pytest.mark.parametrize("enum_module", ["enums", "libibverbs_enums"])
+def test_discovery_loads_the_distribution_copy_by_path(tmp_path: Path, enum_module: str) -> None:
+    def missing() -> types.ModuleType:
+        raise ImportError("No module named 'pyverbs'")
+
+    with _fake_pyverbs(tmp_path, enum_module) as where:
+        pv = verbs._load(missing, verbs._import_from, where)
+        assert pv.root.FAKE is True
+        assert pv.enums.__name__ == f"pyverbs.{enum_module}"
+        assert pv.origin == os.path.join(where, "pyverbs")
+        assert where not in sys.path
+
+
+class _FakeCtx:
+    def __init__(self, active: bool, gids: list[str], ethernet: bool = True) -> None:
+        self.active, self.gids, self.ethernet = active, gids, ethernet
+        self.closed = False
+
+    def query_port(self, port: int) -> Any:
+        return types.SimpleNamespace(
+            state=4 if self.active else 1,
+            link_layer=1 if self.ethernet else 0,
+            lid=0,
+            active_mtu=5,
+            gid_tbl_len=len(self.gids),
+        )
+
+    def query_gid(self, port: int, index: int) -> Any:
+        return types.SimpleNamespace(gid=self.gids[index])
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _fake_pv(devices: dict[str, _FakeCtx]) -> Any:
+    class Err(Exception):
+        pass
+
+    e = types.SimpleNamespace(IBV_PORT_ACTIVE=4, IBV_LINK_LAYER_ETHERNET=1)
+    device = types.SimpleNamespace(
+        get_device_list=lambda: [types.SimpleNamespace(name=n.encode()) for n in devices],
+        Context=lambda name: devices[name],
+    )
+    error = types.SimpleNamespace(PyverbsError=Err, PyverbsRDMAError=Err)
+    return verbs.Pyverbs(
+        root=types.ModuleType("pyverbs"),
+        device=device,
+        pd=None,
+        cq=None,
+        mr=None,
+        qp=None,
+        wr=None,
+        addr=None,
+        enums=e,
+        error=error,
+        origin="fake",
+    )
+
+
+V6 = "fe80:0000:0000:0000:7078:8eff:fe7b:e769"
+V4 = "0000:0000:0000:0000:0000:ffff:c000:0201"
+
+
+def test_choose_port_errors_name_the_fix() -> None:
+    with pytest.raises(verbs.RdmaUnavailable, match="rdma link add"):
+        verbs.choose_port(_fake_pv({}))
+    broken = _fake_pv({})
+
+    def no_list() -> list[Any]:
+        raise broken.any_error("Failed to get devices list")
+
+    broken.device.get_device_list = no_list
+    with pytest.raises(verbs.RdmaUnavailable, match=r"rdma link add.*Failed to get devices"):
+        verbs.choose_port(broken)
+    with pytest.raises(verbs.RdmaUnavailable, match="not found"):
+        verbs.choose_port(_fake_pv({"mlx5_0": _FakeCtx(True, [V6])}), device="rxe9")
+    idle = _FakeCtx(False, [V6])
+    with pytest.raises(verbs.RdmaUnavailable, match="no active RDMA port") as info:
+        verbs.choose_port(_fake_pv({"rxe0": idle}))
+    assert "ibv_devinfo" in str(info.value) and idle.closed
+
+
+def test_choose_port_prefers_an_active_device_and_a_roce_v2_ipv4_gid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    types_ = {0: "IB/RoCE v1", 1: "RoCE v2", 2: "RoCE v1", 3: "RoCE v2"}
+    monkeypatch.setattr(verbs, "_gid_type_sysfs", lambda dev, port, i: types_[i])
+    ctx = _FakeCtx(True, [V6, V6, V4, V4])
+    got_ctx, choice = verbs.choose_port(_fake_pv({"down0": _FakeCtx(False, []), "rxe0": ctx}))
+    assert got_ctx is ctx
+    assert (choice.device, choice.gid_index) == ("rxe0", 3)
+    assert choice.gid == verbs.gid_to_bytes(V4) and verbs.is_ipv4_mapped(choice.gid)
+    _, chosen = verbs.choose_port(_fake_pv({"rxe0": ctx}), gid_index=1)
+    assert chosen.gid_index == 1
+
+
+def test_pick_gid_index() -> None:
+    v4, v6, zero = verbs.gid_to_bytes(V4), verbs.gid_to_bytes(V6), bytes(16)
+    assert verbs.pick_gid_index([(0, v6, "RoCE v1"), (1, v4, "RoCE v2")], True) == 1
+    assert verbs.pick_gid_index([(0, v6, "RoCE v2"), (1, v4, "RoCE v1")], True) == 0
+    assert verbs.pick_gid_index([(0, zero, "RoCE v2")], True) is None
+    assert verbs.pick_gid_index([(0, v6, "")], False) == 0
+    assert verbs.gid_to_text(v4) == V4
+
+
+def test_gpu_registration_path_decision() -> None:
+    def decide(**kw: bool) -> str:
+        args = dict(is_gpu=True, exporter_available=True, dmabuf_mr_available=True, aligned=True)
+        args.update(kw)
+        return verbs.select_registration_path(**args)[0]
+
+    assert decide() == "dmabuf"
+    assert decide(is_gpu=False) == "host"
+    assert decide(exporter_available=False) == "staging"
+    assert decide(dmabuf_mr_available=False) == "staging"
+    assert decide(aligned=False) == "staging"
+
+
+def test_gpu_registration_falls_back_to_pinned_staging(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[tuple[Any, ...]] = []
+
+    class MR:
+        def __init__(self, pd: Any, n: int, access: int, address: int = 0) -> None:
+            made.append((pd, n, access, address))
+
+        def close(self) -> None:
+            pass
+
+    class DmaBufMR:
+        def __init__(self, *a: Any, **k: Any) -> None:
+            raise OSError(95, "Operation not supported")
+
+    pv = _fake_pv({})
+    e = types.SimpleNamespace(
+        IBV_ACCESS_LOCAL_WRITE=1, IBV_ACCESS_REMOTE_WRITE=2, IBV_ACCESS_REMOTE_READ=4
+    )
+    pv = verbs.Pyverbs(**{**pv.__dict__, "mr": types.SimpleNamespace(MR=MR), "enums": e})
+    # no exporter at all (this machine has no CUDA): staging, with the reason
+    monkeypatch.setattr(verbs, "_cuda_dmabuf_exporter", lambda: (None, "no CUDA here"))
+    reg = verbs.register_device_memory("pd", 1 << 16, 1 << 20, is_gpu=True, pv=pv)
+    assert reg.path == "staging" and reg.reason == "no CUDA here"
+    assert reg.staging is not None and made[-1][3] == reg.staging.address
+    reg.close()
+    assert reg.staging.closed
+    # an exporter, but the driver refuses the dma-buf: staging, with the error
+    monkeypatch.setattr(verbs, "_cuda_dmabuf_exporter", lambda: (lambda p, n: os.dup(0), ""))
+    pv2 = verbs.Pyverbs(**{**pv.__dict__, "mr": types.SimpleNamespace(MR=MR, DmaBufMR=DmaBufMR)})
+    reg = verbs.register_device_memory("pd", 1 << 16, 1 << 20, is_gpu=True, pv=pv2)
+    assert reg.path == "staging" and "dma-buf registration failed" in reg.reason
+    reg.close()
+    # host memory is registered in place
+    reg = verbs.register_device_memory("pd", 4096, 8192, is_gpu=False, pv=pv)
+    assert reg.path == "host" and made[-1][3] == 4096
+
+
+def test_constructor_validates_its_settings() -> None:
+    with pytest.raises(ConfigError):
+        RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, port=0)
+    with pytest.raises(ConfigError):
+        RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, gid_index=-1)
+    with pytest.raises(ConfigError):
+        RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, device="")
+    with pytest.raises(ConfigError):
+        RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, inbox_bytes=1000)
+    with pytest.raises(ConfigError):
+        RdmaTransport(0, ("127.0.0.1", 0), secret=b"")
+
+
+@pytest.mark.skipif(DEVICE_PROBLEM is None, reason="this machine has an RDMA device")
+async def test_start_without_a_device_raises_one_clear_error() -> None:
+    t = RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET)
+    with pytest.raises(verbs.RdmaUnavailable) as info:
+        await t.start(Recorder())
+    assert "install" in str(info.value) or "rdma link add" in str(info.value)
+    assert t.closed
+
+
+# ============================================================================================
+# Device tests (rxe-vm)
+# ============================================================================================
+
+_orig_make_transport = support.make_transport
+_orig_cluster = support.cluster
+
+
+def make_rdma_transport(
+    kind: str,
+    member: int,
+    *,
+    group: str,
+    fabric: Any = None,
+    ring_bytes: int = 64 << 10,
+    secret: bytes = SECRET,
+    max_frame: int = 64 << 20,
+    busy_poll: bool = False,
+) -> Any:
+    if kind != "rdma":
+        return _orig_make_transport(
+            kind,
+            member,
+            group=group,
+            fabric=fabric,
+            ring_bytes=ring_bytes,
+            secret=secret,
+            max_frame=max_frame,
+        )
+    return RdmaTransport(
+        member,
+        ("127.0.0.1", 0),
+        secret=secret,
+        max_frame=max_frame,
+        device=os.environ.get("RXE_DEV"),
+        inbox_bytes=max(MIN_INBOX, ring_bytes),
+        busy_poll=busy_poll,
+    )
+
+
+def rdma_cluster_factory(busy_poll: bool = False) -> Callable[..., Any]:
+    @contextlib.asynccontextmanager
+    async def rdma_cluster(kind: str, n: int = 3, **opts: Any) -> AsyncIterator[Cluster]:
+        if kind != "rdma":
+            async with _orig_cluster(kind, n, **opts) as c:
+                yield c
+            return
+        group = new_group()
+        ts = [
+            make_rdma_transport(kind, i, group=group, busy_poll=busy_poll, **opts) for i in range(n)
+        ]
+        recs = [Recorder(me=i) for i in range(n)]
+        started = []
+        try:
+            for t, r in zip(ts, recs, strict=True):
+                await t.start(r)
+                started.append(t)
+            for t in ts:
+                for u in ts:
+                    if u is not t:
+                        t.add_peer(u.member_id, u.address)
+            c = Cluster(kind, group, ts, recs)
+            yield c
+        finally:
+            for t in ts:
+                await t.close()
+
+    return rdma_cluster
+
+
+CONFORMANCE = sorted(n for n in dir(conformance) if n.startswith("test_"))
+
+
+async def _run_case(
+    case: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, busy: bool
+) -> None:
+    monkeypatch.setattr(conformance, "cluster", rdma_cluster_factory(busy))
+    monkeypatch.setattr(conformance, "make_transport", make_rdma_transport)
+    fn = getattr(conformance, case)
+    params = inspect.signature(fn).parameters
+    kwargs: dict[str, Any] = {"kind": "rdma"}
+    if "monkeypatch" in params:
+        kwargs["monkeypatch"] = monkeypatch
+    if "caplog" in params:
+        kwargs["caplog"] = caplog
+    await fn(**kwargs)
+
+
+@pytest.mark.rdma
+@needs_device
+@pytest.mark.parametrize("case", CONFORMANCE)
+async def test_conformance_over_rdma(
+    case: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _run_case(case, monkeypatch, caplog, busy=False)
+
+
+@pytest.mark.rdma
+@needs_device
+@pytest.mark.parametrize(
+    "case",
+    [
+        "test_fifo_per_link_with_interleaved_messages",
+        "test_big_messages_and_bursts_beyond_ring_capacity",
+    ],
+)
+async def test_conformance_over_rdma_busy_poll(
+    case: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _run_case(case, monkeypatch, caplog, busy=True)
+
+
+@contextlib.asynccontextmanager
+async def rdma_pair(n: int = 3, **kw: Any) -> AsyncIterator[Cluster]:
+    async with rdma_cluster_factory(kw.pop("busy_poll", False))("rdma", n, **kw) as c:
+        yield c
+
+
+def _word(i: int) -> bytes:
+    return i.to_bytes(8, "little")
+
+
+def _fds(*needles: str) -> set[str]:
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if any(n in target for n in needles):
+                out.add(f"{fd}->{target}")
+    return out
+
+
+@pytest.mark.rdma
+@needs_device
+async def test_each_peer_gets_its_own_inbox_and_keys() -> None:
+    before = _fds("infinibandevent", "uverbs")
+    async with rdma_pair() as c:
+        c.set_view(1, [0, 1, 2], ROW)
+        for s in range(3):
+            c[s].push(1, s * ROW, _word(s), [0, 1, 2])
+        for r in c.recs:
+            await r.wait_for(lambda r=r: len(r.pushes()) == 2)
+        regions = []
+        for t in c.transports:
+            assert isinstance(t, RdmaTransport)
+            for peer, link in t._links.items():
+                ep = link.ep
+                assert ep is not None and ep.paired and ep.peer_info is not None
+                # the peer's endpoint was told exactly my inbox for it, nothing else
+                other = c.transports[peer]
+                assert isinstance(other, RdmaTransport)
+                their = other._links[t.member_id].ep
+                assert their is not None and their.peer_info is not None
+                assert their.peer_info.addr == ep.inbox_mr.buf
+                assert their.peer_info.rkey == ep.inbox_mr.rkey
+                assert their.peer_info.size == ep.inbox_mr.length == t.inbox_bytes
+                regions.append((ep.inbox_mr.buf, ep.inbox_mr.rkey))
+        assert len({rk for _, rk in regions}) == len(regions) == 6
+        assert all(r.failures() == [] for r in c.recs)
+    await asyncio.sleep(0)
+    assert _fds("infinibandevent", "uverbs") <= before
+
+
+async def _forge_write(t: RdmaTransport, peer: int, remote_offset: int) -> None:
+    """Make ``t`` post a raw RDMA WRITE at ``remote_offset`` of its inbox at ``peer``."""
+    ep = t._links[peer].ep
+    assert ep is not None and ep.peer_info is not None and ep.mirror_mr is not None
+    pv = t._pv
+    assert pv is not None
+    e = pv.enums
+    wr = pv.wr.SendWR(
+        wr_id=ep.sq_seq + 1,
+        opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM,
+        num_sge=1,
+        sg=[pv.wr.SGE(ep.mirror.address, 8, ep.mirror_mr.lkey)],  # type: ignore[union-attr]
+        imm_data=0,
+        send_flags=int(e.IBV_SEND_SIGNALED),
+    )
+    wr.set_wr_rdma(ep.peer_info.rkey, ep.peer_info.addr + remote_offset)
+    t._post(ep, wr, True, ep.tx.posted if ep.tx else 0)
+
+
+@pytest.mark.rdma
+@needs_device
+async def test_write_outside_the_inbox_is_rejected_by_the_nic_and_reported() -> None:
+    async with rdma_pair() as c:
+        c.set_view(1, [0, 1, 2], ROW)
+        c[0].push(1, 0, _word(1), [1, 2])
+        await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
+        t0 = c[0]
+        assert isinstance(t0, RdmaTransport)
+        # member 0 aims past its inbox at member 1 (where member 2's inbox might be)
+        await _forge_write(t0, 1, t0._links[1].ep.peer_info.size)  # type: ignore[union-attr]
+        await c.recs[1].wait_for(lambda: bool(c.recs[1].failures(0)))
+        await c.recs[0].wait_for(lambda: bool(c.recs[0].failures(1)))
+        assert "rdma" in c.recs[1].failures(0)[0]
+        assert c.recs[1].pushes(2) == []
+        # the other links are unaffected
+        c[2].push(1, 2 * ROW, _word(2), [1])
+        await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(2)) == 1)
+        # after the back-off, member 0's pushes reach member 1 on a fresh queue pair
+        await asyncio.sleep(t0.reconnect_backoff + 0.1)
+        c[0].push(1, 8, _word(3), [1])
+        await c.recs[1].wait_for(lambda: (1, 0, 8, _word(3)) in c.recs[1].pushes(0))
+
+
+@pytest.mark.rdma
+@needs_device
+async def test_queue_pair_error_is_reported_not_hung_and_the_link_recovers() -> None:
+    async with rdma_pair(2) as c:
+        c.set_view(1, [0, 1], ROW)
+        c[0].push(1, 0, _word(1), [1])
+        await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
+        t0 = c[0]
+        assert isinstance(t0, RdmaTransport)
+        ep = t0._links[1].ep
+        assert ep is not None and t0._pv is not None
+        e = t0._pv.enums
+        ep.qp.modify(t0._pv.qp.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
+        c[0].push(1, 8, _word(2), [1])  # completes in error (flushed)
+        await c.recs[0].wait_for(lambda: bool(c.recs[0].failures(1)))
+        assert "error state" in c.recs[0].failures(1)[0]
+        await c.recs[1].wait_for(lambda: bool(c.recs[1].failures(0)))  # told by RESET
+        await asyncio.sleep(t0.reconnect_backoff + 0.1)
+        c[0].push(1, 16, _word(3), [1])
+        c[0].send(1, b"after")
+        await c.recs[1].wait_for(lambda: c.recs[1].messages(0) == [b"after"])
+        assert (1, 0, 16, _word(3)) in c.recs[1].pushes(0)
+
+
+@pytest.mark.rdma
+@needs_device
+async def test_retry_exhaustion_is_reported() -> None:
+    async with rdma_pair(2) as c:
+        t0 = c[0]
+        assert isinstance(t0, RdmaTransport)
+        t0.qp_timeout, t0.qp_retry_cnt = 10, 2  # ~4 ms per try, 3 tries
+        c.set_view(1, [0, 1], ROW)
+        c[0].push(1, 0, _word(1), [1])
+        await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
+        # member 1's queue pair vanishes while its tcp channel stays up
+        t1 = c[1]
+        assert isinstance(t1, RdmaTransport)
+        ep1 = t1._links[0].ep
+        assert ep1 is not None
+        ep1.qp.close()
+        c[0].push(1, 8, _word(2), [1])
+        await c.recs[0].wait_for(lambda: bool(c.recs[0].failures(1)))
+        assert "retries exhausted" in c.recs[0].failures(1)[0], c.recs[0].failures(1)
+
+
+@pytest.mark.rdma
+@needs_device
+async def test_a_restarted_member_gets_a_fresh_link() -> None:
+    async with rdma_pair(2) as c:
+        c.set_view(1, [0, 1], ROW)
+        c[0].push(1, 0, _word(1), [1])
+        c[1].push(1, ROW, _word(1), [0])
+        await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
+        await c.recs[0].wait_for(lambda: len(c.recs[0].pushes(1)) == 1)
+        await c[1].close()  # says goodbye: member 0 drops its endpoint quietly
+        rec = Recorder(me=1)
+        t1 = make_rdma_transport("rdma", 1, group=c.group)
+        c.transports[1], c.recs[1] = t1, rec
+        await t1.start(rec)
+        t1.add_peer(0, c[0].address)
+        c[0].add_peer(1, t1.address)
+        t1.set_view(1, [0, 1], ROW)
+        await asyncio.sleep(0.2)
+        c[0].push(1, 8, _word(2), [1])
+        t1.push(1, ROW + 8, _word(2), [0])
+        c[0].send(1, b"welcome back")
+        await rec.wait_for(lambda: rec.messages(0) == [b"welcome back"])
+        assert rec.pushes(0) == [(1, 0, 8, _word(2))]
+        await c.recs[0].wait_for(lambda: (1, 1, ROW + 8, _word(2)) in c.recs[0].pushes(1))
+        assert rec.failures() == []
+
+
+class _Counter:
+    """A handler that only counts pushes and wakes one waiter (cheap, for measuring)."""
+
+    def __init__(self) -> None:
+        self.pushes = 0
+        self.failures: list[str] = []
+        self._want = 0
+        self._fut: asyncio.Future[None] | None = None
+
+    def on_push(self, view_id: int, sender: int, offset: int, data: bytes) -> None:
+        self.pushes += 1
+        if self._fut is not None and self.pushes >= self._want and not self._fut.done():
+            self._fut.set_result(None)
+
+    def on_message(self, sender: int, payload: bytes) -> None:
+        pass
+
+    def on_failure(self, member: int, reason: str) -> None:
+        self.failures.append(reason)
+
+    async def until(self, n: int) -> None:
+        if self.pushes >= n:
+            return
+        self._want = n
+        self._fut = asyncio.get_running_loop().create_future()
+        await asyncio.wait_for(self._fut, support.WAIT)
+
+
+@pytest.mark.rdma
+@needs_device
+@pytest.mark.parametrize("mode", ["rdma", "rdma-busy-poll", "tcp"])
+async def test_measure_push_latency_and_bandwidth(mode: str) -> None:
+    """Not an assertion about speed (emulated CPU): prints what this machine measures, with
+    tcp over the guest's loopback for comparison."""
+    ts: list[Any] = []
+    for i in range(2):
+        if mode == "tcp":
+            ts.append(support.TcpTransport(i, ("127.0.0.1", 0), secret=SECRET))
+        else:
+            ts.append(
+                RdmaTransport(
+                    i,
+                    ("127.0.0.1", 0),
+                    secret=SECRET,
+                    device=os.environ.get("RXE_DEV"),
+                    inbox_bytes=1 << 20,
+                    busy_poll=mode == "rdma-busy-poll",
+                )
+            )
+    hs = [_Counter(), _Counter()]
+    try:
+        for t, h in zip(ts, hs, strict=True):
+            await t.start(h)
+        ts[0].add_peer(1, ts[1].address)
+        ts[1].add_peer(0, ts[0].address)
+        row = 1 << 20
+        for t in ts:
+            t.set_view(1, [0, 1], row)
+        # warm up (connection setup), then ping-pong 8-byte pushes: one-way = round trip / 2
+        ts[0].push(1, 0, _word(0), [1])
+        await hs[1].until(1)
+        ts[1].push(1, row, _word(0), [0])
+        await hs[0].until(1)
+        rtts = []
+        for i in range(1, 301):
+            t0 = time.perf_counter()
+            ts[0].push(1, 0, _word(i), [1])
+            await hs[1].until(i + 1)
+            ts[1].push(1, row, _word(i), [0])
+            await hs[0].until(i + 1)
+            rtts.append(time.perf_counter() - t0)
+        rtts.sort()
+        # one-way bandwidth with 64 KiB pushes
+        blob = os.urandom(64 << 10)
+        n, base = 160, hs[1].pushes
+        t0 = time.perf_counter()
+        for i in range(n):
+            ts[0].push(1, 0, blob, [1])
+            if i % 8 == 7:
+                await asyncio.sleep(0)
+        await hs[1].until(base + n)
+        bw = n * len(blob) / (time.perf_counter() - t0)
+        # 8-byte push rate, 20 pushes per loop iteration
+        m, base = 4000, hs[1].pushes
+        t0 = time.perf_counter()
+        for i in range(m):
+            ts[0].push(1, (i % 64) * 8, _word(i), [1])
+            if i % 20 == 19:
+                await asyncio.sleep(0)
+        await hs[1].until(base + m)
+        rate = m / (time.perf_counter() - t0)
+        loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
+        print(
+            f"\nmeasured [{mode}, {loop}]: push one-way p50 {rtts[150] / 2 * 1e6:.0f} us"
+            f" p90 {rtts[270] / 2 * 1e6:.0f} us; 64 KiB pushes {bw / 1e6:.1f} MB/s;"
+            f" 8-byte pushes {rate:.0f}/s"
+        )
+        assert hs[0].failures == hs[1].failures == []
+    finally:
+        for t in ts:
+            await t.close()
+
+
+# -- separate processes ------------------------------------------------------------------------
+
+SCRIPT = HERE / "rdma_member.py"
+
+
+def _loop_name() -> str:
+    return "uvloop" if "uvloop" in type(asyncio.get_running_loop()).__module__ else "asyncio"
+
+
+async def _spawn(mode: str, member: int, arg: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(SCRIPT),
+        _loop_name(),
+        mode,
+        str(member),
+        arg,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+def _decoded(rec: Recorder, sender: int) -> list[tuple[object, ...]]:
+    out: list[tuple[object, ...]] = []
+    for e in rec.from_sender(sender):
+        if e[0] == "push":
+            out.append(("push", e[1], e[3], e[4]))
+        else:
+            out.append(("msg", msgpack.unpackb(e[2], raw=False, strict_map_key=False)))
+    return out
+
+
+async def _parent() -> tuple[RdmaTransport, Recorder, str]:
+    t = RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, device=os.environ.get("RXE_DEV"))
+    rec = Recorder()
+    await t.start(rec)
+    t.set_view(1, [0, 1, 2], ROW)
+    return t, rec, f"{t.address[0]}:{t.address[1]}:{SECRET.hex()}"
+
+
+@pytest.mark.rdma
+@needs_device
+async def test_three_processes_exchange_in_order_over_rdma() -> None:
+    t, rec, arg = await _parent()
+    procs = [await _spawn("run", m, arg) for m in (1, 2)]
+    try:
+        async with asyncio.timeout(240):
+            await rec.wait_for(lambda: all(rec.messages(m) for m in (1, 2)), timeout=120)
+            peers: dict[int, object] = {m: list(t._tcp._links[m].addr or ()) for m in (1, 2)}
+            peers[0] = list(t.address)
+            for m in (1, 2):
+                t.send(m, msgpack.packb(["go", peers]))
+            reports: dict[int, list[object]] = {}
+
+            def reported() -> bool:
+                for m in (1, 2):
+                    for e in _decoded(rec, m):
+                        msg = e[1]
+                        if e[0] == "msg" and isinstance(msg, list) and msg[0] == "report":
+                            reports[m] = msg
+                return len(reports) == 2
+
+            await rec.wait_for(reported, timeout=200)
+            for m in (1, 2):
+                assert reports[m][1] is True, reports[m]
+                got = [
+                    e
+                    for e in _decoded(rec, m)
+                    if not (e[0] == "msg" and e[1][0] == "report")  # type: ignore[index]
+                ]
+                assert got == expected_from(m, 0)
+                t.send(m, msgpack.packb(["bye"]))
+            for p in procs:
+                assert await p.wait() == 0, (await p.stderr.read()).decode() if p.stderr else ""
+        assert rec.failures() == []
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+        await t.close()
+
+
+@pytest.mark.rdma
+@needs_device
+async def test_sigkilled_rdma_member_is_reported() -> None:
+    t, rec, arg = await _parent()
+    proc = await _spawn("crash", 1, arg)
+    try:
+        async with asyncio.timeout(120):
+            await rec.wait_for(lambda: bool(rec.messages(1)), timeout=120)
+            t.send(1, msgpack.packb(["go", {0: list(t.address)}]))
+            await rec.wait_for(lambda: any(b"crash-ready" in m for m in rec.messages(1)))
+        assert len(rec.pushes(1)) == 50
+        os.kill(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        t.push(1, 0, _word(1), [1])  # into the void: must end in a report, not a hang
+        await rec.wait_for(lambda: bool(rec.failures(1)))
+        assert any("connection lost" in f or "rdma" in f for f in rec.failures(1))
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await t.close()
+
+
+# -- a group over transport="rdma", one member SIGKILLed --------------------------------------
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.mark.rdma
+@needs_device
+def test_group_over_rdma_survives_a_sigkilled_member() -> None:
+    import rdma_group
+
+    members, count, victim = 3, 300, 2
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    ports = _free_ports(members)
+    base: dict[str, Any] = {
+        "group": f"rdma-{os.getpid()}-{secrets.token_hex(3)}",
+        "initial_members": members,
+        "transport": "rdma",
+        "heartbeat_ms": 20,
+        "suspect_after_ms": 1500,
+        "peers": {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)},
+        "secret": secrets.token_hex(16),
+        "rdma_device": os.environ.get("RXE_DEV"),
+    }
+    procs = {}
+    for i in range(members):
+        fields = dict(base, member_id=i, listen=base["peers"][i])
+        p = ctx.Process(target=rdma_group.child, args=(fields, q, count, 200, 8, True))
+        p.start()
+        procs[i] = p
+    progress: dict[int, int] = {}
+    reports: dict[int, dict[str, Any]] = {}
+    errors: dict[int, str] = {}
+
+    def pump(until: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not until():
+            try:
+                msg = q.get(timeout=0.2)
+            except queue_mod.Empty:
+                continue
+            if msg[0] == "progress":
+                progress[msg[1]] = msg[2]
+            elif msg[0] == "done":
+                reports[msg[1]] = msg[2]
+            elif msg[0] == "error":
+                errors[msg[1]] = msg[2]
+        assert until(), (
+            f"timed out: progress {progress}, reports {sorted(reports)}, errors {errors}"
+        )
+
+    survivors = set(range(members)) - {victim}
+    try:
+        pump(lambda: max(progress.values(), default=0) >= 100 or bool(errors), 180)
+        assert not errors, errors
+        pid = procs[victim].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        pump(lambda: survivors <= reports.keys() or bool(errors), 180)
+        assert not errors, errors
+    finally:
+        for p in procs.values():
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    got = [reports[m] for m in sorted(survivors)]
+    print(f"\nrdma group: survivors {sorted(survivors)}, delivered {[r['delivered'] for r in got]}")
+    assert len({r["digest"] for r in got}) == 1, "survivors' logs differ"
+    for r in got:
+        assert r["members"] == sorted(survivors)
+        assert len(r["views"]) >= 2
+        for m in survivors:
+            assert r["per_sender"][m] == count, f"member {m}'s appends lost or duplicated"
+        assert r["per_sender"].get(victim, 0) <= count
