@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import logging
 import mmap
 import os
 import re
@@ -918,7 +919,9 @@ class ShmTransport(Transport):
     def _fail_out(self, link: _OutLink, reason: str) -> None:
         if link.dead:
             return
-        log.warning("member %d: link to member %d failed: %s", self.member_id, link.peer, reason)
+        # A peer that closed its ring (it left or ended) is routine; anything else is worth a warning.
+        level = logging.INFO if "closed its end" in reason else logging.WARNING
+        log.log(level, "member %d: link to member %d failed: %s", self.member_id, link.peer, reason)
         self._drop_out(link)
         assert self._loop is not None
         self._loop.call_soon(self._report_failure, link.peer, reason)
