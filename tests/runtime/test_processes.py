@@ -128,3 +128,24 @@ def test_a_new_process_joins_a_running_group_and_receives_the_state(transport: s
     assert joined["view"] == [0, 1, 2, 7] and joined["replies"] == [0, 1, 2, 7]
     assert joined["digest"] == run.reports[0]["digest"]  # state transfer: the whole log
     assert joined["items"] == run.reports[0]["delivered"]
+
+
+def test_a_member_process_leaves_voluntarily_and_the_others_go_on(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    from pathlib import Path
+
+    import derecho_async as da
+    from tests.runtime import apps
+
+    out = Path(str(tmp_path))
+    monkeypatch.setenv("DA_TEST_OUT", str(out))
+    codes = da.launch_local(
+        3, apps.one_leaves_early, heartbeat_ms=25, suspect_after_ms=1000, timeout=60
+    )
+    assert codes == [0, 0, 0]
+    results = [json.loads((out / f"m{m}.json").read_text()) for m in (0, 1)]
+    for r in results:
+        assert r["view"] == [0, 1] and r["replies"] == [0, 1] and r["n"] == 17
+    assert results[0]["digest"] == results[1]["digest"]
