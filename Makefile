@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint demo sim-demo sweep rdma-test clean
+.PHONY: test lint demo sim-demo sweep rdma-test bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ demo: $(STAMP)
 
 sim-demo: $(STAMP)
 	$(BIN)/python examples/sim_demo.py
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python benchmarks/compare.py
 
 rdma-test: $(STAMP)
 	scripts/rdma-tests.sh

@@ -1,0 +1,89 @@
+"""Smoke test of the comparison benchmarks (benchmarks/compare.py).
+
+Runs ``python benchmarks/compare.py --quick --only derecho`` as a subprocess (about 30 s on a
+2-core machine) and checks that all five tables print with positive figures for derecho_async,
+that the peers' rows say they were skipped, and that the latency histogram is written when
+matplotlib is installed. The derecho-only run needs no peer (pyzmq, PySyncObj); it is skipped
+with a reason when numpy, which its large-payload table needs, is missing. A second, quick test
+checks that a missing peer is reported as "not installed (pip install ...)" instead of failing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "compare.py"
+TITLES = ("1. Throughput", "2. Latency", "3a. Message sizes", "3b. Large", "4. Scaling", "5. Idle")
+
+
+def _tables(text: str) -> dict[str, list[list[str]]]:
+    """Title -> body rows (cells stripped) of every markdown table printed."""
+    tables: dict[str, list[list[str]]] = {}
+    for section in text.split("### ")[1:]:
+        title = section.splitlines()[0]
+        rows = [
+            [c.strip() for c in line.strip().strip("|").split("|")]
+            for line in section.splitlines()
+            if line.startswith("|")
+        ]
+        tables[title] = rows[2:]  # past the header and the alignment row
+    return tables
+
+
+def _number(cell: str) -> float:
+    return float(cell.replace(",", "").removesuffix("x"))
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("numpy") is None,
+    reason="the large-payload table needs numpy (pip install numpy)",
+)
+def test_compare_quick_derecho_only(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--only", "derecho", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    tables = _tables(proc.stdout)
+    for prefix in TITLES:
+        matches = [t for t in tables if t.startswith(prefix)]
+        assert matches, f"table {prefix!r} missing from:\n{proc.stdout}"
+        assert tables[matches[0]], f"table {prefix!r} has no rows"
+    assert proc.stdout.count("cores: ") >= len(TITLES)
+    assert proc.stdout.count("--only derecho") >= len(TITLES)
+
+    def table(prefix: str) -> list[list[str]]:
+        return next(rows for title, rows in tables.items() if title.startswith(prefix))
+
+    throughput = table("1. Throughput")
+    derecho = [r for r in throughput if r[0] == "derecho_async"]
+    assert len(derecho) == 4
+    assert all(_number(r[2]) > 0 for r in derecho)
+    assert all("skipped" in r[2] for r in throughput if r[0] in ("PySyncObj", "pyzmq"))
+    (latency,) = table("2. Latency")
+    assert all(_number(c) > 0 for c in latency[2:])
+    sizes = table("3a. Message sizes")
+    assert len(sizes) == 6 and all(_number(r[1]) > 0 and _number(r[2]) > 0 for r in sizes)
+    large = table("3b. Large")
+    assert large and all(_number(c) > 0 for r in large for c in r[1:])
+    scaling = table("4. Scaling")
+    assert [r[0] for r in scaling] == ["2", "3", "5", "8"]
+    assert all(_number(r[1]) > 0 for r in scaling)
+    idle = table("5. Idle")
+    assert all(_number(s) >= 0 for r in idle for s in r[3].split(","))
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "latency_hist.png").stat().st_size > 0
+
+
+def test_missing_peer_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_peers
+
+    for name in ("zmq", "pysyncobj"):
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import name` raise ImportError
+    assert bench_peers.missing("zmq") == "not installed (pip install pyzmq)"
+    assert bench_peers.missing("pysyncobj") == "not installed (pip install pysyncobj)"
