@@ -191,7 +191,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cr, end = ("\r", "") if tty else ("", "\n")
     last_line = 0.0
     while run.alive() and time.monotonic() - start < args.timeout:
-        run.poll(0.2)
+        run.poll(0.05)
         done = max(run.progress.values(), default=0)
         for m, v in sorted(run.views.items()):
             if last_views.get(m) != v:
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--timeout", type=float, default=300.0)
 
     demo = sub.add_parser("demo", help="a local 3-member group with a member killed halfway")
-    common(demo, 3, 3000)
+    common(demo, 3, 10000)
     demo.add_argument("--no-kill", action="store_true", help="do not kill a member")
     demo.set_defaults(fn=cmd_demo)
     bench = sub.add_parser("bench", help="ordered msgs/s and latency of a local group")

@@ -133,7 +133,7 @@ async def run_member(
             await asyncio.sleep(0.05)
             now = time.perf_counter()
             report_views()
-            if now - last_report > 0.2:
+            if now - last_report > 0.05:
                 queue.put(("progress", me, len(mine.items)))
                 last_report = now
         for t in tasks:

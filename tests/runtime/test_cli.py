@@ -24,7 +24,7 @@ def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 def test_demo_kills_a_member_and_the_survivors_logs_are_identical() -> None:
-    r = _cli("demo", "--messages", "2500", "--size", "256")
+    r = _cli("demo", "--messages", "8000", "--size", "256")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SIGKILL member 2" in r.stdout
     assert "installed view 1: members [0, 1]" in r.stdout
