@@ -6,6 +6,7 @@ Run: python examples/replicated_log.py
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import derecho_async as da
 
@@ -45,8 +46,12 @@ async def main(config: da.Config) -> None:
         await wait_for_items(mine, 3)  # every member's hello is in
         peer = (me + 1) % 3
         n = await log.size.at(peer)()  # p2p call to the next member
-        print(f"member {me}: my append is #{replies[me]} at version {replies.version}, "
-              f"answered by {sorted(replies)}; member {peer} holds {n}; log {mine.items[:3]}")
+        line = (
+            f"member {me}: my append is #{replies[me]} at version {replies.version}, "
+            f"answered by {sorted(replies)}; member {peer} holds {n}; log {mine.items[:3]}"
+        )
+        sys.stdout.write(line + "\n")  # one write: lines of the 3 processes do not interleave
+        sys.stdout.flush()
         await log.append(b"done")
         await wait_for_items(mine, 6)  # nobody leaves before everyone made its p2p call
 
