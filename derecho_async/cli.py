@@ -67,7 +67,10 @@ class _Run:
         linger: float = 0.3,
     ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
+        # One queue per member: a member SIGKILLed in the middle of a put leaves a torn message in
+        # its own pipe only, not in the reports of the others. ``q`` is for extra processes.
         self.q = self.ctx.Queue()
+        self.queues = [self.q] + [self.ctx.Queue() for _ in range(members)]
         self.group = f"cli-{os.getpid()}-{secrets.token_hex(3)}"
         self.procs: dict[int, Any] = {}
         self.reports: dict[int, dict[str, Any]] = {}
@@ -95,7 +98,16 @@ class _Run:
             p = self.ctx.Process(
                 target=_child,
                 name=f"derecho-member-{i}",
-                args=(fields, self.q, count, size, depth, i < senders, use_uvloop, linger),
+                args=(
+                    fields,
+                    self.queues[i + 1],
+                    count,
+                    size,
+                    depth,
+                    i < senders,
+                    use_uvloop,
+                    linger,
+                ),
             )
             p.start()
             self.procs[i] = p
@@ -104,10 +116,18 @@ class _Run:
         out = []
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                msg = self.q.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue_mod.Empty:
-                break
+            msg = None
+            for q in self.queues:
+                try:
+                    msg = q.get_nowait()
+                    break
+                except queue_mod.Empty:
+                    continue
+            if msg is None:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.005)
+                continue
             out.append(msg)
             kind, member = msg[0], msg[1]
             if kind == "progress":
