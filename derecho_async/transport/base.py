@@ -362,6 +362,38 @@ class Transport(abc.ABC):
         remote = dict.fromkeys(check_member_id(t, "target") for t in targets)
         return mv, [t for t in remote if t != self.member_id]
 
+    def _check_send(
+        self, to: int, payload: bytes | bytearray | memoryview, limit: int, limit_name: str
+    ) -> memoryview | None:
+        """Validate send arguments; the payload as a byte view, or None when ``to`` is this
+        member (then it was delivered locally)."""
+        self._check_usable()
+        check_member_id(to, "to")
+        mv = as_bytes_view(payload)
+        if len(mv) > limit:
+            raise UsageError(f"message of {len(mv)} bytes exceeds {limit_name}")
+        if to == self.member_id:
+            self._send_to_self(mv)
+            return None
+        return mv
+
+    @staticmethod
+    def _aligned_pieces(offset: int, n: int, chunk: int) -> list[tuple[int, int]]:
+        """Cut an ``n``-byte push at table ``offset`` into ``(start, end)`` ranges of at most
+        ``chunk`` bytes whose cuts fall on multiples of ``chunk`` from the aligned base, so each
+        piece keeps 8-byte words whole. At least one piece (an empty push stays one)."""
+        pieces = []
+        base = offset & ~7
+        pos = 0
+        k = 1
+        while True:
+            end = min(n, base + chunk * k - offset)
+            pieces.append((pos, end))
+            pos = end
+            k += 1
+            if pos >= n:
+                return pieces
+
     def _deliver_push(self, view_id: int, sender: int, offset: int, data: bytes) -> None:
         if self._closed or self._handler is None:
             return

@@ -73,13 +73,11 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async.errors import ConfigError, UsageError
+from derecho_async.errors import ConfigError
 from derecho_async.transport import verbs
 from derecho_async.transport.base import (
     Transport,
     TransportHandler,
-    as_bytes_view,
-    check_member_id,
     log,
 )
 from derecho_async.transport.tcp import TcpTransport
@@ -790,16 +788,13 @@ class RdmaTransport(Transport):
 
     def send(self, to: int, payload: bytes) -> None:
         """Send ``payload`` to ``to`` over the tcp channel, ordered with pushes on the link."""
-        self._check_usable()
-        check_member_id(to, "to")
-        mv = as_bytes_view(payload)
-        if len(mv) + CHAN.size > self._tcp.max_frame:
-            raise UsageError(
-                f"message of {len(mv)} bytes exceeds max_frame={self._tcp.max_frame}"
-                f" minus the {CHAN.size}-byte rdma header"
-            )
-        if to == self.member_id:
-            self._send_to_self(mv)
+        mv = self._check_send(
+            to,
+            payload,
+            self._tcp.max_frame - CHAN.size,
+            f"max_frame={self._tcp.max_frame} minus the {CHAN.size}-byte rdma header",
+        )
+        if mv is None:
             return
         link = self._links.get(to)
         ep = link.ep if link is not None else None

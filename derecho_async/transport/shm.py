@@ -64,7 +64,6 @@ from derecho_async.errors import ConfigError, UsageError
 from derecho_async.transport.base import (
     Transport,
     TransportHandler,
-    as_bytes_view,
     check_member_id,
     log,
 )
@@ -490,28 +489,17 @@ class ShmTransport(Transport):
         mv, remote = self._check_push(view_id, offset, data, targets)
         if not remote:
             return
-        recs: list[tuple[bytes, memoryview]] = []
-        n = len(mv)
-        pos = 0
-        base = offset & ~7
-        while True:
-            end = min(n, base + self._chunk * (len(recs) + 1) - offset)
-            recs.append((_REC.pack(_R_PUSH, 0, view_id, offset + pos, end - pos), mv[pos:end]))
-            pos = end
-            if pos >= n:
-                break
+        recs = [
+            (_REC.pack(_R_PUSH, 0, view_id, offset + pos, end - pos), mv[pos:end])
+            for pos, end in self._aligned_pieces(offset, len(mv), self._chunk)
+        ]
         for t in remote:
             self._enqueue(t, recs)
 
     def send(self, to: int, payload: bytes) -> None:
         """Append a MSG record (fragmented if larger than a record) to the ring to ``to``."""
-        self._check_usable()
-        check_member_id(to, "to")
-        mv = as_bytes_view(payload)
-        if len(mv) > self.max_message:
-            raise UsageError(f"message of {len(mv)} bytes exceeds max_message={self.max_message}")
-        if to == self.member_id:
-            self._send_to_self(mv)
+        mv = self._check_send(to, payload, self.max_message, f"max_message={self.max_message}")
+        if mv is None:
             return
         total = len(mv)
         recs = []

@@ -59,7 +59,6 @@ from derecho_async.errors import ConfigError, ProtocolViolation, UsageError
 from derecho_async.transport.base import (
     Transport,
     TransportHandler,
-    as_bytes_view,
     check_member_id,
     log,
 )
@@ -421,30 +420,18 @@ class TcpTransport(Transport):
             frames = [FRAME.pack(F_PUSH, 0, view_id, offset, n), bytes(mv)]
         else:
             frames = []
-            chunk = self.max_frame & ~7
-            base = offset & ~7
-            pos = 0
-            k = 1
-            while pos < n:
-                end = min(n, base + chunk * k - offset)
+            for pos, end in self._aligned_pieces(offset, n, self.max_frame & ~7):
                 frames += [
                     FRAME.pack(F_PUSH, 0, view_id, offset + pos, end - pos),
                     bytes(mv[pos:end]),
                 ]
-                pos = end
-                k += 1
         for t in remote:
             self._emit(t, frames)
 
     def send(self, to: int, payload: bytes) -> None:
         """Send one MSG frame to ``to`` (at most ``max_frame`` bytes)."""
-        self._check_usable()
-        check_member_id(to, "to")
-        mv = as_bytes_view(payload)
-        if len(mv) > self.max_frame:
-            raise UsageError(f"message of {len(mv)} bytes exceeds max_frame={self.max_frame}")
-        if to == self.member_id:
-            self._send_to_self(mv)
+        mv = self._check_send(to, payload, self.max_frame, f"max_frame={self.max_frame}")
+        if mv is None:
             return
         self._emit(to, [FRAME.pack(F_MSG, 0, 0, 0, len(mv)), bytes(mv)])
 
