@@ -134,6 +134,7 @@ class Member:
         self._last_change: list[int] = []
         self._final_frontiers: dict[int, int] = {}
         self._others: tuple[int, ...] = ()
+        self._rank_of: dict[int, int] = {}
         if view is not None:
             if member_id not in view.members:
                 raise UsageError(f"member {member_id} is not in {view}")
@@ -354,7 +355,12 @@ class Member:
     def _push(self, row_offset: int, nbytes: int, targets: tuple[int, ...]) -> None:
         if not targets:
             targets = self._others
-        live = tuple(m for m in targets if not self.suspected >> self.view.members.index(m) & 1)
+        suspected = self.suspected
+        live = (
+            targets
+            if not suspected
+            else tuple(m for m in targets if not suspected >> self._rank_of[m] & 1)
+        )
         if not live:
             return
         data = self.table.my_bytes(row_offset, nbytes)
@@ -373,6 +379,7 @@ class Member:
         self.rank = view.members.index(self.member_id)
         self.view_size = n = len(view.members)
         self._others = tuple(m for m in view.members if m != self.member_id)
+        self._rank_of = {m: r for r, m in enumerate(view.members)}
         self.schema = sc = RowSchema(
             n, self.layout.n_shards, self.config.window, self.config.max_payload
         )
