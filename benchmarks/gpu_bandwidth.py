@@ -1,14 +1,18 @@
 """Ordered multicast of GPU-resident payloads: delivered bandwidth per receiver vs a raw copy.
 
-Usage (on a machine with a GPU, CuPy and torch): python benchmarks/gpu_bandwidth.py
-    [--members 2 4] [--sizes 4K 1M 64M 256M] [--out DIR]
+Usage (on a machine with a GPU and CuPy): python benchmarks/gpu_bandwidth.py
+    [--members 2 4 8] [--sizes 4K 64K 1M 16M 64M 256M 1G] [--out DIR]
 
-For each member count and payload size, member 0 makes ``reps`` ordered calls carrying one CuPy
-array; the others (sharing the GPU) receive it as a device array. The time from the first send
-until every member has replied to the last call gives the delivered bandwidth per receiver. In the
-same run the parent times a raw CuPy device-to-device copy of the same size (CUDA events). A second
-table compares the closed-loop latency of a small GPU message with a host message of the same
-size. The table is printed and a PNG plot of bandwidth against size is written to DIR.
+For each member count, one group of member processes sharing the GPU runs every size: member 0
+makes ``reps`` pipelined ordered calls carrying one device array, first allocated in its CUDA IPC
+pool with ``group.device_buffer`` (sent in place), then as a plain CuPy array (staged: one extra
+device copy into the pool). Every other member receives it as a device array copied into its own
+pool. The time from the first send until every member has replied to the last call gives the
+delivered bandwidth per receiver. In the same command the parent times a raw CuPy device-to-device
+copy of the same size (CUDA events). All receivers copy out of the same GPU's memory at once, so
+the table also gives the aggregate (receivers x per-receiver) beside the raw copy. A second table
+compares the closed-loop latency of a small GPU message with a host message of the same size.
+The table is printed and a PNG plot of bandwidth against size is written to DIR.
 """
 
 from __future__ import annotations
@@ -41,47 +45,54 @@ def _parse_size(text: str) -> int:
     return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
 
 
+def _reps(size: int) -> int:
+    return max(4, min(200, (2 << 30) // size))
+
+
 async def bench_member(config: da.Config) -> None:
     import asyncio
 
     import cupy
 
-    size = int(os.environ["DA_BENCH_SIZE"])
-    reps = int(os.environ["DA_BENCH_REPS"])
-    mode = os.environ["DA_BENCH_MODE"]
+    sizes = [int(s) for s in os.environ["DA_BENCH_SIZES"].split(",")]
     async with da.Group(config, actors=[Sink]) as group:
         sink = group.subgroup(Sink)
-        if config.member_id == 0:
-            x = cupy.ones(size // 4, dtype=cupy.float32)
-            host = b"x" * size
-            cupy.cuda.Device().synchronize()
-            lat: list[float] = []
-            t0 = time.perf_counter()
-            if mode == "bandwidth":
+        if config.member_id != 0:
+            while 0 in group.view.members:
+                await asyncio.sleep(0.05)
+            return
+        results: dict[str, Any] = {"bandwidth": [], "latency": {},
+                                   "ipc": group.device_pool_stats() is not None}
+        for size in sizes:
+            reps = _reps(size)
+            row: dict[str, Any] = {"size": size, "reps": reps}
+            for mode in ("inplace", "staged"):
+                if mode == "inplace":
+                    x = group.device_buffer((size // 4,), "float32")
+                    x.fill(1.0)
+                else:
+                    x = cupy.ones(size // 4, dtype=cupy.float32)
+                cupy.cuda.Device().synchronize()
+                await asyncio.gather(*(sink.take(x) for _ in range(2)))  # warm up
+                t0 = time.perf_counter()
                 await asyncio.gather(*(sink.take(x) for _ in range(reps)))
-            else:
-                for _ in range(reps):
-                    s = time.perf_counter()
-                    await (sink.take(x) if mode == "gpu-latency" else sink.take_bytes(host))
+                row[mode] = time.perf_counter() - t0
+                del x
+            results["bandwidth"].append(row)
+            print(f"member 0: {size} bytes done", file=sys.stderr, flush=True)
+        for mode in ("gpu", "host"):
+            x = cupy.ones(1024, dtype=cupy.float32)
+            host = b"x" * 4096
+            lat = []
+            for i in range(220):
+                s = time.perf_counter()
+                await (sink.take(x) if mode == "gpu" else sink.take_bytes(host))
+                if i >= 20:
                     lat.append(time.perf_counter() - s)
-            elapsed = time.perf_counter() - t0
-            with open(os.environ["DA_BENCH_OUT"], "w") as f:
-                json.dump({"elapsed": elapsed, "lat": lat}, f)
-            await sink.take_bytes(b"done")
-        else:
-            done = asyncio.Event()
-
-            async def watch() -> None:
-                while True:
-                    await asyncio.sleep(0.05)
-                    if 0 not in group.view.members:
-                        done.set()
-                        return
-
-            task = asyncio.ensure_future(watch())
-            await done.wait()
-            task.cancel()
-        await asyncio.sleep(0.5)
+            results["latency"][mode] = lat
+        results["pool"] = group.device_pool_stats()
+        with open(os.environ["DA_BENCH_OUT"], "w") as f:
+            json.dump(results, f)
 
 
 def raw_copy_gbps(size: int) -> float:
@@ -102,48 +113,62 @@ def raw_copy_gbps(size: int) -> float:
     return size / statistics.median(times) / 1e9
 
 
-def run(members: int, size: int, reps: int, mode: str) -> dict[str, Any]:
+def run(members: int, sizes: list[int]) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp()) / "result.json"
-    os.environ.update(DA_BENCH_SIZE=str(size), DA_BENCH_REPS=str(reps), DA_BENCH_MODE=mode,
-                      DA_BENCH_OUT=str(out))
-    codes = da.launch_local(members, bench_member, group=f"gbw{os.getpid()}{members}{size}{mode}",
-                            timeout=300, max_payload=8192)
+    os.environ.update(DA_BENCH_SIZES=",".join(map(str, sizes)), DA_BENCH_OUT=str(out))
+    codes = da.launch_local(members, bench_member, group=f"gbw{os.getpid()}-{members}",
+                            timeout=900, max_payload=8192, gpu_pool_mb=1024)
     if codes[0] != 0 or not out.exists():
         return {"error": f"exit codes {codes}"}
     result: dict[str, Any] = json.loads(out.read_text())
     return result
 
 
+def _fmt(size: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift}{unit}"
+    return str(size)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--members", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--sizes", nargs="+", default=["4K", "256K", "4M", "64M", "256M"])
+    parser.add_argument("--members", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--sizes", nargs="+",
+                        default=["4K", "64K", "1M", "16M", "64M", "256M", "1G"])
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     sizes = [_parse_size(s) for s in args.sizes]
-    rows = []
+    raw = {size: raw_copy_gbps(size) for size in sizes}
+    rows: list[tuple[int, int, float, float]] = []
     print(f"# {' '.join(sys.argv)}  (cores: {os.cpu_count()})")
-    print(f"{'members':>7} {'size':>10} {'reps':>5} {'delivered GB/s':>15} {'raw copy GB/s':>14} "
-          f"{'ratio':>7}")
+    print("GB/s per receiver; ratio = delivered / raw copy of the same size; aggregate = "
+          "receivers x delivered / raw")
+    print(f"{'members':>7} {'size':>6} {'reps':>5} {'raw copy':>9} {'in place':>9} {'ratio':>6} "
+          f"{'aggr':>6} {'staged':>9} {'ratio':>6}")
+    latencies: dict[str, list[float]] = {}
     for n in args.members:
-        for size in sizes:
-            reps = max(2, min(200, (512 << 20) // size))
-            r = run(n, size, reps, "bandwidth")
-            raw = raw_copy_gbps(size)
-            if "error" in r:
-                print(f"{n:>7} {size:>10} {reps:>5} {'failed: ' + r['error']:>30}")
-                continue
-            gbps = size * reps / r["elapsed"] / 1e9
-            rows.append((n, size, gbps, raw))
-            print(f"{n:>7} {size:>10} {reps:>5} {gbps:>15.3f} {raw:>14.1f} {gbps / raw:>7.4f}",
-                  flush=True)
-    print("\nsmall-message latency, closed loop, 2 members (µs)")
-    for mode in ("gpu-latency", "host-latency"):
-        r = run(2, 4096, 200, mode)
-        if r.get("lat"):
-            lat = sorted(r["lat"])
-            print(f"{mode:>13}: p50 {lat[len(lat) // 2] * 1e6:8.0f}  "
-                  f"p99 {lat[int(len(lat) * 0.99)] * 1e6:8.0f}")
+        r = run(n, sizes)
+        if "error" in r:
+            print(f"{n:>7} failed: {r['error']}", flush=True)
+            continue
+        if not r.get("ipc"):
+            print(f"{n:>7} (the CUDA IPC plane was not active: host staging)")
+        for row in r["bandwidth"]:
+            size, reps = row["size"], row["reps"]
+            inplace = size * reps / row["inplace"] / 1e9
+            staged = size * reps / row["staged"] / 1e9
+            rows.append((n, size, inplace, staged))
+            print(f"{n:>7} {_fmt(size):>6} {reps:>5} {raw[size]:>9.1f} {inplace:>9.2f} "
+                  f"{inplace / raw[size]:>6.3f} {inplace * (n - 1) / raw[size]:>6.3f} "
+                  f"{staged:>9.2f} {staged / raw[size]:>6.3f}", flush=True)
+        if n == args.members[0]:
+            latencies = r["latency"]
+    print(f"\nsmall-message latency, closed loop, {args.members[0]} members (µs)")
+    for mode, lat in latencies.items():
+        lat = sorted(lat)
+        print(f"{mode + ' 4 KB':>12}: p50 {lat[len(lat) // 2] * 1e6:8.0f}  "
+              f"p99 {lat[int(len(lat) * 0.99)] * 1e6:8.0f}")
     try:
         import matplotlib
 
@@ -153,15 +178,20 @@ def main() -> None:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for n in args.members:
             pts = [(s, g) for m, s, g, _ in rows if m == n]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{n} members")
-        raws = sorted({(s, r) for _, s, _, r in rows})
-        ax.plot([p[0] for p in raws], [p[1] for p in raws], "k--", label="raw D2D copy")
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-",
+                        label=f"{n} members, in place")
+            pts = [(s, g) for m, s, _, g in rows if m == n]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "x:",
+                        label=f"{n} members, staged")
+        ax.plot(sizes, [raw[s] for s in sizes], "k--", label="raw D2D copy")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("payload bytes")
         ax.set_ylabel("GB/s per receiver")
-        ax.set_title("derecho_async GPU payloads (host staging plane)")
-        ax.legend()
+        ax.set_title("derecho_async ordered GPU multicast (CUDA IPC plane), one GPU")
+        ax.legend(fontsize=8)
         fig.tight_layout()
         path = Path(args.out) / "gpu_bandwidth.png"
         fig.savefig(path, dpi=120)

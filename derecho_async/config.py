@@ -82,6 +82,8 @@ _EXPECTED: Final[dict[str, str]] = {
     "window": "an integer from 1 to 65536",
     "max_payload": "an integer from 64 to 1048576 that is a multiple of 8",
     "partition_safety": "a boolean",
+    "gpu_plane": "one of: auto, ipc, host",
+    "gpu_pool_mb": "an integer from 1 to 1048576",
     "rdma_device": "None or the name of an RDMA device (as in ibv_devices)",
     "rdma_port": "an integer port number of the RDMA device, from 1 to 255",
     "rdma_gid_index": "None or a non-negative integer GID table index",
@@ -200,6 +202,11 @@ class Config:
     data plane."""
     partition_safety: bool = True
     """Install a view only with a majority of the previous one (no split brain)."""
+    gpu_plane: str = "auto"
+    """How device arrays travel: 'ipc' (pooled CUDA IPC between members of one host), 'host'
+    (staged through host memory), or 'auto' (ipc when the transport is shm and CuPy sees a GPU)."""
+    gpu_pool_mb: int = 256
+    """Size in MiB of each segment of the CUDA IPC device pool (it grows by segments)."""
     rdma_device: str | None = None
     """RDMA device name (rdma transport); None picks the first device."""
     rdma_port: int = 1
@@ -276,6 +283,10 @@ class Config:
             or self.max_payload % 8
         ):
             raise ConfigError("max_payload", _EXPECTED["max_payload"], self.max_payload)
+        if self.gpu_plane not in ("auto", "ipc", "host"):
+            raise ConfigError("gpu_plane", _EXPECTED["gpu_plane"], self.gpu_plane)
+        if not _is_int(self.gpu_pool_mb) or not 1 <= self.gpu_pool_mb <= 1 << 20:
+            raise ConfigError("gpu_pool_mb", _EXPECTED["gpu_pool_mb"], self.gpu_pool_mb)
         if not isinstance(self.partition_safety, bool):
             raise ConfigError(
                 "partition_safety", _EXPECTED["partition_safety"], self.partition_safety

@@ -262,7 +262,11 @@ class Group:
         logging.getLogger("derecho_async").setLevel(self.config.log_level)
         driver = Driver(self.config, _make_transport(self.config), self.layout, self)
         self._driver = driver
-        await driver.start()
+        try:
+            await driver.start()
+        except BaseException:
+            await driver.close()  # release what the transport holds (names, sockets)
+            raise
         assert driver.first_view is not None
         try:
             await asyncio.wait_for(asyncio.shield(driver.first_view), timeout)
@@ -317,6 +321,28 @@ class Group:
     def local(self, actor: type[Actor]) -> Actor:
         """This member's own replica of ``actor`` (for local reads)."""
         return self._actors[self._spec_of(actor).name]
+
+    def device_buffer(self, shape: int | tuple[int, ...], dtype: str = "float32") -> Any:
+        """A CuPy array to fill and send without a copy.
+
+        With the CUDA IPC plane active (see ``gpu_plane``) the array is allocated in this
+        member's IPC-exported device pool, so an ordered call carrying it sends it in place.
+        Leave it unchanged until the call's replies are in. Its memory returns to the pool when
+        the array is garbage-collected. Without the plane it is a plain ``cupy.empty`` array.
+        """
+        driver = self._check_open()
+        if driver.gpuplane is not None:
+            return driver.gpuplane.device_buffer(shape, dtype)
+        try:
+            import cupy
+        except ImportError as exc:
+            raise UsageError("device_buffer needs CuPy (the 'gpu' extra)") from exc
+        return cupy.empty(shape, dtype=dtype)
+
+    def device_pool_stats(self) -> dict[str, int] | None:
+        """Figures of this member's CUDA IPC device pool, or None when the plane is off."""
+        driver = self._check_open()
+        return driver.gpuplane.stats() if driver.gpuplane is not None else None
 
     def _spec_of(self, actor: type[Actor]) -> ActorSpec:
         spec = self._specs.get(getattr(actor, "__name__", ""))

@@ -131,6 +131,10 @@ BAD_VALUES: list[tuple[str, object]] = [
     ("partition_safety", 1),
     ("partition_safety", "false"),
     ("partition_safety", None),
+    ("gpu_plane", "nccl"),
+    ("gpu_plane", None),
+    ("gpu_pool_mb", 0),
+    ("gpu_pool_mb", 1.5),
     ("rdma_device", ""),
     ("rdma_port", 0),
     ("rdma_port", 256),
@@ -204,7 +208,7 @@ def test_unknown_key_in_constructor() -> None:
         Config(**{**BASE, "heartbeat": 5})
     assert info.value.key == "heartbeat"
     assert info.value.got == 5
-    assert info.value.expected.startswith("one of: contact, group, heartbeat_ms,")
+    assert info.value.expected.startswith("one of: contact, gpu_plane, gpu_pool_mb, group, heartbeat_ms,")
 
 
 @pytest.mark.parametrize("required", ["group", "member_id"])

@@ -14,7 +14,10 @@ starts as a joiner whose core retries its join request. A member joining a runni
 the same path and is admitted by the leader with a state snapshot.
 
 Large payloads and arrays move on the data plane (:mod:`.dataplane`); landing them reports
-``data_landed`` to the core, which counts them received only then.
+``data_landed`` to the core, which counts them received only then. Device arrays between members
+of one host take the CUDA IPC plane (:mod:`.gpuplane`) to every peer that announced a pool; the
+driver announces its own pool at each view and releases a sent message's staging when the message
+is delivered here.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from derecho_async.config import Config
 from derecho_async.core import (
     CoreConfig,
     DataKey,
+    Delivered,
     Evicted,
     JoinRequest,
     Layout,
@@ -44,9 +48,10 @@ from derecho_async.core import (
     encode_message,
 )
 from derecho_async.core.effects import Event
-from derecho_async.errors import ProtocolViolation
+from derecho_async.errors import ProtocolViolation, UsageError
 from derecho_async.runtime import envelope as env
-from derecho_async.runtime.dataplane import HostStagingPlane
+from derecho_async.runtime.dataplane import HostStagingPlane, OutOfBand, array_info
+from derecho_async.runtime.gpuplane import IpcPlane, gpu_available
 from derecho_async.transport.base import Transport
 
 __all__ = ["Driver", "Host"]
@@ -97,12 +102,14 @@ class Driver:
             self._data_landed,
             lambda key, body: env.encode(env.DATA, *key, body),
         )
+        self.gpuplane: IpcPlane | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
         """Start the transport and the clock; begin bootstrap or joining."""
         self._loop = asyncio.get_running_loop()
         self.first_view = self._loop.create_future()
+        self._start_gpu_plane()
         await self.transport.start(self)
         is_contact = self.member_id == self.contact
         if is_contact and self.config.initial_members == 1:
@@ -114,11 +121,32 @@ class Driver:
         self._tick_handle = self._loop.call_later(self.tick_s, self._on_tick)
         self.kick()
 
+    def _start_gpu_plane(self) -> None:
+        mode = self.config.gpu_plane
+        if mode == "host" or (mode == "auto" and self.config.transport != "shm"):
+            return
+        if not gpu_available():
+            if mode == "ipc":
+                raise UsageError("gpu_plane='ipc' needs CuPy and a CUDA device on this member")
+            return
+        send = self.transport.send
+        self.gpuplane = IpcPlane(
+            self.member_id,
+            self.config.gpu_pool_mb << 20,
+            lambda dst, body: send(dst, env.encode(env.GPU_POOL, body)),
+            lambda dst, key, body: send(dst, env.encode(env.GPU_DATA, *key, body)),
+            self._data_landed,
+        )
+        log.info("member %d: device arrays travel by CUDA IPC (GPU %s)",
+                 self.member_id, self.gpuplane.bus_id)
+
     async def close(self) -> None:
         """Stop the clock and release the transport."""
         if self._closed:
             return
         self._closed = True
+        if self.gpuplane is not None:
+            self.gpuplane.close()
         if self._tick_handle is not None:
             self._tick_handle.cancel()
         # A dead peer must not hold up shutdown: give queued traffic a second, then close.
@@ -153,6 +181,16 @@ class Driver:
                 if src != sender:
                     raise ProtocolViolation(f"data for sender {src} relayed by {sender}")
                 self.dataplane.receive((view_id, src, msg_no), data)
+            elif kind == env.GPU_DATA:
+                _, view_id, src, msg_no, data = msg
+                if src != sender:
+                    raise ProtocolViolation(f"device data for sender {src} relayed by {sender}")
+                if self.gpuplane is None:
+                    raise ProtocolViolation("a device descriptor, but no CUDA IPC plane here")
+                self.gpuplane.receive(sender, (view_id, src, msg_no), data)
+            elif kind == env.GPU_POOL:
+                if self.gpuplane is not None:
+                    self.gpuplane.on_announcement(sender, msg[1])
             else:
                 self.host.on_app_message(sender, msg)
         except ProtocolViolation as exc:
@@ -203,14 +241,20 @@ class Driver:
         self.kick()  # more work: yield to the loop, then continue
 
     def _execute(self, core: Member, ready: Ready) -> None:
+        plane = self.gpuplane
         for event in ready.events:
-            if isinstance(event, ViewInstalled):
+            if plane is not None and isinstance(event, Delivered):
+                if event.sender == self.member_id:
+                    plane.release((event.view_id, event.sender, event.msg_no))
+            elif isinstance(event, ViewInstalled):
                 self.transport.set_view(
                     event.view.view_id, event.view.members, core.schema.row_bytes
                 )
                 for m in event.view.members:
                     if m != self.member_id:
                         self.transport.add_peer(m, self.config.peers.get(m))
+                if plane is not None:
+                    plane.on_view(event.view.view_id, event.view.members)
                 if self.first_view is not None and not self.first_view.done():
                     self.first_view.set_result(event.view)
             elif isinstance(event, (Partitioned, Evicted, Left)) and (
@@ -228,9 +272,28 @@ class Driver:
             transport.send(s.to, env.encode(env.CORE, encode_message(message)))
         for t in ready.transfers:
             key = (t.key.view_id, t.key.sender, t.key.msg_no)
-            self.dataplane.start(key, t.payload, t.targets)
+            self._start_transfer(key, t.payload, t.targets)
         for v in ready.violations:
             log.warning("member %d: protocol violation: %s", self.member_id, v)
+
+    def _start_transfer(
+        self, key: tuple[int, int, int], payload: object, targets: tuple[int, ...]
+    ) -> None:
+        """Route one large message to its data plane(s): device arrays by CUDA IPC to peers
+        that announced a pool, everything else (and to every other peer) by host staging."""
+        plane = self.gpuplane
+        if (
+            plane is not None
+            and isinstance(payload, OutOfBand)
+            and any(array_info(a).is_gpu for a in payload.arrays)
+        ):
+            ipc = tuple(m for m in targets if plane.peer_ready(m))
+            if ipc:
+                plane.start(key, payload, ipc)
+            targets = tuple(m for m in targets if m not in ipc)
+            if not targets:
+                return
+        self.dataplane.start(key, payload, targets)
 
     # -- bootstrap -----------------------------------------------------------------------------
     def _on_core_message(self, sender: int, raw: object) -> None:

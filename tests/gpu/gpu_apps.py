@@ -51,14 +51,138 @@ async def sends_device_arrays(config: da.Config) -> None:
             x = cupy.full((256, 256), float(me * 1000 + i), dtype=cupy.float32)
             calls.append(acc.add(x, f"c{me}-{i}"))
         calls.append(acc.add_torch(torch.full((1000,), float(me), device="cuda"), f"t{me}"))
+        inplace = group.device_buffer((256, 256), "float32")  # sent from the pool, no copy
+        inplace.fill(float(me * 1000 + count))
+        calls.append(acc.add(inplace, f"c{me}-{count}"))
         replies = await asyncio.gather(*calls)
         assert all(set(r) == set(group.view.members) for r in replies)
         local: Accumulator = group.local(Accumulator)  # type: ignore[assignment]
-        while len(local.seen) < n * (count + 1):
+        while len(local.seen) < n * (count + 2):
             await asyncio.sleep(0.01)
         digest = hashlib.sha256(json.dumps(local.seen).encode()).hexdigest()
         total = float(local.total.sum())
-        out = os.environ["DA_GPU_OUT"]
-        with open(f"{out}/member{me}.json", "w") as f:
-            json.dump({"digest": digest, "seen": len(local.seen), "total": total}, f)
+        _write(os.environ["DA_GPU_OUT"], me, {
+            "digest": digest, "seen": len(local.seen), "total": total,
+            "plane": group.device_pool_stats() is not None,
+        })
         await asyncio.sleep(1.0)
+
+
+class Checker(da.Actor):
+    """Receives device arrays whose elements all equal ``value``; records whether they did."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, bool]] = []
+
+    @da.ordered
+    def put(self, x: Any, tag: str, value: float) -> bool:
+        import cupy
+
+        ok = bool(isinstance(x, cupy.ndarray) and float(x.min()) == value == float(x.max()))
+        self.seen.append((tag, ok))
+        return ok
+
+
+def _write(out: str, me: int, record: dict[str, Any]) -> None:
+    with open(f"{out}/member{me}.json", "w") as f:
+        json.dump(record, f)
+
+
+async def _wait_seen(local: Any, n: int, timeout: float = 120.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while len(local.seen) < n:
+        if loop.time() > deadline:
+            raise TimeoutError(f"saw {len(local.seen)} of {n} messages")
+        await asyncio.sleep(0.01)
+
+
+async def pool_soak(config: da.Config) -> None:
+    """Many small device messages, half sent in place from the pool: the pools must drain."""
+    import gc
+
+    import cupy
+
+    me = config.member_id
+    total = int(os.environ.get("DA_GPU_COUNT", "10000"))
+    async with da.Group(config, actors=[Checker]) as group:
+        chk = group.subgroup(Checker)
+        members = group.view.members
+        mine = total // len(members) + (1 if me < total % len(members) else 0)
+        expected = total
+        batch: list[Any] = []
+        for i in range(mine):
+            value = float(me * 100000 + i)
+            if i % 2:
+                x = group.device_buffer((64,), "float32")
+                x.fill(value)
+            else:
+                x = cupy.full((64,), value, dtype=cupy.float32)
+            batch.append(chk.put(x, f"{me}-{i}", value))
+            if len(batch) >= 64:
+                await asyncio.gather(*batch)
+                batch.clear()
+        await asyncio.gather(*batch)
+        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        await _wait_seen(local, expected)
+        del batch, x
+        stats: dict[str, int] | None = None
+        for _ in range(200):  # replies to the last calls may still be in flight
+            gc.collect()
+            stats = group.device_pool_stats()
+            assert stats is not None, "the CUDA IPC plane is not active"
+            if stats["in_use_bytes"] == 0 and stats["sending"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        digest = hashlib.sha256(json.dumps(local.seen).encode()).hexdigest()
+        _write(os.environ["DA_GPU_OUT"], me, {
+            "digest": digest, "seen": len(local.seen),
+            "bad": sum(1 for _, ok in local.seen if not ok), "stats": stats,
+        })
+        await asyncio.sleep(1.0)
+
+
+async def killed_mid_transfer(config: da.Config) -> None:
+    """The last member streams large device arrays and SIGKILLs itself while they travel."""
+    import signal
+
+    import cupy
+
+    me = config.member_id
+    size = int(os.environ.get("DA_GPU_BYTES", str(64 << 20))) // 4
+    async with da.Group(config, actors=[Checker]) as group:
+        chk = group.subgroup(Checker)
+        members = group.view.members
+        victim = members[-1]
+        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        if me == victim:
+            calls = []
+            for i in range(8):
+                x = cupy.full((size,), float(i + 1), dtype=cupy.float32)
+                calls.append(asyncio.ensure_future(chk.put(x, f"v-{i}", float(i + 1))))
+                if i == 3:
+                    await asyncio.sleep(0)  # let descriptors go out, then die mid-stream
+                    os.kill(os.getpid(), signal.SIGKILL)
+            await asyncio.sleep(60)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while victim in group.view.members:
+            if loop.time() > deadline:
+                raise TimeoutError("the victim was never removed")
+            await asyncio.sleep(0.01)
+        after = [await chk.put(cupy.full((1024,), 7.0, dtype=cupy.float32), f"s{me}-{j}", 7.0)
+                 for j in range(5)]
+        assert all(all(r.values_ok()) for r in after)
+        survivors = [m for m in members if m != victim]
+        # every survivor's five calls, whatever of the victim's stream was delivered before
+        while sum(1 for t, _ in local.seen if t.startswith("s")) < 5 * len(survivors):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        digest = hashlib.sha256(json.dumps(local.seen).encode()).hexdigest()
+        _write(os.environ["DA_GPU_OUT"], me, {
+            "digest": digest, "seen": len(local.seen),
+            "bad": sum(1 for _, ok in local.seen if not ok),
+            "victim_msgs": sum(1 for t, _ in local.seen if t.startswith("v")),
+        })
+        await asyncio.sleep(0.5)

@@ -34,7 +34,7 @@ def _need_gpu() -> None:
         pytest.skip("torch is not installed")
 
 
-@pytest.mark.parametrize("members", [2, 4])
+@pytest.mark.parametrize("members", [2, 4, 8])
 def test_cupy_and_torch_payloads_arrive_as_device_arrays_in_total_order(
     members: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -47,7 +47,45 @@ def test_cupy_and_torch_payloads_arrive_as_device_arrays_in_total_order(
                             timeout=180)
     assert codes == [0] * members
     results = [json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(members)]
+    assert all(r["plane"] for r in results), "device arrays did not take the CUDA IPC plane"
     assert len({r["digest"] for r in results}) == 1, "members saw different sequences"
-    assert all(r["seen"] == members * 21 for r in results)
-    expected = sum(256 * 256 * float(m * 1000 + i) for m in range(members) for i in range(20))
+    assert all(r["seen"] == members * 22 for r in results)
+    expected = sum(256 * 256 * float(m * 1000 + i) for m in range(members) for i in range(21))
     assert all(abs(r["total"] - expected) / expected < 1e-6 for r in results)
+
+
+def test_device_pools_drain_after_ten_thousand_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _need_gpu()
+    from tests.gpu import gpu_apps
+
+    monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
+    monkeypatch.setenv("DA_GPU_COUNT", "10000")
+    codes = da.launch_local(3, gpu_apps.pool_soak, group=f"gpusoak{os.getpid()}", timeout=400)
+    assert codes == [0, 0, 0]
+    results = [json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(3)]
+    assert len({r["digest"] for r in results}) == 1
+    assert all(r["seen"] == 10000 and r["bad"] == 0 for r in results)
+    for r in results:
+        assert r["stats"]["in_use_bytes"] == 0, r["stats"]
+        assert r["stats"]["sending"] == 0, r["stats"]
+        assert r["stats"]["segments"] == 1, r["stats"]  # reused, never grown
+
+
+@pytest.mark.parametrize("members", [3, 4])
+def test_sender_sigkilled_mid_transfer_leaves_survivors_consistent(
+    members: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _need_gpu()
+    from tests.gpu import gpu_apps
+
+    monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
+    codes = da.launch_local(members, gpu_apps.killed_mid_transfer,
+                            group=f"gpukill{os.getpid()}", timeout=180)
+    assert codes[:-1] == [0] * (members - 1) and codes[-1] == -9, codes
+    results = [json.loads((tmp_path / f"member{m}.json").read_text())
+               for m in range(members - 1)]
+    assert len({r["digest"] for r in results}) == 1, "survivors delivered different sequences"
+    assert all(r["bad"] == 0 for r in results), "a delivered array held the wrong bytes"
+    print("victim messages delivered:", results[0]["victim_msgs"], "of 8")

@@ -1,0 +1,692 @@
+"""The CUDA IPC data plane: device arrays between members of one host, through pooled buffers.
+
+Theory of operation (DESIGN.md §4.3, §6). Every member owns a *device pool*: a few large
+``cudaMalloc`` segments, each exported once with ``cudaIpcGetMemHandle``, carved up by a first-fit
+:class:`RangeAllocator`, plus a set of interprocess CUDA events. Whenever a view is installed (and
+whenever the pool grows) a member sends each peer of the view a POOL announcement holding its
+segments' and events' IPC handles; receivers open a peer's handles once, on first use, and close
+them when the peer leaves the view. No handle travels per message.
+
+Sending an ordered call whose arguments hold device arrays: each array that already lies in the
+sender's pool (allocated with :meth:`IpcPlane.device_buffer`) is sent in place (zero copy); any
+other array is copied into a fresh pool region on the plane's stream. The plane then records one
+of its interprocess events on that stream and sends each receiver a small descriptor frame: the
+encoded call, the event's index, and per array its kind, dtype, shape and (segment, offset)
+(host arrays in the same call ride inline). Nothing waits on the GPU on the event loop.
+
+Receiving: the descriptor is validated against what the sender announced (segment index, offset
+and length within the segment, event index, dtype, element count). For each array the receiver
+takes a region of its *own* pool, makes its stream wait on the sender's event, and issues a
+device-to-device copy (a peer copy when the sender's GPU is another one), then records a local
+event. Completion is noticed without blocking the loop: while copies complete the loop polls the
+events (``call_soon``, for up to 2 ms after the last completion); past that, one host-function
+callback on the stream wakes the loop when the queued work is done (a callback per copy would
+stall the stream whenever the loop holds the GIL). The loop then rebuilds arrays of the same kind (CuPy
+arrays, torch tensors through DLPack) over the copied regions and lands the message: only then
+does the core count it received, so a GPU message is stable only once its bytes are everywhere.
+
+Freeing. A receiver's region belongs to the delivered array; it returns to the pool when the array
+is garbage-collected (a finalizer queues it; the event loop reclaims it, because a finalizer may
+run inside a CUDA callback where CUDA calls are not allowed). The plane's stream is a *blocking*
+stream, so the copies into a reclaimed region are ordered after work the application queued on
+the default stream. A sender's staging region and event are reclaimed when the message is
+delivered at the sender (delivery means stable, so every receiver's copy has completed) or when a
+later view is installed (a copy still in flight from an older view lands for a view the core no
+longer accepts, and is dropped).
+
+A sender that dies mid-transfer: its receivers' copies read memory the driver keeps mapped until
+they close the handle; the message either landed everywhere it was counted or is trimmed by the
+view change (the core's all-or-nothing rule), and the dead member's handles are closed once the
+plane's stream has drained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+
+from derecho_async.codec import DTYPES
+from derecho_async.errors import ProtocolViolation
+from derecho_async.runtime.dataplane import OutOfBand, array_info
+
+__all__ = [
+    "ALIGN",
+    "ArraySpec",
+    "Descriptor",
+    "IpcPlane",
+    "PoolAnnouncement",
+    "RangeAllocator",
+    "gpu_available",
+]
+
+log = logging.getLogger("derecho_async.gpuplane")
+
+ALIGN = 256  # bytes: regions start at multiples of this (CUDA's own allocation granularity)
+_HANDLE_BYTES = 64  # cudaIpcMemHandle_t and cudaIpcEventHandle_t
+_MAX_SEGMENTS = 4096
+_MAX_EVENTS = 1 << 16
+_MAX_ARRAYS = 4096
+_EVENT_BATCH = 64
+_CUDA_MEMCPY_DEFAULT = 4
+_IPC_LAZY_PEER_ACCESS = 1
+_EVENT_FLAGS = 0x2 | 0x4  # cudaEventDisableTiming | cudaEventInterprocess
+_BUSY_POLL_S = 0.002  # spin on completions this long after the last one, then sleep
+
+
+def gpu_available() -> bool:
+    """Whether CuPy imports here and sees at least one CUDA device."""
+    try:
+        import cupy
+
+        return bool(cupy.cuda.runtime.getDeviceCount() > 0)
+    except Exception:
+        return False
+
+
+# -- the allocator (pure; tested on the CPU) ---------------------------------------------------
+class RangeAllocator:
+    """First-fit allocation of aligned byte ranges within one segment of ``size`` bytes.
+
+    Free ranges are kept sorted by offset and merged with their neighbours on release, so a pool
+    that has returned everything is one free range again.
+    """
+
+    def __init__(self, size: int) -> None:
+        if size <= 0 or size % ALIGN:
+            raise ValueError(f"segment size {size} is not a positive multiple of {ALIGN}")
+        self.size = size
+        self._starts: list[int] = [0]
+        self._lengths: list[int] = [size]
+        self._taken: dict[int, int] = {}
+
+    @property
+    def in_use(self) -> int:
+        """Bytes allocated and not yet released."""
+        return sum(self._taken.values())
+
+    @property
+    def allocations(self) -> int:
+        return len(self._taken)
+
+    def alloc(self, nbytes: int) -> int | None:
+        """The offset of a free range of at least ``nbytes`` (rounded up), or None."""
+        need = max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+        for i, length in enumerate(self._lengths):
+            if length >= need:
+                start = self._starts[i]
+                if length == need:
+                    del self._starts[i], self._lengths[i]
+                else:
+                    self._starts[i] = start + need
+                    self._lengths[i] = length - need
+                self._taken[start] = need
+                return start
+        return None
+
+    def free(self, offset: int) -> None:
+        """Return the range allocated at ``offset``."""
+        length = self._taken.pop(offset, None)
+        if length is None:
+            raise ValueError(f"offset {offset} is not allocated")
+        i = bisect.bisect_left(self._starts, offset)
+        # merge with the following free range
+        if i < len(self._starts) and self._starts[i] == offset + length:
+            length += self._lengths[i]
+            del self._starts[i], self._lengths[i]
+        # merge with the preceding free range
+        if i > 0 and self._starts[i - 1] + self._lengths[i - 1] == offset:
+            self._lengths[i - 1] += length
+        else:
+            self._starts.insert(i, offset)
+            self._lengths.insert(i, length)
+
+
+# -- wire formats (pure; validated field by field) ---------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PoolAnnouncement:
+    """A member's IPC handles: ``segments`` as (size, handle), ``events`` as handles."""
+
+    device_bus_id: str
+    segments: tuple[tuple[int, bytes], ...]
+    events: tuple[bytes, ...]
+
+    def encode(self) -> bytes:
+        body = [self.device_bus_id, [[s, h] for s, h in self.segments], list(self.events)]
+        out = msgpack.packb(body, use_bin_type=True)
+        assert isinstance(out, bytes)
+        return out
+
+    @classmethod
+    def decode(cls, raw: bytes) -> PoolAnnouncement:
+        try:
+            msg = msgpack.unpackb(raw, raw=False, use_list=True)
+        except Exception as exc:
+            raise ProtocolViolation(f"undecodable pool announcement: {exc}") from exc
+        if not (isinstance(msg, list) and len(msg) == 3 and isinstance(msg[0], str)
+                and len(msg[0]) <= 64 and isinstance(msg[1], list) and isinstance(msg[2], list)):
+            raise ProtocolViolation("pool announcement is not [bus id, segments, events]")
+        if len(msg[1]) > _MAX_SEGMENTS or len(msg[2]) > _MAX_EVENTS:
+            raise ProtocolViolation("pool announcement with too many segments or events")
+        segments = []
+        for seg in msg[1]:
+            if not (isinstance(seg, list) and len(seg) == 2 and type(seg[0]) is int
+                    and 0 < seg[0] < 1 << 48 and seg[0] % ALIGN == 0
+                    and isinstance(seg[1], bytes) and len(seg[1]) == _HANDLE_BYTES):
+                raise ProtocolViolation("pool segment must be [size, 64-byte handle]")
+            segments.append((seg[0], seg[1]))
+        for h in msg[2]:
+            if not (isinstance(h, bytes) and len(h) == _HANDLE_BYTES):
+                raise ProtocolViolation("pool event must be a 64-byte handle")
+        return cls(msg[0], tuple(segments), tuple(msg[2]))
+
+
+@dataclass(frozen=True, slots=True)
+class ArraySpec:
+    """One array of a descriptor: in the sender's pool (segment >= 0) or inline host bytes."""
+
+    lib: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    segment: int = -1
+    offset: int = 0
+    inline: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Descriptor:
+    """What a receiver needs to copy one message's arrays out of the sender's pool."""
+
+    call: bytes
+    event: int
+    arrays: tuple[ArraySpec, ...] = field(default_factory=tuple)
+
+    def encode(self) -> bytes:
+        specs: list[list[object]] = []
+        for a in self.arrays:
+            if a.segment >= 0:
+                specs.append([a.lib, a.dtype, list(a.shape), a.segment, a.offset, a.nbytes])
+            else:
+                specs.append([a.lib, a.dtype, list(a.shape), -1, a.inline or b""])
+        out = msgpack.packb([self.call, self.event, specs], use_bin_type=True)
+        assert isinstance(out, bytes)
+        return out
+
+    @classmethod
+    def decode(cls, raw: bytes, announced: PoolAnnouncement | None) -> Descriptor:
+        """Parse and check ``raw`` against the sender's announced pool (None: none known)."""
+        try:
+            msg = msgpack.unpackb(raw, raw=False, use_list=True)
+        except Exception as exc:
+            raise ProtocolViolation(f"undecodable device descriptor: {exc}") from exc
+        if not (isinstance(msg, list) and len(msg) == 3 and isinstance(msg[0], bytes)
+                and type(msg[1]) is int and isinstance(msg[2], list)):
+            raise ProtocolViolation("device descriptor is not [call, event, arrays]")
+        call, event, raw_specs = msg
+        if len(raw_specs) > _MAX_ARRAYS:
+            raise ProtocolViolation(f"device descriptor with {len(raw_specs)} arrays")
+        device_arrays = False
+        specs: list[ArraySpec] = []
+        for spec in raw_specs:
+            if not (isinstance(spec, list) and len(spec) in (5, 6)):
+                raise ProtocolViolation("array spec has the wrong number of fields")
+            lib, dtype, shape = spec[0], spec[1], spec[2]
+            if lib not in ("numpy", "cupy", "torch", "cuda") or dtype not in DTYPES:
+                raise ProtocolViolation(f"array of lib {lib!r} dtype {dtype!r}")
+            if not (isinstance(shape, list) and len(shape) <= 32
+                    and all(type(n) is int and 0 <= n < 1 << 48 for n in shape)):
+                raise ProtocolViolation(f"bad array shape {shape!r}")
+            count = 1
+            for n in shape:
+                count *= n
+            nbytes = count * _itemsize(dtype)
+            if len(spec) == 5:
+                if spec[3] != -1 or not isinstance(spec[4], bytes) or len(spec[4]) != nbytes:
+                    raise ProtocolViolation("inline array must be [lib, dtype, shape, -1, bytes]")
+                specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, inline=spec[4]))
+                continue
+            seg, off, length = spec[3], spec[4], spec[5]
+            if announced is None:
+                raise ProtocolViolation("device array from a member that announced no pool")
+            if not (type(seg) is int and 0 <= seg < len(announced.segments)):
+                raise ProtocolViolation(f"device array in unknown segment {seg!r}")
+            size = announced.segments[seg][0]
+            if not (type(off) is int and type(length) is int and off >= 0 and length == nbytes
+                    and off + length <= size):
+                raise ProtocolViolation(
+                    f"device array [{off!r}, +{length!r}) outside segment of {size} bytes"
+                )
+            device_arrays = True
+            specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, seg, off))
+        if device_arrays and (announced is None or not 0 <= event < len(announced.events)):
+            raise ProtocolViolation(f"device descriptor names unknown event {event!r}")
+        return cls(call, event, tuple(specs))
+
+
+def _itemsize(dtype: str) -> int:
+    import numpy as np
+
+    return int(np.dtype(dtype).itemsize)
+
+
+# -- the plane (needs CuPy and a device) -------------------------------------------------------
+@dataclass(slots=True)
+class _Segment:
+    ptr: int
+    size: int
+    handle: bytes
+    alloc: RangeAllocator
+
+
+@dataclass(slots=True)
+class _Peer:
+    announced: PoolAnnouncement | None = None
+    mapped: dict[int, int] = field(default_factory=dict)  # segment index -> local pointer
+    events: dict[int, int] = field(default_factory=dict)  # event index -> local event
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    regions: list[tuple[int, int]]
+    event: int
+    keep: tuple[object, ...]
+
+
+class IpcPlane:
+    """Moves device arrays between members of one host through pooled CUDA IPC buffers.
+
+    ``send(dst, kind, fields)`` puts a runtime message on the reliable channel; ``landed(key,
+    payload)`` reports a message whose bytes are all here. See the module docstring.
+    """
+
+    def __init__(self, member_id: int, segment_bytes: int,
+                 send_pool: Callable[[int, bytes], None],
+                 send_descriptor: Callable[[int, tuple[int, int, int], bytes], None],
+                 landed: Callable[[tuple[int, int, int], object], None]) -> None:
+        import cupy
+
+        self._cp = cupy
+        self._rt = cupy.cuda.runtime
+        self.member_id = member_id
+        self.device = int(cupy.cuda.Device().id)
+        self.bus_id = str(self._rt.deviceGetPCIBusId(self.device))
+        self._segment_bytes = max(ALIGN, -(-segment_bytes // ALIGN) * ALIGN)
+        self._send_pool = send_pool
+        self._send_descriptor = send_descriptor
+        self._landed = landed
+        self._stream = cupy.cuda.Stream(non_blocking=False)
+        self._segments: list[_Segment] = []
+        self._events: list[int] = []
+        self._event_handles: list[bytes] = []
+        self._free_events: list[int] = []
+        self._generation = 0
+        self._announced_to: dict[int, int] = {}
+        self._peers: dict[int, _Peer] = {}
+        self._view_members: tuple[int, ...] = ()
+        self._outgoing: dict[tuple[int, int, int], _Outgoing] = {}
+        self._reclaim: collections.deque[tuple[int, int]] = collections.deque()
+        self._reclaim_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        # copies in flight, oldest first: (local event recorded after them, what to do then)
+        self._inflight: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
+        self._spare_events: list[int] = []
+        self._poll_handle: asyncio.Handle | None = None
+        self._busy_since = 0.0
+        self._host_wakeup_armed = False
+        self._grow_events()
+
+    # -- pool ------------------------------------------------------------------------------
+    def _grow_segments(self, at_least: int) -> int:
+        size = max(self._segment_bytes, -(-at_least // ALIGN) * ALIGN)
+        ptr = int(self._rt.malloc(size))
+        handle = bytes(self._rt.ipcGetMemHandle(ptr))
+        self._segments.append(_Segment(ptr, size, handle, RangeAllocator(size)))
+        self._generation += 1
+        log.info("member %d: device pool segment %d of %d MiB on GPU %s",
+                 self.member_id, len(self._segments) - 1, size >> 20, self.bus_id)
+        return len(self._segments) - 1
+
+    def _grow_events(self) -> None:
+        for _ in range(_EVENT_BATCH):
+            ev = int(self._rt.eventCreateWithFlags(_EVENT_FLAGS))
+            self._free_events.append(len(self._events))
+            self._events.append(ev)
+            self._event_handles.append(bytes(self._rt.ipcGetEventHandle(ev)))
+        self._generation += 1
+
+    def _alloc(self, nbytes: int) -> tuple[int, int]:
+        self.reclaim()
+        for i, seg in enumerate(self._segments):
+            off = seg.alloc.alloc(nbytes)
+            if off is not None:
+                return i, off
+        i = self._grow_segments(nbytes)
+        off = self._segments[i].alloc.alloc(nbytes)
+        assert off is not None
+        self._announce_all()
+        return i, off
+
+    def _queue_reclaim(self, seg: int, off: int) -> None:
+        # May run in any thread, CUDA callbacks included: only queue it.
+        with self._reclaim_lock:
+            self._reclaim.append((seg, off))
+
+    def reclaim(self) -> None:
+        """Return the regions of garbage-collected arrays to the pool (on the loop)."""
+        with self._reclaim_lock:
+            items = list(self._reclaim)
+            self._reclaim.clear()
+        for seg, off in items:
+            self._segments[seg].alloc.free(off)
+
+    def stats(self) -> dict[str, int]:
+        """Pool figures: segments, bytes held, bytes and regions in use, messages in flight."""
+        self.reclaim()
+        return {
+            "segments": len(self._segments),
+            "pool_bytes": sum(s.size for s in self._segments),
+            "in_use_bytes": sum(s.alloc.in_use for s in self._segments),
+            "regions": sum(s.alloc.allocations for s in self._segments),
+            "sending": len(self._outgoing),
+            "events_free": len(self._free_events),
+            "events": len(self._events),
+        }
+
+    def _array_over(self, seg: int, off: int, shape: tuple[int, ...], dtype: str) -> Any:
+        """An owned CuPy array over pool region (seg, off); freed back when collected."""
+        cp = self._cp
+        s = self._segments[seg]
+        nbytes = max(1, _itemsize(dtype) * _count(shape))
+        owner = _RegionOwner()
+        weakref.finalize(owner, self._queue_reclaim, seg, off)
+        mem = cp.cuda.UnownedMemory(s.ptr + off, nbytes, owner, self.device)
+        return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+    def device_buffer(self, shape: tuple[int, ...] | int, dtype: str = "float32") -> Any:
+        """A CuPy array allocated in this member's pool: sent from here without a copy."""
+        shp = (shape,) if isinstance(shape, int) else tuple(shape)
+        if str(self._cp.dtype(dtype)) not in DTYPES:
+            raise TypeError(f"dtype {dtype!r} cannot travel")
+        seg, off = self._alloc(max(1, _itemsize(str(self._cp.dtype(dtype))) * _count(shp)))
+        return self._array_over(seg, off, shp, str(self._cp.dtype(dtype)))
+
+    def _locate(self, ptr: int, nbytes: int) -> tuple[int, int] | None:
+        for i, s in enumerate(self._segments):
+            if s.ptr <= ptr and ptr + nbytes <= s.ptr + s.size:
+                return i, ptr - s.ptr
+        return None
+
+    # -- views -----------------------------------------------------------------------------
+    def on_view(self, view_id: int, members: tuple[int, ...]) -> None:
+        """A view was installed: announce the pool to its members, forget departed peers, and
+        reclaim what older views' sends held."""
+        self._loop = asyncio.get_running_loop()
+        self._view_members = members
+        for key in [k for k in self._outgoing if k[0] < view_id]:
+            self.release(key)
+        departed = [p for p in self._peers if p not in members]
+        if departed:
+            peers = [self._peers.pop(p) for p in departed]
+            for p in departed:
+                self._announced_to.pop(p, None)
+            self._after_stream(lambda: self._close_peers(peers))
+        self._announce_all()
+
+    def _announce_all(self) -> None:
+        if not self._view_members:
+            return
+        body = PoolAnnouncement(
+            self.bus_id,
+            tuple((s.size, s.handle) for s in self._segments),
+            tuple(self._event_handles),
+        ).encode()
+        for m in self._view_members:
+            if m != self.member_id and self._announced_to.get(m) != self._generation:
+                self._announced_to[m] = self._generation
+                self._send_pool(m, body)
+
+    def on_announcement(self, sender: int, raw: bytes) -> None:
+        """A peer's POOL announcement arrived."""
+        ann = PoolAnnouncement.decode(raw)
+        peer = self._peers.setdefault(sender, _Peer())
+        old = peer.announced
+        if old is not None and (len(ann.segments) < len(old.segments)
+                                or ann.segments[: len(old.segments)] != old.segments
+                                or ann.events[: len(old.events)] != old.events):
+            raise ProtocolViolation(f"member {sender} rewrote its announced pool")
+        peer.announced = ann
+
+    def peer_ready(self, member: int) -> bool:
+        """Whether ``member`` announced a pool (so device arrays can go to it by IPC)."""
+        p = self._peers.get(member)
+        return p is not None and p.announced is not None
+
+    def _close_peers(self, peers: list[_Peer]) -> None:
+        for p in peers:
+            for ptr in p.mapped.values():
+                try:
+                    self._rt.ipcCloseMemHandle(ptr)
+                except Exception as exc:  # the exporter is gone: nothing to give back
+                    log.debug("closing a peer segment: %r", exc)
+            for ev in p.events.values():
+                try:
+                    self._rt.eventDestroy(ev)
+                except Exception as exc:
+                    log.debug("destroying a peer event: %r", exc)
+
+    def _after_stream(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the loop once everything queued on the plane's stream has finished."""
+        loop = self._loop or asyncio.get_running_loop()
+
+        def on_host(_arg: object) -> None:  # a CUDA thread: no CUDA calls here
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(fn)
+
+        self._stream.launch_host_func(on_host, None)
+
+    # -- sending ---------------------------------------------------------------------------
+    def start(self, key: tuple[int, int, int], payload: OutOfBand,
+              targets: tuple[int, ...]) -> None:
+        """Stage ``payload``'s device arrays in the pool and send descriptors to ``targets``."""
+        cp = self._cp
+        self.reclaim()
+        stream = self._stream
+        current = cp.cuda.get_current_stream()
+        if current.ptr != 0 and current.ptr != stream.ptr:
+            stream.wait_event(current.record())
+        regions: list[tuple[int, int]] = []
+        specs: list[ArraySpec] = []
+        keep: list[object] = []
+        for a in payload.arrays:
+            info = array_info(a)
+            if not info.is_gpu:
+                import numpy as np
+
+                host = np.ascontiguousarray(a)
+                raw = host.astype(host.dtype.newbyteorder("<"), copy=False).tobytes()
+                specs.append(ArraySpec("numpy", info.dtype, info.shape, info.nbytes, inline=raw))
+                continue
+            arr = cp.asarray(a)  # CuPy and torch through __cuda_array_interface__, no copy
+            if not arr.flags.c_contiguous:
+                arr = cp.ascontiguousarray(arr)
+            lib = "torch" if info.lib == "torch" else "cupy"
+            dtype = str(arr.dtype)
+            nbytes = int(arr.nbytes)
+            place = self._locate(int(arr.data.ptr), nbytes) if nbytes else None
+            if place is None:
+                seg, off = self._alloc(nbytes)
+                regions.append((seg, off))
+                if nbytes:
+                    self._rt.memcpyAsync(self._segments[seg].ptr + off, int(arr.data.ptr),
+                                         nbytes, _CUDA_MEMCPY_DEFAULT, stream.ptr)
+            else:
+                seg, off = place
+            keep.append(arr)
+            specs.append(ArraySpec(lib, dtype, tuple(arr.shape), nbytes, seg, off))
+        if not self._free_events:
+            self._grow_events()
+            self._announce_all()
+        ev = self._free_events.pop()
+        self._rt.eventRecord(self._events[ev], stream.ptr)
+        self._outgoing[key] = _Outgoing(regions, ev, tuple(keep))
+        body = Descriptor(payload.call, ev, tuple(specs)).encode()
+        for dst in targets:
+            self._send_descriptor(dst, key, body)
+
+    def release(self, key: tuple[int, int, int]) -> None:
+        """The message ``key`` was delivered here (or its view ended): free what it held."""
+        out = self._outgoing.pop(key, None)
+        if out is None:
+            return
+        for seg, off in out.regions:
+            self._segments[seg].alloc.free(off)
+        self._free_events.append(out.event)
+
+    # -- receiving -------------------------------------------------------------------------
+    def receive(self, sender: int, key: tuple[int, int, int], raw: bytes) -> None:
+        """A descriptor arrived: copy its arrays into this member's pool, then land them."""
+        peer = self._peers.get(sender)
+        desc = Descriptor.decode(raw, peer.announced if peer is not None else None)
+        self.reclaim()
+        stream = self._stream
+        rt = self._rt
+        waited = False
+        placed: list[tuple[ArraySpec, int, int] | ArraySpec] = []
+        try:
+            for spec in desc.arrays:
+                if spec.segment < 0:
+                    placed.append(spec)
+                    continue
+                assert peer is not None and peer.announced is not None
+                if not waited:
+                    ev = peer.events.get(desc.event)
+                    if ev is None:
+                        ev = int(rt.ipcOpenEventHandle(peer.announced.events[desc.event]))
+                        peer.events[desc.event] = ev
+                    rt.streamWaitEvent(stream.ptr, ev, 0)
+                    waited = True
+                base = peer.mapped.get(spec.segment)
+                if base is None:
+                    base = int(rt.ipcOpenMemHandle(peer.announced.segments[spec.segment][1],
+                                                   _IPC_LAZY_PEER_ACCESS))
+                    peer.mapped[spec.segment] = base
+                seg, off = self._alloc(spec.nbytes)
+                if spec.nbytes:
+                    rt.memcpyAsync(self._segments[seg].ptr + off, base + spec.offset,
+                                   spec.nbytes, _CUDA_MEMCPY_DEFAULT, stream.ptr)
+                placed.append((spec, seg, off))
+        except Exception:
+            for p in placed:
+                if isinstance(p, tuple):
+                    self._segments[p[1]].alloc.free(p[2])
+            raise
+        self._track(lambda: self._finish(key, desc.call, placed))
+
+    # -- completions: polled while busy, a host-function wake-up when idle ----------------------
+    def _track(self, done: Callable[[], None]) -> None:
+        ev = self._spare_events.pop() if self._spare_events else int(
+            self._rt.eventCreateWithFlags(0x2)  # cudaEventDisableTiming
+        )
+        self._rt.eventRecord(ev, self._stream.ptr)
+        if not self._inflight:
+            self._busy_since = time.monotonic()
+        self._inflight.append((ev, done))
+        self._arm()
+
+    def poll(self) -> None:
+        """Finish every tracked copy that has completed (called from the event loop)."""
+        rt = self._rt
+        while self._inflight:
+            ev, done = self._inflight[0]
+            if rt.eventQuery(ev) != 0:  # cudaErrorNotReady
+                break
+            self._inflight.popleft()
+            self._spare_events.append(ev)
+            self._busy_since = time.monotonic()
+            done()
+        if self._inflight:
+            self._arm()
+
+    def _arm(self) -> None:
+        if self._poll_handle is not None or self._closed:
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        if time.monotonic() - self._busy_since < _BUSY_POLL_S:
+            self._poll_handle = loop.call_soon(self._on_poll)
+        elif not self._host_wakeup_armed:
+            # a long copy: stop spinning, let the stream wake us once all queued work is done
+            self._host_wakeup_armed = True
+
+            def woken() -> None:
+                self._host_wakeup_armed = False
+                self._busy_since = time.monotonic()
+                self.poll()
+
+            self._after_stream(woken)
+
+    def _on_poll(self) -> None:
+        self._poll_handle = None
+        self.poll()
+
+    def _finish(self, key: tuple[int, int, int], call: bytes,
+                placed: list[tuple[ArraySpec, int, int] | ArraySpec]) -> None:
+        arrays: list[object] = []
+        for p in placed:
+            if isinstance(p, ArraySpec):
+                import numpy as np
+
+                assert p.inline is not None
+                host = np.frombuffer(bytearray(p.inline), dtype=np.dtype(p.dtype).newbyteorder("<"))
+                arrays.append(host.reshape(p.shape).astype(np.dtype(p.dtype), copy=False))
+                continue
+            spec, seg, off = p
+            arr = self._array_over(seg, off, spec.shape, spec.dtype)
+            if spec.lib == "torch":
+                try:
+                    import torch
+
+                    arrays.append(torch.from_dlpack(arr))
+                    continue
+                except ImportError:
+                    pass
+            arrays.append(arr)
+        if not self._closed:
+            self._landed(key, OutOfBand(call, tuple(arrays)))
+
+    def close(self) -> None:
+        """Stop landing messages; pool memory is released when the process ends."""
+        self._closed = True
+        if self._poll_handle is not None:
+            self._poll_handle.cancel()
+        peers = list(self._peers.values())
+        self._peers.clear()
+        try:
+            self._stream.synchronize()
+        except Exception as exc:
+            log.debug("synchronizing the plane's stream at close: %r", exc)
+        self._close_peers(peers)
+
+
+class _RegionOwner:
+    """The object whose collection returns a pool region (see ``IpcPlane._array_over``)."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

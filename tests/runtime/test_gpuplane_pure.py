@@ -1,0 +1,137 @@
+"""The CUDA IPC plane's pure parts, on the CPU: the pool allocator and the wire formats."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import derecho_async as da
+from derecho_async.errors import ConfigError, ProtocolViolation
+from derecho_async.runtime.gpuplane import (
+    ALIGN,
+    ArraySpec,
+    Descriptor,
+    PoolAnnouncement,
+    RangeAllocator,
+)
+
+H = bytes(range(64))
+ANN = PoolAnnouncement("0000:19:00.0", ((1 << 20, H), (4 << 20, H)), (H, H, H))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 40_000)), max_size=120))
+def test_allocator_never_overlaps_and_returns_to_one_free_range(ops: list[tuple[bool, int]]) -> None:
+    size = 256 * ALIGN
+    a = RangeAllocator(size)
+    live: dict[int, int] = {}
+    for is_alloc, n in ops:
+        if is_alloc or not live:
+            off = a.alloc(n)
+            need = max(ALIGN, -(-n // ALIGN) * ALIGN)
+            if off is None:
+                # first fit refused: then no gap of `need` bytes may exist
+                edges = sorted((o, o + ln) for o, ln in live.items())
+                gaps = [b[0] - a_[1] for a_, b in zip([(0, 0), *edges], [*edges, (size, size)], strict=True)]
+                assert max(gaps) < need
+                continue
+            assert off % ALIGN == 0 and off + need <= size
+            for o, ln in live.items():
+                assert off + need <= o or o + ln <= off, "ranges overlap"
+            live[off] = need
+        else:
+            off = sorted(live)[n % len(live)]
+            a.free(off)
+            del live[off]
+        assert a.in_use == sum(live.values())
+    for off in list(live):
+        a.free(off)
+    assert a.in_use == 0 and a.alloc(size) == 0  # everything merged back into one range
+
+
+def test_allocator_rejects_double_free_and_bad_sizes() -> None:
+    a = RangeAllocator(4 * ALIGN)
+    off = a.alloc(1)
+    assert off == 0
+    a.free(off)
+    with pytest.raises(ValueError):
+        a.free(off)
+    with pytest.raises(ValueError):
+        RangeAllocator(100)
+    assert a.alloc(5 * ALIGN) is None
+
+
+def test_descriptor_round_trips_device_and_inline_arrays() -> None:
+    d = Descriptor(b"call", 2, (
+        ArraySpec("cupy", "float32", (4, 8), 128, 1, 512),
+        ArraySpec("numpy", "int16", (3,), 6, inline=b"abcdef"),
+        ArraySpec("torch", "uint8", (0,), 0, 0, 0),
+    ))
+    assert Descriptor.decode(d.encode(), ANN) == d
+
+
+def _raw(specs: list[object], event: int = 0, call: object = b"c") -> bytes:
+    out = msgpack.packb([call, event, specs], use_bin_type=True)
+    assert isinstance(out, bytes)
+    return out
+
+
+@pytest.mark.parametrize("raw, why", [
+    (b"\xc1", "undecodable"),
+    (_raw([], call="text"), "not \\[call"),
+    (_raw([["cupy", "float32", [4], 5, 0, 16]]), "unknown segment"),
+    (_raw([["cupy", "float32", [4], 0, (1 << 20) - 8, 16]]), "outside segment"),
+    (_raw([["cupy", "float32", [4], 0, -256, 16]]), "outside segment"),
+    (_raw([["cupy", "float32", [4], 0, 0, 15]]), "outside segment"),
+    (_raw([["cupy", "object", [4], 0, 0, 16]]), "dtype"),
+    (_raw([["pickle", "float32", [4], 0, 0, 16]]), "lib"),
+    (_raw([["cupy", "float32", [-1], 0, 0, 16]]), "shape"),
+    (_raw([["cupy", "float32", [4], 0, 0, 16]], event=3), "unknown event"),
+    (_raw([["numpy", "float32", [4], -1, b"short"]]), "inline"),
+    (_raw([["cupy", "float32", [4]]]), "number of fields"),
+])
+def test_hostile_descriptors_are_protocol_violations(raw: bytes, why: str) -> None:
+    with pytest.raises(ProtocolViolation, match=why):
+        Descriptor.decode(raw, ANN)
+
+
+def test_device_arrays_from_a_member_without_a_pool_are_refused() -> None:
+    raw = Descriptor(b"c", 0, (ArraySpec("cupy", "float32", (4,), 16, 0, 0),)).encode()
+    with pytest.raises(ProtocolViolation, match="announced no pool"):
+        Descriptor.decode(raw, None)
+
+
+def test_announcements_round_trip_and_reject_malformed_handles() -> None:
+    assert PoolAnnouncement.decode(ANN.encode()) == ANN
+    for body in (
+        ["bus", [[1 << 20, b"short"]], []],
+        ["bus", [[100, H]], []],  # not a multiple of ALIGN
+        ["bus", [], [b"x" * 63]],
+        ["bus", [], [H] * 70_000],
+        "nonsense",
+    ):
+        raw = msgpack.packb(body, use_bin_type=True)
+        with pytest.raises(ProtocolViolation):
+            PoolAnnouncement.decode(raw)
+
+
+def test_gpu_plane_settings_are_validated() -> None:
+    assert da.Config(group="g", member_id=0, gpu_plane="host", gpu_pool_mb=64).gpu_pool_mb == 64
+    with pytest.raises(ConfigError, match="gpu_plane"):
+        da.Config(group="g", member_id=0, gpu_plane="nccl")
+    with pytest.raises(ConfigError, match="gpu_pool_mb"):
+        da.Config(group="g", member_id=0, gpu_pool_mb=0)
+
+
+async def test_ipc_plane_asked_for_without_a_gpu_is_a_clear_error() -> None:
+    from derecho_async.runtime.gpuplane import gpu_available
+
+    if gpu_available():
+        pytest.skip("this machine has a GPU")
+    cfg = da.Config(member_id=0, group="nogpu", initial_members=1, transport="sim",
+                    gpu_plane="ipc")
+    with pytest.raises(da.UsageError, match="CuPy and a CUDA device"):
+        async with da.Group(cfg):
+            pass
