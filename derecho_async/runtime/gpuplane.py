@@ -586,11 +586,14 @@ class IpcPlane:
                     rt.memcpyAsync(self._segments[seg].ptr + off, base + spec.offset,
                                    spec.nbytes, _CUDA_MEMCPY_DEFAULT, stream.ptr)
                 placed.append((spec, seg, off))
-        except Exception:
+        except Exception as exc:
             for p in placed:
                 if isinstance(p, tuple):
                     self._segments[p[1]].alloc.free(p[2])
-            raise
+            if isinstance(exc, ProtocolViolation):
+                raise
+            # e.g. the exporter is gone, or is not on this host: this message cannot land here
+            raise ProtocolViolation(f"cannot map member {sender}'s device memory: {exc!r}") from exc
         self._track(lambda: self._finish(key, desc.call, placed))
 
     # -- completions: polled while busy, a host-function wake-up when idle ----------------------
