@@ -20,14 +20,25 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack  # type: ignore[import-untyped]
 
 from derecho_async.codec import DTYPES
 from derecho_async.errors import ProtocolViolation
 
-__all__ = ["ArrayInfo", "HostStagingPlane", "OutOfBand", "array_info"]
+__all__ = [
+    "ArrayInfo",
+    "FlatLayout",
+    "HostStagingPlane",
+    "OutOfBand",
+    "Plane",
+    "array_info",
+    "flat_layout",
+    "flat_meta",
+    "read_flat",
+    "write_flat",
+]
 
 log = logging.getLogger("derecho_async.dataplane")
 
@@ -242,3 +253,156 @@ class HostStagingPlane:
             return OutOfBand(call, tuple(_rebuild(*c) for c in checked))
 
         return build if any_gpu else build()
+
+
+# -- the flat host layout shared by the bulk planes (shm pool, tcp chain) ----------------------
+#
+# A host payload is laid out as one contiguous byte range: for plain bytes, the bytes; for a
+# call, the encoded call at offset 0, then each array's elements (C order, little-endian), each
+# starting on a 64-byte boundary. Its *meta* travels beside it and is all a receiver needs to
+# rebuild the payload: ``[0, length]`` (plain) or ``[1, call_length, [[dtype, shape], ...]]``.
+# The receiver recomputes the layout from the meta alone and checks it against the bytes.
+
+_ALIGN = 64
+
+
+@dataclass(frozen=True, slots=True)
+class FlatLayout:
+    """Where each piece of a flat payload lies: the call (or plain bytes) and every array."""
+
+    plain: bool
+    head: int  # bytes of the call (or of the plain payload), at offset 0
+    arrays: tuple[tuple[int, str, tuple[int, ...], int], ...]  # (offset, dtype, shape, nbytes)
+    total: int
+
+
+def flat_meta(payload: object) -> list[Any] | None:
+    """The meta of ``payload`` if a bulk host plane can move it (plain bytes, or a call whose
+    arrays are all host numpy arrays of :data:`DTYPES`), else None."""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return [_PLAIN, memoryview(payload).nbytes]
+    if not isinstance(payload, OutOfBand):
+        return None
+    specs: list[list[Any]] = []
+    for a in payload.arrays:
+        if type(a).__module__.split(".")[0] != "numpy" or not hasattr(a, "__array_interface__"):
+            return None
+        n: Any = a
+        dtype = str(n.dtype.name)
+        if dtype not in DTYPES or n.dtype.fields is not None:
+            return None
+        specs.append([dtype, list(n.shape)])
+    return [_CALL, len(payload.call), specs]
+
+
+def _bad(why: str) -> ProtocolViolation:
+    return ProtocolViolation(f"bad data-plane meta: {why}")
+
+
+def flat_layout(meta: object, limit: int = 1 << 62) -> FlatLayout:
+    """Validate ``meta`` (it may come from the network) and compute its layout; the total must
+    not exceed ``limit``. Raises :class:`ProtocolViolation`."""
+    if not isinstance(meta, list) or not meta or meta[0] not in (_PLAIN, _CALL):
+        raise _bad("not [kind, ...]")
+    if meta[0] == _PLAIN:
+        if len(meta) != 2 or type(meta[1]) is not int or not 0 <= meta[1] <= limit:
+            raise _bad("plain meta must be [0, length]")
+        return FlatLayout(True, meta[1], (), meta[1])
+    if len(meta) != 3 or type(meta[1]) is not int or not isinstance(meta[2], list):
+        raise _bad("call meta must be [1, call_length, arrays]")
+    head, specs = meta[1], meta[2]
+    if not 0 <= head <= limit or len(specs) > _MAX_ARRAYS:
+        raise _bad(f"call of {head} bytes with {len(specs)} arrays")
+    pos = head
+    arrays = []
+    for spec in specs:
+        if not (isinstance(spec, list) and len(spec) == 2):
+            raise _bad("array spec must be [dtype, shape]")
+        dtype, shape = spec
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise _bad(f"array dtype {dtype!r}")
+        if not isinstance(shape, list) or len(shape) > 32 or not all(
+            type(n) is int and 0 <= n <= limit for n in shape
+        ):
+            raise _bad(f"array shape {shape!r}")
+        nbytes = DTYPES[dtype]
+        for n in shape:
+            nbytes *= n
+            if nbytes > limit:
+                raise _bad(f"array of shape {shape} {dtype} is too large")
+        pos = (pos + _ALIGN - 1) & ~(_ALIGN - 1)
+        arrays.append((pos, dtype, tuple(shape), nbytes))
+        pos += nbytes
+        if pos > limit:
+            raise _bad(f"payload larger than {limit} bytes")
+    return FlatLayout(False, head, tuple(arrays), pos)
+
+
+def write_flat(payload: object, layout: FlatLayout, dst: memoryview) -> None:
+    """Copy ``payload`` into ``dst`` (``layout.total`` bytes) in the flat layout: one copy per
+    piece, byte order and strides converted on the way."""
+    if layout.plain:
+        dst[: layout.total] = memoryview(payload).cast("B")  # type: ignore[arg-type]
+        return
+    assert isinstance(payload, OutOfBand)
+    import numpy as np
+
+    dst[: layout.head] = payload.call
+    for (off, dtype, shape, nbytes), arr in zip(layout.arrays, payload.arrays, strict=True):
+        if nbytes:
+            le = np.dtype(dtype).newbyteorder("<")
+            out = np.frombuffer(dst, dtype=le, count=nbytes // le.itemsize, offset=off)
+            out.reshape(shape)[...] = arr
+
+
+def read_flat(layout: FlatLayout, data: bytes | bytearray | memoryview) -> object:
+    """Rebuild the payload from its flat bytes (``layout.total`` long, already validated).
+
+    Plain payloads become ``bytes``; a call's arrays are numpy arrays built directly over one
+    writable copy of the data (no copy when ``data`` is a bytearray: it is adopted).
+    """
+    if len(data) != layout.total:
+        raise ProtocolViolation(f"flat payload of {len(data)} bytes, meta says {layout.total}")
+    if layout.plain:
+        return data if isinstance(data, bytes) else bytes(data)
+    import numpy as np
+
+    buf = data if isinstance(data, bytearray) else bytearray(data)
+    call = bytes(memoryview(buf)[: layout.head])
+    arrays: list[object] = []
+    for off, dtype, shape, nbytes in layout.arrays:
+        want = np.dtype(dtype)
+        le = want.newbyteorder("<")
+        if nbytes:
+            a = np.frombuffer(buf, dtype=le, count=nbytes // le.itemsize, offset=off)
+        else:
+            a = np.zeros(0, dtype=le)
+        arrays.append(a.reshape(shape).astype(want, copy=False))
+    return OutOfBand(call, tuple(arrays))
+
+
+class Plane(Protocol):
+    """A data plane the driver routes payloads to (see :mod:`derecho_async.runtime.driver`).
+
+    ``kinds`` are the envelope kinds it receives. ``start`` ships a payload for data key ``key``
+    (view_id, sender, msg_no) to ``targets`` and returns True, or returns False at once, doing
+    nothing, when it does not move that payload (the driver offers it to the next plane).
+    ``receive`` takes one of its frames, decoded (``raw`` is the encoded frame, for relaying),
+    and calls the driver's ``landed(key, payload)`` once the payload is complete here; it raises
+    :class:`ProtocolViolation` for a bad frame. ``on_own_delivered`` is told when this member
+    delivered its own message ``key`` (stable: it landed everywhere); ``on_event`` sees every
+    other core event in order (view installs, leaving); ``close`` releases what it holds.
+    """
+
+    kinds: tuple[int, ...]
+
+    def start(self, key: tuple[int, int, int], payload: object, targets: tuple[int, ...]) -> bool:
+        ...
+
+    def receive(self, sender: int, msg: list[Any], raw: bytes) -> None: ...
+
+    def on_own_delivered(self, key: tuple[int, int, int]) -> None: ...
+
+    def on_event(self, event: object) -> None: ...
+
+    def close(self) -> None: ...

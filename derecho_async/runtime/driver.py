@@ -13,8 +13,18 @@ Bootstrap: the *contact* (the lowest configured member id) collects join request
 starts as a joiner whose core retries its join request. A member joining a running group takes
 the same path and is admitted by the leader with a state snapshot.
 
-Large payloads and arrays move on the data plane (:mod:`.dataplane`); landing them reports
-``data_landed`` to the core, which counts them received only then.
+Large payloads and arrays move on a data plane; landing them reports ``data_landed`` to the
+core, which counts them received only then. Routing happens in one place:
+:meth:`Driver.start_transfer` offers each transfer to the planes in :attr:`Driver.planes`, in
+order, and the first whose ``start`` returns True owns it; the host-staging plane
+(:mod:`.dataplane`: one DATA frame per receiver on the channel) takes whatever none took (device
+arrays; every payload on transports without a bulk plane: rdma, loopback). Frames arrive by
+envelope kind: :attr:`Driver.receivers` maps each kind to its plane. The bulk planes are chosen
+by transport: shm gets :mod:`.shmplane` (written once into the sender's shared pool, copied out
+by each receiver), tcp gets :mod:`.chainplane` (a pipelined chain multicast in blocks). A plane
+also sees the core's events (its own deliveries and view installs are its freeing points).
+A data frame that breaks the protocol is dropped and its sender reported as failed: the message
+could never land, and nothing would be stable again while its sender stays in the view.
 """
 
 from __future__ import annotations
@@ -23,12 +33,14 @@ import asyncio
 import contextlib
 import logging
 import math
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from derecho_async.config import Config
 from derecho_async.core import (
     CoreConfig,
     DataKey,
+    Delivered,
     Evicted,
     JoinRequest,
     Layout,
@@ -46,7 +58,7 @@ from derecho_async.core import (
 from derecho_async.core.effects import Event
 from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
-from derecho_async.runtime.dataplane import HostStagingPlane
+from derecho_async.runtime.dataplane import HostStagingPlane, Plane
 from derecho_async.transport.base import Transport
 
 __all__ = ["Driver", "Host"]
@@ -97,6 +109,53 @@ class Driver:
             self._data_landed,
             lambda key, body: env.encode(env.DATA, *key, body),
         )
+        #: bulk planes, tried in order by :meth:`start_transfer` (a GPU plane goes first)
+        self.planes: list[Plane] = []
+        #: envelope kind -> handler of data frames of that kind: (sender, decoded, raw)
+        self.receivers: dict[int, Callable[[int, list[Any], bytes], None]] = {
+            env.DATA: self._staging_receive
+        }
+        self._bulk_planes_for(transport)
+
+    def _bulk_planes_for(self, transport: Transport) -> None:
+        from derecho_async.transport.shm import ShmTransport
+        from derecho_async.transport.tcp import TcpTransport
+
+        plane: Plane | None = None
+        if isinstance(transport, ShmTransport):
+            from derecho_async.runtime.shmplane import ShmPlane
+
+            plane = ShmPlane(transport.group, self.member_id, transport.send, self._data_landed)
+        elif isinstance(transport, TcpTransport):
+            from derecho_async.runtime.chainplane import ChainPlane
+
+            plane = ChainPlane(self.member_id, transport.send, self._data_landed)
+        if plane is not None:
+            self.add_plane(plane)
+
+    def add_plane(self, plane: Plane, *, first: bool = False) -> None:
+        """Route payloads to ``plane`` (before the others with ``first``) and its frame kinds
+        to its ``receive``."""
+        if first:
+            self.planes.insert(0, plane)
+        else:
+            self.planes.append(plane)
+        for kind in plane.kinds:
+            self.receivers[kind] = plane.receive
+
+    def start_transfer(self, key: tuple[int, int, int], payload: object,
+                       targets: tuple[int, ...]) -> None:
+        """Move one large payload: the first plane that takes it, else host staging."""
+        for plane in self.planes:
+            if plane.start(key, payload, targets):
+                return
+        self.dataplane.start(key, payload, targets)
+
+    def _staging_receive(self, sender: int, msg: list[Any], raw: bytes) -> None:
+        _, view_id, src, msg_no, data = msg
+        if src != sender:
+            raise ProtocolViolation(f"data for sender {src} relayed by {sender}")
+        self.dataplane.receive((view_id, src, msg_no), data)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -121,6 +180,11 @@ class Driver:
         self._closed = True
         if self._tick_handle is not None:
             self._tick_handle.cancel()
+        for plane in self.planes:
+            try:
+                plane.close()
+            except Exception:
+                log.exception("member %d: closing a data plane failed", self.member_id)
         # A dead peer must not hold up shutdown: give queued traffic a second, then close.
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.transport.drain(), timeout=1.0)
@@ -148,13 +212,17 @@ class Driver:
             kind = msg[0]
             if kind == env.CORE:
                 self._on_core_message(sender, msg[1])
-            elif kind == env.DATA:
-                _, view_id, src, msg_no, data = msg
-                if src != sender:
-                    raise ProtocolViolation(f"data for sender {src} relayed by {sender}")
-                self.dataplane.receive((view_id, src, msg_no), data)
             else:
-                self.host.on_app_message(sender, msg)
+                receive = self.receivers.get(kind)
+                if receive is None:
+                    self.host.on_app_message(sender, msg)
+                else:
+                    try:
+                        receive(sender, msg, payload)
+                    except ProtocolViolation as exc:
+                        # its message could never land: nothing would be stable again
+                        self.on_failure(sender, f"protocol violation on the data plane: {exc}")
+                        raise
         except ProtocolViolation as exc:
             log.warning("member %d: dropped a message from %d: %s", self.member_id, sender, exc)
             return
@@ -218,6 +286,15 @@ class Driver:
             ):
                 self.first_view.set_exception(RuntimeError(type(event).__name__))
             self.host.on_event(event)
+            if self.planes:
+                if type(event) is Delivered:
+                    if event.sender == self.member_id:
+                        key = (event.view_id, event.sender, event.msg_no)
+                        for plane in self.planes:
+                            plane.on_own_delivered(key)
+                else:
+                    for plane in self.planes:
+                        plane.on_event(event)
         transport = self.transport
         for p in ready.pushes:
             transport.push(p.view_id, p.offset, p.data, p.targets)
@@ -227,8 +304,7 @@ class Driver:
                 message = Welcome(message.view_id, message.members, self.host.snapshot())
             transport.send(s.to, env.encode(env.CORE, encode_message(message)))
         for t in ready.transfers:
-            key = (t.key.view_id, t.key.sender, t.key.msg_no)
-            self.dataplane.start(key, t.payload, t.targets)
+            self.start_transfer((t.key.view_id, t.key.sender, t.key.msg_no), t.payload, t.targets)
         for v in ready.violations:
             log.warning("member %d: protocol violation: %s", self.member_id, v)
 
