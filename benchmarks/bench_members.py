@@ -128,7 +128,7 @@ async def _stream(group: da.Group, handle: Any, sink: BenchSink, ph: Phase) -> d
     if blob:
         import numpy as np
 
-        payload: Any = np.ones(size, dtype=np.uint8)
+        payload: Any = np.ones(size, dtype=np.uint8) if me in senders else None
         method = handle.blob
     else:
         payload = b"x" * size

@@ -41,6 +41,7 @@ from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import (
     FlatLayout,
+    RecvBuffers,
     flat_layout,
     flat_meta,
     read_flat,
@@ -75,7 +76,7 @@ class _Assembly:
     total: int
     next: int = 0
     parts: list[bytes] = field(default_factory=list)  # plain payloads: joined at the end
-    buf: bytearray | None = None  # calls: blocks copied in place
+    buf: Any = None  # calls: a uint8 array from RecvBuffers, blocks copied in place
 
 
 class ChainPlane:
@@ -99,6 +100,7 @@ class ChainPlane:
         self.sent = 0  # payloads this member started (statistics, tests)
         self.landed = 0  # payloads that landed here
         self.assemblies: dict[Key, _Assembly] = {}
+        self.buffers = RecvBuffers()
         self._view_id = -1
 
     # -- sending -------------------------------------------------------------------------------
@@ -113,8 +115,8 @@ class ChainPlane:
         if layout.plain:
             flat = memoryview(payload).cast("B")  # type: ignore[arg-type]
         else:
-            buf = bytearray(layout.total)
-            flat = memoryview(buf)
+            staged = self.buffers.take(layout.total)  # recycled once the frames are built
+            flat = memoryview(staged)
             write_flat(payload, layout, flat)
         bs = self.block_size
         total = layout.total
@@ -175,15 +177,18 @@ class ChainPlane:
             self._send(st.successor, raw)
         if st.buf is not None:
             off = index * st.block_size
-            st.buf[off : off + len(block)] = block
+            memoryview(st.buf)[off : off + len(block)] = block
         else:
             st.parts.append(block)
         st.next = index + 1
         if st.next == st.count:
             del self.assemblies[key]
-            data = st.buf if st.buf is not None else b"".join(st.parts)
+            if st.buf is not None:
+                payload = read_flat(st.layout, None, owned=st.buf)
+            else:
+                payload = read_flat(st.layout, b"".join(st.parts))
             self.landed += 1
-            self._landed(key, read_flat(st.layout, data))
+            self._landed(key, payload)
 
     def _open(self, sender: int, origin: int, count: int, total: int, head: bytes) -> _Assembly:
         try:
@@ -216,7 +221,7 @@ class ChainPlane:
         successor = chain[pos + 1] if pos + 1 < len(chain) else None
         st = _Assembly(predecessor, successor, layout, bs, count, total)
         if not layout.plain:
-            st.buf = bytearray(total)
+            st.buf = self.buffers.take(total)
         return st
 
     def close(self) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "HostStagingPlane",
     "OutOfBand",
     "Plane",
+    "RecvBuffers",
     "array_info",
     "flat_layout",
     "flat_meta",
@@ -355,28 +356,87 @@ def write_flat(payload: object, layout: FlatLayout, dst: memoryview) -> None:
             out.reshape(shape)[...] = arr
 
 
-def read_flat(layout: FlatLayout, data: bytes | bytearray | memoryview) -> object:
+class RecvBuffers:
+    """Pre-faulted receive buffers, recycled when the arrays built over them die.
+
+    Arrays handed to handlers are owned by the application, so a receiver needs a fresh buffer
+    for every message; fresh anonymous memory costs a page fault per 4 KiB page on first touch,
+    which (in VMs especially) costs more than the copy itself. Buffers of at least
+    ``min_bytes`` therefore come from size classes (an eighth of a power of two apart) of
+    anonymous mappings populated in one system call (``MAP_POPULATE``); each is handed out as a uint8 array that every array
+    of the message is a view of, and a ``weakref.finalize`` on that array returns the mapping
+    to the free list once the application dropped the last view. At most ``keep_bytes`` of free
+    buffers are kept.
+    """
+
+    def __init__(self, min_bytes: int = 1 << 20, keep_bytes: int = 1 << 30) -> None:
+        self.min_bytes = min_bytes
+        self.keep_bytes = keep_bytes
+        self._free: dict[int, list[Any]] = {}
+        self.kept = 0  # bytes of free buffers held
+        self.created = 0  # mappings made (statistics, tests)
+
+    def take(self, nbytes: int) -> Any:
+        """A writable uint8 numpy array of ``nbytes`` (contents undefined)."""
+        import numpy as np
+
+        if nbytes < self.min_bytes:
+            return np.empty(nbytes, np.uint8)
+        import mmap
+        import weakref
+
+        # size classes an eighth of a power of two apart: at most 12.5% over what is asked
+        step = 1 << max(12, (nbytes - 1).bit_length() - 3)
+        size = (nbytes + step - 1) // step * step
+        free = self._free.get(size)
+        if free:
+            mm = free.pop()
+            self.kept -= size
+        else:
+            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20)
+            flags |= getattr(mmap, "MAP_POPULATE", 0)
+            mm = mmap.mmap(-1, size, flags=flags)
+            self.created += 1
+        base = np.frombuffer(mm, np.uint8, count=nbytes)
+        weakref.finalize(base, self._give_back, size, mm)
+        return base
+
+    def _give_back(self, size: int, mm: Any) -> None:
+        if self.kept + size <= self.keep_bytes:
+            self._free.setdefault(size, []).append(mm)
+            self.kept += size
+
+
+def read_flat(
+    layout: FlatLayout,
+    data: bytes | bytearray | memoryview | None,
+    buffers: RecvBuffers | None = None,
+    owned: Any = None,
+) -> object:
     """Rebuild the payload from its flat bytes (``layout.total`` long, already validated).
 
-    Plain payloads become ``bytes``; a call's arrays are numpy arrays built directly over one
-    writable copy of the data (no copy when ``data`` is a bytearray: it is adopted).
+    Plain payloads become ``bytes`` (one copy of ``data``). A call's arrays are numpy arrays
+    built directly over one writable copy of ``data`` taken from ``buffers`` (or, with
+    ``owned``, over that uint8 array, which already holds the bytes: no copy at all).
     """
-    if len(data) != layout.total:
-        raise ProtocolViolation(f"flat payload of {len(data)} bytes, meta says {layout.total}")
-    if layout.plain:
-        return data if isinstance(data, bytes) else bytes(data)
+    if owned is None:
+        assert data is not None
+        if len(data) != layout.total:
+            raise ProtocolViolation(f"flat payload of {len(data)} bytes, meta says {layout.total}")
+        if layout.plain:
+            return data if isinstance(data, bytes) else bytes(data)
     import numpy as np
 
-    buf = data if isinstance(data, bytearray) else bytearray(data)
-    call = bytes(memoryview(buf)[: layout.head])
+    if owned is None:
+        owned = (buffers or RecvBuffers()).take(layout.total)
+        assert data is not None
+        owned[:] = np.frombuffer(data, np.uint8)
+    call = owned[: layout.head].tobytes()
     arrays: list[object] = []
     for off, dtype, shape, nbytes in layout.arrays:
         want = np.dtype(dtype)
         le = want.newbyteorder("<")
-        if nbytes:
-            a = np.frombuffer(buf, dtype=le, count=nbytes // le.itemsize, offset=off)
-        else:
-            a = np.zeros(0, dtype=le)
+        a = owned[off : off + nbytes].view(le) if nbytes else np.zeros(0, dtype=le)
         arrays.append(a.reshape(shape).astype(want, copy=False))
     return OutOfBand(call, tuple(arrays))
 

@@ -36,7 +36,13 @@ from typing import Any
 from derecho_async.core.effects import Evicted, Left, Partitioned, ViewInstalled
 from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
-from derecho_async.runtime.dataplane import flat_layout, flat_meta, read_flat, write_flat
+from derecho_async.runtime.dataplane import (
+    RecvBuffers,
+    flat_layout,
+    flat_meta,
+    read_flat,
+    write_flat,
+)
 from derecho_async.transport import shmpool
 from derecho_async.transport.shmpool import BadPoolSegment, PoolSegment
 
@@ -47,7 +53,9 @@ log = logging.getLogger("derecho_async.dataplane")
 Key = tuple[int, int, int]
 
 _GRAIN = 4096  # allocation granularity (page aligned regions)
-_FIRST_SEGMENT = 64 << 20
+_FIRST_SEGMENT = 64 << 20  # the smallest segment
+_ROUND = 2 << 20  # a larger segment is what the message needs, rounded up to this
+_TRIM_AT = 8  # with this many segments, growing first drops the idle ones
 
 
 class PoolFull(Exception):
@@ -56,7 +64,8 @@ class PoolFull(Exception):
 
 class HostPool:
     """Regions of shared memory owned by this member: first fit over segments, coalescing
-    free lists, a new segment (at least twice the largest so far) when nothing fits."""
+    free lists; when nothing fits, a new segment of what is needed (at least 64 MiB), after
+    dropping idle segments once there are several."""
 
     def __init__(self, group: str, owner: int, first_segment: int = _FIRST_SEGMENT) -> None:
         self.group = group
@@ -84,13 +93,13 @@ class HostPool:
         return seg, 0, size
 
     def _grow(self, size: int) -> PoolSegment:
-        index = len(self.segments)
-        if index >= shmpool.MAX_SEGMENTS:
-            raise PoolFull(f"pool of member {self.owner} has {index} segments")
-        largest = max((s.capacity for s in self.segments), default=self.first_segment // 2)
-        cap = max(self.first_segment, 2 * largest)
-        while cap < size:
-            cap *= 2
+        if len(self.segments) >= _TRIM_AT:
+            self._drop_idle()
+        used = {s.index for s in self.segments}
+        index = min(set(range(shmpool.MAX_SEGMENTS)) - used, default=None)
+        if index is None:
+            raise PoolFull(f"pool of member {self.owner} has {len(self.segments)} segments")
+        cap = max(self.first_segment, (size + _ROUND - 1) // _ROUND * _ROUND)
         try:
             seg = shmpool.create_pool_segment(self.group, self.owner, index, cap)
         except (OSError, ValueError) as exc:
@@ -98,9 +107,29 @@ class HostPool:
         self.segments.append(seg)
         return seg
 
+    def _drop_idle(self) -> None:
+        """Unmap and unlink the segments nothing is allocated in (peers re-map a reused index:
+        its generation changes)."""
+        keep_segs, keep_free = [], []
+        for seg, free in zip(self.segments, self._free, strict=True):
+            if free == [(0, seg.capacity)]:
+                seg.close()
+                shmpool.unlink_pool_segment(seg.path)
+            else:
+                keep_segs.append(seg)
+                keep_free.append(free)
+        self.segments, self._free = keep_segs, keep_free
+
+    def segment(self, index: int) -> int:
+        """The position of segment ``index`` in :attr:`segments`."""
+        for i, seg in enumerate(self.segments):
+            if seg.index == index:
+                return i
+        raise KeyError(index)
+
     def free(self, index: int, offset: int, size: int) -> None:
-        """Return a region from :meth:`alloc`."""
-        free = self._free[index]
+        """Return a region from :meth:`alloc` (``index`` is the segment's index)."""
+        free = self._free[self.segment(index)]
         lo, hi = offset, offset + size
         # insert sorted, then merge with the neighbours
         i = 0
@@ -147,6 +176,7 @@ class ShmPlane:
         self.pool = HostPool(group, member_id)
         self.outstanding: dict[Key, tuple[int, int, int]] = {}
         self._peers: dict[tuple[int, int], PoolSegment] = {}
+        self.buffers = RecvBuffers()
         self._closed = False
 
     # -- sending -------------------------------------------------------------------------------
@@ -215,7 +245,7 @@ class ShmPlane:
             )
         region = seg.data[off : off + length]
         try:
-            payload = read_flat(layout, region)
+            payload = read_flat(layout, region, self.buffers)
         finally:
             region.release()
         self.landed += 1

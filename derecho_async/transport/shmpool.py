@@ -53,6 +53,10 @@ MIN_CAPACITY = 1 << 16
 MAX_CAPACITY = 1 << 40
 MAX_SEGMENTS = 64  # segment indexes per owner
 _W_MAGIC, _W_OWNER, _W_GEN, _W_CAPACITY = 0, 1, 2, 3
+# Populated in one system call rather than a page fault per page on first touch: the owner
+# writes the whole segment sooner or later, and a peer's mapping then only adds page-table
+# entries for pages that exist.
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
 class BadPoolSegment(Exception):
@@ -116,7 +120,7 @@ def create_pool_segment(group: str, owner: int, index: int, capacity: int) -> Po
     try:
         os.fchmod(fd, 0o600)
         os.ftruncate(fd, HDR + capacity)
-        mm = mmap.mmap(fd, HDR + capacity)
+        mm = mmap.mmap(fd, HDR + capacity, flags=_MAP_FLAGS)
     except BaseException:
         os.close(fd)
         _unlink(path)
@@ -148,7 +152,7 @@ def attach_pool_segment(group: str, owner: int, index: int) -> PoolSegment:
         size = st.st_size
         if not HDR + MIN_CAPACITY <= size <= HDR + MAX_CAPACITY:
             raise BadPoolSegment(f"{path} has a bad size {size}")
-        mm = mmap.mmap(fd, size)
+        mm = mmap.mmap(fd, size, flags=_MAP_FLAGS)
     finally:
         os.close(fd)
     words = memoryview(mm)[:HDR].cast("Q")
@@ -176,6 +180,11 @@ def cleanup_pool(group: str, owners: set[int] | None = None) -> int:
             if not alive[owner] and _unlink(path):
                 removed += 1
     return removed
+
+
+def unlink_pool_segment(path: str) -> None:
+    """Remove one pool file (its owner dropping it)."""
+    _unlink(path)
 
 
 def unlink_own_pool(group: str, owner: int) -> None:

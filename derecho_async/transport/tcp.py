@@ -433,7 +433,8 @@ class TcpTransport(Transport):
         mv = self._check_send(to, payload, self.max_frame, f"max_frame={self.max_frame}")
         if mv is None:
             return
-        self._emit(to, [FRAME.pack(F_MSG, 0, 0, 0, len(mv)), bytes(mv)])
+        body = payload if type(payload) is bytes else bytes(mv)  # bytes: no copy needed
+        self._emit(to, [FRAME.pack(F_MSG, 0, 0, 0, len(mv)), body])
 
     def _emit(self, peer: int, frames: list[bytes]) -> None:
         link = self._link(peer)

@@ -163,3 +163,209 @@ async def test_array_contents_survive_the_trip() -> None:
         finally:
             for g in groups:
                 await g.leave()
+
+
+# -- the pool ---------------------------------------------------------------------------------
+
+
+async def test_the_pool_returns_to_empty_after_many_messages_from_every_sender() -> None:
+    groups = await _form("shm", 3)
+    name = groups[0].config.group
+    rng = np.random.default_rng(3)
+    try:
+        sizes = [SLOT + 1, 5000, 70_000, 1 << 20, (2 << 20) + 17]
+        calls = []
+        for k in range(120):
+            h = groups[k % 3].subgroup(Sink)
+            size = sizes[k % len(sizes)]
+            if k % 2:
+                calls.append(h.put(rng.bytes(size)))
+            else:
+                calls.append(h.arrays(str(k), [rng.integers(0, 9, size // 4, dtype=np.int32)]))
+        await asyncio.gather(*calls)
+        logs = [g.local(Sink).log for g in groups]  # type: ignore[attr-defined]
+        assert len(logs[0]) == 120 and logs[0] == logs[1] == logs[2]
+        for g in groups:
+            plane = _plane(g)
+            assert plane.sent == 40
+            assert plane.outstanding == {}, "regions not freed after delivery"
+            assert plane.pool.in_use == 0
+            assert len(plane.pool.segments) == 1  # one 64 MiB segment, reused throughout
+            (seg,) = plane.pool.segments
+            assert plane.pool._free == [[(0, seg.capacity)]]  # coalesced back into one range
+    finally:
+        for g in groups:
+            await g.leave()
+    assert ShmTransport.segments(name) == []
+
+
+def test_pool_allocator_coalesces_reuses_and_drops_idle_segments() -> None:
+    from derecho_async.runtime.shmplane import HostPool
+
+    group = f"pool{os.getpid()}x{next(_ids)}"
+    pool = HostPool(group, 4, first_segment=4 << 20)
+    try:
+        regions = [pool.alloc(n) for n in (1, 4096, 4097, 100_000)]
+        assert [off for _, off, _ in regions] == [0, 4096, 8192, 16384]
+        assert pool.in_use == 4096 + 4096 + 8192 + 102400
+        for seg, off, size in (regions[1], regions[3], regions[0], regions[2]):
+            pool.free(seg.index, off, size)
+        assert pool.in_use == 0 and pool._free == [[(0, 4 << 20)]]
+        big = pool.alloc(5 << 20)  # does not fit: a second segment of what is needed
+        assert big[0].index == 1 and big[0].capacity == 6 << 20
+        again = pool.alloc(4 << 20)  # the first segment, whole
+        assert again[0].index == 0 and again[1] == 0
+        assert len(ShmTransport.segments(group)) == 2
+        held = [big, again] + [pool.alloc(n << 20) for n in (7, 8, 9, 10, 11, 12)]
+        assert len(pool.segments) == 8
+        for seg, off, size in held:
+            pool.free(seg.index, off, size)
+        assert pool.in_use == 0
+        pool.alloc(20 << 20)  # with 8 segments, growing drops the idle ones first
+        assert [s.index for s in pool.segments] == [0]
+        assert len(ShmTransport.segments(group)) == 1
+    finally:
+        pool.close()
+    assert ShmTransport.segments(group) == []
+
+
+# -- hostile frames ---------------------------------------------------------------------------
+
+
+def _captured_shm_descriptor(group: str) -> tuple[ShmPlane, list[Any]]:
+    """A real sender plane (member 1) and the descriptor it sent for a call with two arrays."""
+    from derecho_async.runtime import envelope as env
+
+    frames: list[bytes] = []
+    sender = ShmPlane(group, 1, lambda to, f: frames.append(f), lambda k, p: None)
+    arrs = (np.arange(1000, dtype=np.float32), np.ones((3, 4), np.int16))
+    assert sender.start((0, 1, 5), da_oob(b"the call", arrs), (2,))
+    (frame,) = frames
+    return sender, env.decode(frame)
+
+
+def da_oob(call: bytes, arrays: tuple[object, ...]) -> object:
+    from derecho_async.runtime.dataplane import OutOfBand
+
+    return OutOfBand(call, arrays)
+
+
+def _hostile_descriptors(good: list[Any]) -> list[tuple[str, int, list[Any]]]:
+    """(why, transport sender, descriptor) variations of a valid descriptor from member 1."""
+    _, v, s, m, idx, gen, off, length, meta = good
+    return [
+        ("relayed for another sender", 3, good),
+        ("names another sender", 1, [5, v, 3, m, idx, gen, off, length, meta]),
+        ("segment index out of range", 1, [5, v, s, m, 1 << 20, gen, off, length, meta]),
+        ("segment that does not exist", 1, [5, v, s, m, 7, gen, off, length, meta]),
+        ("wrong generation", 1, [5, v, s, m, idx, gen ^ 1, off, length, meta]),
+        ("offset past the segment", 1, [5, v, s, m, idx, gen, 1 << 40, length, meta]),
+        ("region crosses the end", 1, [5, v, s, m, idx, gen, (64 << 20) - 64, length, meta]),
+        ("unaligned offset", 1, [5, v, s, m, idx, gen, off + 1, length, meta]),
+        ("length disagrees with meta", 1, [5, v, s, m, idx, gen, off, length + 8, meta]),
+        ("meta of unknown kind", 1, [5, v, s, m, idx, gen, off, length, [9]]),
+        ("object dtype", 1, [5, v, s, m, idx, gen, off, length, [1, 8, [["object", [1]]]]]),
+        ("negative shape", 1, [5, v, s, m, idx, gen, off, length, [1, 8, [["int8", [-1]]]]]),
+        ("huge shape", 1, [5, v, s, m, idx, gen, off, length, [1, 8, [["int8", [1 << 62] * 2]]]]),
+        ("too many arrays", 1, [5, v, s, m, idx, gen, off, length, [1, 0, [["int8", [0]]] * 5000]]),
+        ("call longer than region", 1, [5, v, s, m, idx, gen, off, length, [1, length + 1, []]]),
+        ("plain meta too long", 1, [5, v, s, m, idx, gen, off, length, [0, length, 1]]),
+    ]
+
+
+def test_hostile_shm_descriptors_are_protocol_violations() -> None:
+    group = f"hostile{os.getpid()}x{next(_ids)}"
+    sender, good = _captured_shm_descriptor(group)
+    landed: list[object] = []
+    receiver = ShmPlane(group, 2, lambda to, f: None, lambda k, p: landed.append(p))
+    try:
+        for why, frm, desc in _hostile_descriptors(good):
+            with pytest.raises(da.ProtocolViolation):
+                receiver.receive(frm, desc, b"")
+            assert landed == [], why
+        receiver.receive(1, good, b"")  # the genuine one still lands, intact
+        (got,) = landed
+        assert got.call == b"the call"  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(got.arrays[0], np.arange(1000, dtype=np.float32))  # type: ignore[attr-defined]
+        # a segment that is not private to this user is refused
+        path = sender.pool.segments[0].path
+        os.chmod(path, 0o644)
+        fresh = ShmPlane(group, 3, lambda to, f: None, lambda k, p: landed.append(p))
+        with pytest.raises(da.ProtocolViolation):
+            fresh.receive(1, good, b"")
+        fresh.close()
+    finally:
+        receiver.close()
+        sender.close()
+    assert ShmTransport.segments(group) == []
+
+
+def _block_frames(chain_targets: tuple[int, ...], nbytes: int) -> list[list[Any]]:
+    from derecho_async.runtime import envelope as env
+
+    frames: list[tuple[int, bytes]] = []
+    plane = ChainPlane(0, lambda to, f: frames.append((to, f)), lambda k, p: None, 4096)
+    assert plane.start((2, 0, 9), b"\x07" * nbytes, chain_targets)
+    assert {to for to, _ in frames} == {min(chain_targets)}
+    return [env.decode(f) for _, f in frames]
+
+
+def test_hostile_blocks_are_protocol_violations() -> None:
+    import msgpack
+
+    good = _block_frames((1, 2), 10_000)  # 3 blocks of 4096, 4096, 1808
+    assert [b[4] for b in good] == [0, 1, 2] and len(good[2][8]) == 1808
+    head = msgpack.unpackb(good[0][7])
+
+    def with_head(chain: object, meta: object, bs: object) -> bytes:
+        out = msgpack.packb([chain, meta, bs])
+        assert isinstance(out, bytes)
+        return out
+
+    def b0(**kw: Any) -> list[Any]:
+        f = list(good[0])
+        for i, name in enumerate(("view", "origin", "msg", "index", "count", "total", "head", "block"), 1):
+            if name in kw:
+                f[i] = kw[name]
+        return f
+
+    cases: list[tuple[str, int, list[list[Any]]]] = [
+        ("first block from a non-predecessor", 2, [good[0]]),
+        ("chain without me", 0, [b0(head=with_head([2, 3], head[1], 4096))]),
+        ("chain holding the origin", 0, [b0(head=with_head([1, 0], head[1], 4096))]),
+        ("duplicate chain ids", 0, [b0(head=with_head([1, 1, 2], head[1], 4096))]),
+        ("block size too small", 0, [b0(head=with_head(head[0], head[1], 16))]),
+        ("meta disagrees with total", 0, [b0(total=20_000)]),
+        ("wrong block count", 0, [b0(count=2)]),
+        ("short block", 0, [b0(block=b"\x07" * 100)]),
+        ("undecodable head", 0, [b0(head=b"\xc1")]),
+        ("head is not a list", 0, [b0(head=msgpack.packb({"a": 1}))]),
+        ("block without block 0", 0, [good[1]]),
+        ("block out of order", 0, [good[0], good[2]]),
+        ("block 0 twice", 0, [good[0], good[0]]),
+        ("later block with a head", 0, [good[0], [*good[1][:7], good[0][7], good[1][8]]]),
+        ("later block changes the total", 0, [good[0], [*good[1][:6], 10_001, *good[1][7:]]]),
+    ]
+    for why, frm, frames in cases:
+        landed: list[object] = []
+        relayed: list[int] = []
+        plane = ChainPlane(1, lambda to, f, r=relayed: r.append(to), lambda k, p, ld=landed: ld.append(p))
+        with pytest.raises(da.ProtocolViolation):
+            for f in frames:
+                plane.receive(frm, f, b"raw")
+        assert landed == [], why
+        assert len(relayed) <= 1, why  # only an accepted first block was passed on
+    # the genuine frames: member 1 relays each to 2 and lands the payload
+    landed = []
+    relayed = []
+    plane = ChainPlane(1, lambda to, f: relayed.append(to), lambda k, p: landed.append(p))
+    for f in good:
+        plane.receive(0, f, b"raw")
+    assert relayed == [2, 2, 2] and landed == [b"\x07" * 10_000]
+    tail: list[object] = []
+    last = ChainPlane(2, lambda to, f: relayed.append(to), lambda k, p: tail.append(p))
+    with pytest.raises(da.ProtocolViolation):
+        last.receive(0, good[0], b"raw")  # 2's predecessor is 1, not the origin
+    for f in good:
+        last.receive(1, f, b"raw")
+    assert tail == [b"\x07" * 10_000] and relayed == [2, 2, 2]
