@@ -21,6 +21,12 @@ is exactly ``total`` bytes; ``count`` and every block length follow from ``total
 ``count`` and ``total``. Anything else is a :class:`ProtocolViolation` (the driver drops the
 frame and reports the sender).
 
+Pacing: every frame on a link shares one ordered stream with that link's row pushes, so a
+sender queues at most ``_PACE_BYTES`` of blocks at a time on its first link and waits until the
+transport handed them to the kernel (``TcpTransport.flushed``) before queuing more; heartbeats
+and ordering pushes interleave with the blocks instead of waiting behind a whole payload.
+Relays forward at the rate blocks arrive.
+
 Failures: a relay that crashes stops the flow downstream, so its successors never land the
 message. The core then counts it as not received there: the ragged trim delivers it at every
 survivor or at none, and a surviving sender re-sends it in the next view under a new key.
@@ -29,8 +35,9 @@ Assemblies of views older than the installed one are dropped when it is installe
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +62,8 @@ log = logging.getLogger("derecho_async.dataplane")
 Key = tuple[int, int, int]
 
 BLOCK_SIZE = 1 << 20
+#: bytes a sender queues on its first link before waiting for the kernel to take them
+_PACE_BYTES = 4 << 20
 _MIN_BLOCK = 4096
 _MAX_BLOCK = 64 << 20
 _MAX_CHAIN = 4096
@@ -90,6 +99,7 @@ class ChainPlane:
         send: Callable[[int, bytes], None],
         landed: Callable[[Key, object], None],
         block_size: int = BLOCK_SIZE,
+        flushed: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         if not _MIN_BLOCK <= block_size <= _MAX_BLOCK:
             raise ValueError(f"block_size {block_size}")
@@ -100,6 +110,8 @@ class ChainPlane:
         self.sent = 0  # payloads this member started (statistics, tests)
         self.landed = 0  # payloads that landed here
         self.assemblies: dict[Key, _Assembly] = {}
+        self._flushed = flushed
+        self._pumps: set[asyncio.Task[None]] = set()
         self.buffers = RecvBuffers()
         self._view_id = -1
 
@@ -123,13 +135,42 @@ class ChainPlane:
         count = max(1, -(-total // bs))
         head = msgpack.packb([chain, meta, bs], use_bin_type=True)
         first = chain[0]
-        for i in range(count):
+
+        def frame(i: int) -> bytes:
             block = flat[i * bs : min(total, (i + 1) * bs)]
-            self._send(
-                first, env.encode(env.BLOCK, *key, i, count, total, head if i == 0 else b"", block)
-            )
+            return env.encode(env.BLOCK, *key, i, count, total, head if i == 0 else b"", block)
+
         self.sent += 1
+        if self._flushed is None or count * bs <= _PACE_BYTES:
+            for i in range(count):
+                self._send(first, frame(i))
+        else:
+            task = asyncio.get_running_loop().create_task(self._pump(key, first, count, frame))
+            self._pumps.add(task)
+            task.add_done_callback(self._pump_done)
         return True
+
+    async def _pump(
+        self, key: Key, first: int, count: int, frame: Callable[[int], bytes]
+    ) -> None:
+        """Send the blocks of ``key`` with at most ``_PACE_BYTES`` queued on the link beyond
+        what the kernel holds; gives up when a newer view makes the message moot."""
+        assert self._flushed is not None
+        queued = 0
+        for i in range(count):
+            if key[0] < self._view_id:
+                return  # superseded: re-sent under a new key if its sender survives
+            data = frame(i)
+            self._send(first, data)
+            queued += len(data)
+            if queued >= _PACE_BYTES and i + 1 < count:
+                await self._flushed(first)
+                queued = 0
+
+    def _pump_done(self, task: asyncio.Task[None]) -> None:
+        self._pumps.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("member %d: sending blocks failed: %r", self.member_id, task.exception())
 
     def on_own_delivered(self, key: Key) -> None:
         pass  # nothing held: the frames were handed to the transport
@@ -226,3 +267,6 @@ class ChainPlane:
 
     def close(self) -> None:
         self.assemblies.clear()
+        for task in self._pumps:
+            task.cancel()
+        self._pumps.clear()

@@ -3,10 +3,18 @@
 Theory of operation: an ordered call whose arguments hold arrays (numpy, CuPy, torch, anything
 with ``__cuda_array_interface__`` or DLPack) is encoded with the arrays *out of band*: the msgpack
 call carries a reference (dtype, shape, kind) for each, and the arrays ride beside it as an
-:class:`OutOfBand` payload. The core orders the call's descriptor like any message and counts it
-received at a member only once :meth:`HostStagingPlane.receive` has rebuilt its arrays there.
+:class:`OutOfBand` payload. A plain message larger than a slot is a large payload too. The core
+orders the descriptor like any message and counts it received at a member only once a plane
+has landed its payload there.
 
-This module's plane stages through host memory: the sender copies each array to host bytes
+Planes (:class:`Plane`) are chosen per payload by the driver (``Driver.start_transfer``): the
+bulk host planes, :mod:`.shmplane` (shm) and :mod:`.chainplane` (tcp), take plain bytes and calls
+whose arrays are host numpy arrays; this module holds what they share: the *flat layout* of a
+host payload (:func:`flat_meta`, :func:`flat_layout`, :func:`write_flat`, :func:`read_flat`: the
+call, then each array little-endian on a 64-byte boundary, described by a small validated meta)
+and :class:`RecvBuffers` (pre-faulted receive buffers, recycled when the delivered arrays die).
+
+The fallback plane here, :class:`HostStagingPlane`, stages through host memory: the sender copies each array to host bytes
 (device arrays on a worker thread, so the event loop never waits for the GPU) and sends one DATA
 frame per receiver on the reliable channel; the receiver rebuilds arrays of the same kind on its
 own device (CuPy arrays with CuPy, torch tensors on torch's current CUDA device, numpy otherwise;

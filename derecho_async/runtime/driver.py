@@ -129,7 +129,9 @@ class Driver:
         elif isinstance(transport, TcpTransport):
             from derecho_async.runtime.chainplane import ChainPlane
 
-            plane = ChainPlane(self.member_id, transport.send, self._data_landed)
+            plane = ChainPlane(
+                self.member_id, transport.send, self._data_landed, flushed=transport.flushed
+            )
         if plane is not None:
             self.add_plane(plane)
 
