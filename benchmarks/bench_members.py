@@ -145,6 +145,9 @@ async def _stream(group: da.Group, handle: Any, sink: BenchSink, ph: Phase) -> d
 
     workers = [asyncio.ensure_future(worker()) for _ in range(depth)] if me in senders else []
     while sink.puts < sink.target:
+        for w in workers:  # a failed call (e.g. this member was partitioned) ends the run
+            if w.done() and not w.cancelled() and w.exception() is not None:
+                raise w.exception()  # type: ignore[misc]
         sink.wake.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(sink.wake.wait(), 0.5)

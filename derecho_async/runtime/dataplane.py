@@ -377,7 +377,7 @@ class RecvBuffers:
     buffers are kept.
     """
 
-    def __init__(self, min_bytes: int = 1 << 20, keep_bytes: int = 1 << 30) -> None:
+    def __init__(self, min_bytes: int = 1 << 20, keep_bytes: int = 512 << 20) -> None:
         self.min_bytes = min_bytes
         self.keep_bytes = keep_bytes
         self._free: dict[int, list[Any]] = {}
