@@ -178,6 +178,7 @@ class ShmPlane:
         self._peers: dict[tuple[int, int], PoolSegment] = {}
         self.buffers = RecvBuffers()
         self._closed = False
+        self._view_id = -1
 
     # -- sending -------------------------------------------------------------------------------
     def start(self, key: Key, payload: object, targets: tuple[int, ...]) -> bool:
@@ -217,7 +218,7 @@ class ShmPlane:
 
     def on_event(self, event: object) -> None:
         if isinstance(event, ViewInstalled):
-            vid = event.view.view_id
+            self._view_id = vid = event.view.view_id
             for key in [k for k in self.outstanding if k[0] < vid]:
                 self._release(key)
             members = set(event.view.members)
@@ -234,6 +235,10 @@ class ShmPlane:
         _, view_id, src, msg_no, index, gen, off, length, meta = msg
         if src != sender:
             raise ProtocolViolation(f"shm descriptor for sender {src} sent by {sender}")
+        if view_id < self._view_id:
+            # Moot: that view ended here (its shard was frozen before the next was installed),
+            # and its sender may since have freed the region or even re-created the segment.
+            return
         layout = flat_layout(meta, limit=length)
         if layout.total != length:
             raise ProtocolViolation(f"shm descriptor of {length} bytes, its meta says {layout.total}")

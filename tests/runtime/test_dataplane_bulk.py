@@ -283,6 +283,14 @@ def test_hostile_shm_descriptors_are_protocol_violations() -> None:
             with pytest.raises(da.ProtocolViolation):
                 receiver.receive(frm, desc, b"")
             assert landed == [], why
+        # a descriptor of a view that ended here is moot: ignored, whatever it names
+        from derecho_async.core import View, ViewInstalled
+
+        receiver.on_event(ViewInstalled(View(1, (1, 2)), (), (), True))
+        for _why, frm, desc in _hostile_descriptors(good)[2:]:
+            receiver.receive(frm, desc, b"")
+        assert landed == []
+        receiver.on_event(ViewInstalled(View(0, (1, 2)), (), (), True))  # (test only: rewind)
         receiver.receive(1, good, b"")  # the genuine one still lands, intact
         (got,) = landed
         assert got.call == b"the call"  # type: ignore[attr-defined]
