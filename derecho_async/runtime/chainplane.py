@@ -7,7 +7,9 @@ and different senders start at different members). The sender sends every block 
 member of the chain only; each member, as soon as a block arrives and checks out, forwards the
 very same frame to its successor and copies the block into its assembly buffer. So the sender's
 link carries the payload once whatever the group size, and with ``k`` blocks the last member
-has it after ``k + len(chain) - 1`` block times instead of ``len(chain) * k``.
+has it after ``k + len(chain) - 1`` block times instead of ``len(chain) * k``. A payload of one
+block has nothing to pipeline: the sender sends it to every target itself, each frame naming a
+chain of one, so nobody waits for a relay.
 
 Frames (channel messages)::
 
@@ -133,6 +135,14 @@ class ChainPlane:
         bs = self.block_size
         total = layout.total
         count = max(1, -(-total // bs))
+        if count == 1:
+            # One block: nothing to pipeline, so each target gets it straight from the sender
+            # (a chain of one) and nobody waits for a relay.
+            self.sent += 1
+            for t in chain:
+                head = msgpack.packb([[t], meta, bs], use_bin_type=True)
+                self._send(t, env.encode(env.BLOCK, *key, 0, 1, total, head, flat))
+            return True
         head = msgpack.packb([chain, meta, bs], use_bin_type=True)
         first = chain[0]
 

@@ -314,7 +314,10 @@ def _block_frames(chain_targets: tuple[int, ...], nbytes: int) -> list[list[Any]
     frames: list[tuple[int, bytes]] = []
     plane = ChainPlane(0, lambda to, f: frames.append((to, f)), lambda k, p: None, 4096)
     assert plane.start((2, 0, 9), b"\x07" * nbytes, chain_targets)
-    assert {to for to, _ in frames} == {min(chain_targets)}
+    if nbytes > 4096:
+        assert {to for to, _ in frames} == {min(chain_targets)}
+    else:
+        assert [to for to, _ in frames] == sorted(chain_targets)
     return [env.decode(f) for _, f in frames]
 
 
@@ -370,6 +373,13 @@ def test_hostile_blocks_are_protocol_violations() -> None:
     for f in good:
         plane.receive(0, f, b"raw")
     assert relayed == [2, 2, 2] and landed == [b"\x07" * 10_000]
+    # one block: the sender sends it to each target directly (a chain of one each)
+    single = _block_frames((1, 2, 3), 4096)
+    assert [msgpack.unpackb(f[7])[0] for f in single] == [[1], [2], [3]]
+    one: list[object] = []
+    plane = ChainPlane(2, lambda to, f: relayed.append(to), lambda k, p: one.append(p))
+    plane.receive(0, single[1], b"raw")
+    assert one == [b"\x07" * 4096]
     tail: list[object] = []
     last = ChainPlane(2, lambda to, f: relayed.append(to), lambda k, p: tail.append(p))
     with pytest.raises(da.ProtocolViolation):
