@@ -23,6 +23,9 @@ envelope kind: :attr:`Driver.receivers` maps each kind to its plane. The bulk pl
 by transport: shm gets :mod:`.shmplane` (written once into the sender's shared pool, copied out
 by each receiver), tcp gets :mod:`.chainplane` (a pipelined chain multicast in blocks). A plane
 also sees the core's events (its own deliveries and view installs are its freeing points).
+Another plane (a CUDA-IPC plane for device arrays) joins with ``add_plane(plane, first=True)``:
+its ``start`` returns False for payloads it does not move, and each of its frame kinds needs a
+shape in :mod:`.envelope` (decoding validates every field before a plane sees it).
 A data frame that breaks the protocol is dropped and its sender reported as failed: the message
 could never land, and nothing would be stable again while its sender stays in the view.
 """

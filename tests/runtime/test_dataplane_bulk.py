@@ -440,3 +440,72 @@ def test_flat_layout_round_trips_arrays_of_every_kind() -> None:
     assert read_flat(flat_layout(flat_meta(b"xyz")), b"xyz") == b"xyz"
     assert flat_meta(OutOfBand(b"", (np.zeros(2, dtype=[("a", "i4")]),))) is None
     assert flat_meta(object()) is None
+
+
+# -- the routing hook (where a GPU plane plugs in) ---------------------------------------------
+
+
+class _Declining:
+    """A plane that takes nothing: it sees every offer, own delivery and event."""
+
+    kinds: tuple[int, ...] = ()
+
+    def __init__(self) -> None:
+        self.offers: list[tuple[int, int, int]] = []
+        self.own_delivered: list[tuple[int, int, int]] = []
+        self.views: list[int] = []
+
+    def start(self, key: tuple[int, int, int], payload: object, targets: tuple[int, ...]) -> bool:
+        self.offers.append(key)
+        return False
+
+    def receive(self, sender: int, msg: list[Any], raw: bytes) -> None:
+        raise AssertionError("no frames of mine")
+
+    def on_own_delivered(self, key: tuple[int, int, int]) -> None:
+        self.own_delivered.append(key)
+
+    def on_event(self, event: object) -> None:
+        from derecho_async.core import ViewInstalled
+
+        if isinstance(event, ViewInstalled):
+            self.views.append(event.view.view_id)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("transport", ["sim", "shm"])
+async def test_a_plane_added_first_is_offered_every_transfer_before_the_others(
+    transport: str,
+) -> None:
+    if transport == "sim":
+        name = f"hook{os.getpid()}x{next(_ids)}"
+        configs = [
+            da.Config(group=name, member_id=i, initial_members=3, transport="sim", max_payload=SLOT)
+            for i in range(3)
+        ]
+    else:
+        configs = _configs("shm", 3)
+    groups = list(
+        await asyncio.gather(*(da.Group.join(c, actors=[Sink], timeout=20) for c in configs))
+    )
+    try:
+        hooks = []
+        for g in groups:
+            assert g._driver is not None
+            hook = _Declining()
+            g._driver.add_plane(hook, first=True)
+            hooks.append(hook)
+        await groups[1].subgroup(Sink).put(b"y" * 1000)
+        await groups[1].subgroup(Sink).arrays("z", [np.arange(10)])
+        await groups[1].subgroup(Sink).put(b"small")
+        # offered the two large messages; told of every own delivery (the freeing points)
+        assert hooks[1].offers == [(0, 1, 0), (0, 1, 1)]
+        assert hooks[1].own_delivered == [(0, 1, 0), (0, 1, 1), (0, 1, 2)]
+        assert hooks[0].offers == [] and hooks[2].offers == []
+        logs = [g.local(Sink).log for g in groups]  # type: ignore[attr-defined]
+        assert len(logs[0]) == 3 and logs[0] == logs[1] == logs[2]  # the next plane moved them
+    finally:
+        for g in groups:
+            await g.leave()
