@@ -196,6 +196,10 @@ class ShmPlane:
         region = seg.data[off : off + layout.total]
         try:
             write_flat(payload, layout, region)
+        except Exception as exc:  # e.g. an array resized under us: let staging report it
+            self.pool.free(seg.index, off, size)
+            log.warning("member %d: shm plane could not lay out %s: %r", self.member_id, key, exc)
+            return False
         finally:
             region.release()
         self.outstanding[key] = (seg.index, off, size)
