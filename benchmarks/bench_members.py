@@ -117,22 +117,26 @@ async def _barrier(group: da.Group, handle: Any, sink: BenchSink, phase: int) ->
     await call
 
 
-async def _stream(group: da.Group, handle: Any, sink: BenchSink, ph: Phase) -> dict[str, Any]:
+def _payload(me: int, ph: Phase) -> Any:
+    """What a sender of phase ``ph`` sends (made before the phase's clock starts)."""
+    if me not in ph["senders"]:
+        return None
+    if ph["kind"] == "blob":
+        import numpy as np
+
+        return np.ones(ph["size"], dtype=np.uint8)
+    return b"x" * ph["size"]
+
+
+async def _stream(
+    group: da.Group, handle: Any, sink: BenchSink, ph: Phase, payload: Any
+) -> dict[str, Any]:
     me = group.member_id
     senders: list[int] = ph["senders"]
     count: int = ph["count"]
-    size: int = ph["size"]
     depth: int = ph["depth"]
-    blob = ph["kind"] == "blob"
     latencies: list[float] = []
-    if blob:
-        import numpy as np
-
-        payload: Any = np.ones(size, dtype=np.uint8)
-        method = handle.blob
-    else:
-        payload = b"x" * size
-        method = handle.put
+    method = handle.blob if ph["kind"] == "blob" else handle.put
     next_i = 0
 
     async def worker() -> None:
@@ -145,6 +149,9 @@ async def _stream(group: da.Group, handle: Any, sink: BenchSink, ph: Phase) -> d
 
     workers = [asyncio.ensure_future(worker()) for _ in range(depth)] if me in senders else []
     while sink.puts < sink.target:
+        for w in workers:  # a failed call (e.g. this member was partitioned) ends the run
+            if w.done() and not w.cancelled() and w.exception() is not None:
+                raise w.exception()  # type: ignore[misc]
         sink.wake.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(sink.wake.wait(), 0.5)
@@ -179,13 +186,15 @@ async def _member(config: da.Config, q: Any, plan: list[Phase], profile: str | N
         sink.members = set(group.view.members)
         for i, ph in enumerate(plan):
             sink.next_target = ph["count"] * len(ph["senders"])
+            payload = _payload(me, ph)
             await _barrier(group, handle, sink, i)
             if profile and ph.get("profile"):
                 import cProfile
 
                 prof = cProfile.Profile()
                 prof.enable()
-            report = await _stream(group, handle, sink, ph)
+            report = await _stream(group, handle, sink, ph, payload)
+            del payload
             if prof is not None:
                 prof.disable()
                 prof.dump_stats(profile)

@@ -1,6 +1,7 @@
 """Comparison benchmarks of derecho_async against its peers, in one command.
 
 Usage: python benchmarks/compare.py [--quick] [--only derecho,pyzmq,pysyncobj] [--out DIR]
+       python benchmarks/compare.py --large [--quick]
        python benchmarks/compare.py --profile [--quick]
 
 Prints five tables (markdown), each headed by the core count and the command line; every ratio
@@ -12,8 +13,8 @@ is computed from figures measured in the same run:
 2. Latency of one ordered call, closed loop (depth 1), one sender, 3 members over shm, with a
    histogram in ``DIR/latency_hist.png`` (matplotlib).
 3. Message sizes 64 B - 64 KB (shm, 3 members, all senders), and large host payloads (numpy
-   arrays, 1-256 MB, one sender, MB/s delivered at the receivers) beside a numpy memcpy of the
-   same size.
+   arrays, 1-256 MB, one sender, MB/s delivered at the receivers) over shm (3b) and tcp (3c)
+   beside a numpy memcpy of the same size. ``--large`` runs only these two tables.
 4. Scaling: 2, 3, 5, 8 members (shm, 1 KB, all senders).
 5. Idle CPU of a formed group (the measurement of benchmarks/idle_cpu.py).
 
@@ -405,36 +406,69 @@ def table_sizes(rep: Report, scale: Scale, quick: bool) -> None:
         rows,
         f"{scale.sizes} calls per sender per size, depth {DEPTH}; rates at the slowest member.",
     )
-    plan = [
-        {"kind": "blob", "senders": [0], "count": c, "size": mb << 20, "depth": 1}
-        for mb, c in scale.large
-    ]
-    blob_warm = {"kind": "blob", "senders": [0], "count": 2, "size": 1 << 20, "depth": 1}
-    big = sum(mb * c for mb, c in scale.large)
-    res = run_group(
-        rep, "derecho large", 3, "shm", [blob_warm, *plan], scale, 120.0 + big / 5, 120.0
-    )[1:]
-    rows = [
-        ["payload", "messages", "derecho MB/s (receiver)", "numpy memcpy MB/s", "derecho / memcpy"]
-    ]
-    for k, (mb, count) in enumerate(scale.large):
-        copy = rep.attempt("memcpy", memcpy_mb_s, mb << 20)
-        got = res[k]
-        if got is None:
-            rows.append([f"{mb} MB", str(count), "failed", num(copy), "-"])
-            continue
-        recv = {m: r for m, r in got.items() if m != 0}
-        rate = min_rate(recv, "mb_per_s")
-        rows.append([f"{mb} MB", str(count), num(rate), num(copy), ratio(rate, copy)])
-    skipped = "" if not quick else " (--quick: 256 MB left out, fewer messages)"
-    rep.table(
-        "3b. Large host payloads: one sender, 2 receivers, shm, vs numpy memcpy" + skipped,
-        rows,
-        "derecho: numpy uint8 arrays as ordered-call arguments (the data plane), one outstanding "
-        "call; MB/s delivered at the slower receiver from the phase barrier to the last "
-        "delivery. memcpy: `np.copyto` of the same size in this process, best of 5 (1 MB = 2^20 "
-        "B; MB/s = 10^6 B/s).",
-    )
+    table_large(rep, scale, quick, ("shm", "tcp"))
+
+
+def table_large(
+    rep: Report, scale: Scale, quick: bool, transports: tuple[str, ...], members: int = 3
+) -> None:
+    """Large host payloads on the data plane of each transport, beside memcpy of the size."""
+    copies = {mb: rep.attempt("memcpy", memcpy_mb_s, mb << 20) for mb, _ in scale.large}
+    for t, transport in enumerate(transports):
+        # Each timed phase follows one unreported message of its size: pool segments and
+        # receive buffers are made (and page-faulted) on first use, then reused.
+        plan = [
+            {"kind": "blob", "senders": [0], "count": n, "size": mb << 20, "depth": 1}
+            for mb, c in scale.large
+            for n in (1, c)
+        ]
+        blob_warm = {"kind": "blob", "senders": [0], "count": 2, "size": 1 << 20, "depth": 1}
+        big = sum(mb * (c + 1) for mb, c in scale.large)
+        res = run_group(
+            rep,
+            f"derecho large {transport}",
+            members,
+            transport,
+            [blob_warm, *plan],
+            scale,
+            120.0 + big / 5,
+            120.0,
+        )[1:]
+        rows = [
+            [
+                "payload",
+                "messages",
+                "derecho MB/s (receiver)",
+                "numpy memcpy MB/s",
+                "derecho / memcpy",
+            ]
+        ]
+        for k, (mb, count) in enumerate(scale.large):
+            copy = copies[mb]
+            got = res[2 * k + 1]
+            if got is None:
+                rows.append([f"{mb} MB", str(count), "failed", num(copy), "-"])
+                continue
+            recv = {m: r for m, r in got.items() if m != 0}
+            rate = min_rate(recv, "mb_per_s")
+            rows.append([f"{mb} MB", str(count), num(rate), num(copy), ratio(rate, copy)])
+        skipped = "" if not quick else " (--quick: 256 MB left out, fewer messages)"
+        plane = {
+            "shm": "the shm pool: written once into the sender's shared segment, copied out "
+            "once by each receiver",
+            "tcp": "the tcp chain: 1 MiB blocks, sender -> member 1 -> member 2, relayed as "
+            "they arrive",
+        }.get(transport, "host staging")
+        rep.table(
+            f"3{'bcdefg'[t]}. Large host payloads: one sender, {members - 1} receivers, "
+            f"{transport}, vs numpy memcpy" + skipped,
+            rows,
+            f"derecho: numpy uint8 arrays as ordered-call arguments on {plane}; one outstanding "
+            "call; MB/s delivered at the slower receiver from the phase barrier to the last "
+            "delivery, after one unreported message of the same size (first-use costs: pool "
+            "segments and receive buffers are created and page-faulted once, then reused). memcpy: `np.copyto` of the same size in this process, best of 5 (1 MB = "
+            "2^20 B; MB/s = 10^6 B/s).",
+        )
 
 
 def fmt_size(s: int) -> str:
@@ -587,6 +621,11 @@ def main(argv: list[str] | None = None) -> int:
         "none for --quick)",
     )
     parser.add_argument("--profile", action="store_true", help="profile a shm run instead")
+    parser.add_argument(
+        "--large",
+        action="store_true",
+        help="run only the large-payload tables (3b, 3c: shm and tcp data planes)",
+    )
     args = parser.parse_args(argv)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     unknown = only - set(SYSTEMS)
@@ -605,8 +644,11 @@ def main(argv: list[str] | None = None) -> int:
     rep.emit(f"- machine: {machine()}")
     rep.emit(f"- command: `{command}`")
     rep.emit()
-    table_throughput(rep, scale, only)
-    if "derecho" in only:
+    if args.large:
+        table_large(rep, scale, args.quick, ("shm", "tcp"))
+    else:
+        table_throughput(rep, scale, only)
+    if "derecho" in only and not args.large:
         table_latency(rep, scale, args.out)
         table_sizes(rep, scale, args.quick)
         table_scaling(rep, scale)

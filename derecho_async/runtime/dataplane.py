@@ -3,10 +3,18 @@
 Theory of operation: an ordered call whose arguments hold arrays (numpy, CuPy, torch, anything
 with ``__cuda_array_interface__`` or DLPack) is encoded with the arrays *out of band*: the msgpack
 call carries a reference (dtype, shape, kind) for each, and the arrays ride beside it as an
-:class:`OutOfBand` payload. The core orders the call's descriptor like any message and counts it
-received at a member only once :meth:`HostStagingPlane.receive` has rebuilt its arrays there.
+:class:`OutOfBand` payload. A plain message larger than a slot is a large payload too. The core
+orders the descriptor like any message and counts it received at a member only once a plane
+has landed its payload there.
 
-This module's plane stages through host memory: the sender copies each array to host bytes
+Planes (:class:`Plane`) are chosen per payload by the driver (``Driver.start_transfer``): the
+bulk host planes, :mod:`.shmplane` (shm) and :mod:`.chainplane` (tcp), take plain bytes and calls
+whose arrays are host numpy arrays; this module holds what they share: the *flat layout* of a
+host payload (:func:`flat_meta`, :func:`flat_layout`, :func:`write_flat`, :func:`read_flat`: the
+call, then each array little-endian on a 64-byte boundary, described by a small validated meta)
+and :class:`RecvBuffers` (pre-faulted receive buffers, recycled when the delivered arrays die).
+
+The fallback plane here, :class:`HostStagingPlane`, stages through host memory: the sender copies each array to host bytes
 (device arrays on a worker thread, so the event loop never waits for the GPU) and sends one DATA
 frame per receiver on the reliable channel; the receiver rebuilds arrays of the same kind on its
 own device (CuPy arrays with CuPy, torch tensors on torch's current CUDA device, numpy otherwise;
@@ -20,14 +28,26 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack  # type: ignore[import-untyped]
 
 from derecho_async.codec import DTYPES
 from derecho_async.errors import ProtocolViolation
 
-__all__ = ["ArrayInfo", "HostStagingPlane", "OutOfBand", "array_info"]
+__all__ = [
+    "ArrayInfo",
+    "FlatLayout",
+    "HostStagingPlane",
+    "OutOfBand",
+    "Plane",
+    "RecvBuffers",
+    "array_info",
+    "flat_layout",
+    "flat_meta",
+    "read_flat",
+    "write_flat",
+]
 
 log = logging.getLogger("derecho_async.dataplane")
 
@@ -242,3 +262,215 @@ class HostStagingPlane:
             return OutOfBand(call, tuple(_rebuild(*c) for c in checked))
 
         return build if any_gpu else build()
+
+
+# -- the flat host layout shared by the bulk planes (shm pool, tcp chain) ----------------------
+#
+# A host payload is laid out as one contiguous byte range: for plain bytes, the bytes; for a
+# call, the encoded call at offset 0, then each array's elements (C order, little-endian), each
+# starting on a 64-byte boundary. Its *meta* travels beside it and is all a receiver needs to
+# rebuild the payload: ``[0, length]`` (plain) or ``[1, call_length, [[dtype, shape], ...]]``.
+# The receiver recomputes the layout from the meta alone and checks it against the bytes.
+
+_ALIGN = 64
+
+
+@dataclass(frozen=True, slots=True)
+class FlatLayout:
+    """Where each piece of a flat payload lies: the call (or plain bytes) and every array."""
+
+    plain: bool
+    head: int  # bytes of the call (or of the plain payload), at offset 0
+    arrays: tuple[tuple[int, str, tuple[int, ...], int], ...]  # (offset, dtype, shape, nbytes)
+    total: int
+
+
+def flat_meta(payload: object) -> list[Any] | None:
+    """The meta of ``payload`` if a bulk host plane can move it (plain bytes, or a call whose
+    arrays are all host numpy arrays of :data:`DTYPES`), else None."""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return [_PLAIN, memoryview(payload).nbytes]
+    if not isinstance(payload, OutOfBand):
+        return None
+    specs: list[list[Any]] = []
+    for a in payload.arrays:
+        if type(a).__module__.split(".")[0] != "numpy" or not hasattr(a, "__array_interface__"):
+            return None
+        n: Any = a
+        dtype = str(n.dtype.name)
+        if dtype not in DTYPES or n.dtype.fields is not None:
+            return None
+        specs.append([dtype, list(n.shape)])
+    return [_CALL, len(payload.call), specs]
+
+
+def _bad(why: str) -> ProtocolViolation:
+    return ProtocolViolation(f"bad data-plane meta: {why}")
+
+
+def flat_layout(meta: object, limit: int = 1 << 62) -> FlatLayout:
+    """Validate ``meta`` (it may come from the network) and compute its layout; the total must
+    not exceed ``limit``. Raises :class:`ProtocolViolation`."""
+    if not isinstance(meta, list) or not meta or meta[0] not in (_PLAIN, _CALL):
+        raise _bad("not [kind, ...]")
+    if meta[0] == _PLAIN:
+        if len(meta) != 2 or type(meta[1]) is not int or not 0 <= meta[1] <= limit:
+            raise _bad("plain meta must be [0, length]")
+        return FlatLayout(True, meta[1], (), meta[1])
+    if len(meta) != 3 or type(meta[1]) is not int or not isinstance(meta[2], list):
+        raise _bad("call meta must be [1, call_length, arrays]")
+    head, specs = meta[1], meta[2]
+    if not 0 <= head <= limit or len(specs) > _MAX_ARRAYS:
+        raise _bad(f"call of {head} bytes with {len(specs)} arrays")
+    pos = head
+    arrays = []
+    for spec in specs:
+        if not (isinstance(spec, list) and len(spec) == 2):
+            raise _bad("array spec must be [dtype, shape]")
+        dtype, shape = spec
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise _bad(f"array dtype {dtype!r}")
+        if not isinstance(shape, list) or len(shape) > 32 or not all(
+            type(n) is int and 0 <= n <= limit for n in shape
+        ):
+            raise _bad(f"array shape {shape!r}")
+        nbytes = DTYPES[dtype]
+        for n in shape:
+            nbytes *= n
+            if nbytes > limit:
+                raise _bad(f"array of shape {shape} {dtype} is too large")
+        pos = (pos + _ALIGN - 1) & ~(_ALIGN - 1)
+        arrays.append((pos, dtype, tuple(shape), nbytes))
+        pos += nbytes
+        if pos > limit:
+            raise _bad(f"payload larger than {limit} bytes")
+    return FlatLayout(False, head, tuple(arrays), pos)
+
+
+def write_flat(payload: object, layout: FlatLayout, dst: memoryview) -> None:
+    """Copy ``payload`` into ``dst`` (``layout.total`` bytes) in the flat layout: one copy per
+    piece, byte order and strides converted on the way."""
+    if layout.plain:
+        dst[: layout.total] = memoryview(payload).cast("B")  # type: ignore[arg-type]
+        return
+    assert isinstance(payload, OutOfBand)
+    import numpy as np
+
+    dst[: layout.head] = payload.call
+    for (off, dtype, shape, nbytes), arr in zip(layout.arrays, payload.arrays, strict=True):
+        if nbytes:
+            le = np.dtype(dtype).newbyteorder("<")
+            out = np.frombuffer(dst, dtype=le, count=nbytes // le.itemsize, offset=off)
+            out.reshape(shape)[...] = arr
+
+
+class RecvBuffers:
+    """Pre-faulted receive buffers, recycled when the arrays built over them die.
+
+    Arrays handed to handlers are owned by the application, so a receiver needs a fresh buffer
+    for every message; fresh anonymous memory costs a page fault per 4 KiB page on first touch,
+    which (in VMs especially) costs more than the copy itself. Buffers of at least
+    ``min_bytes`` therefore come from size classes (an eighth of a power of two apart) of
+    anonymous mappings populated in one system call (``MAP_POPULATE``); each is handed out as a uint8 array that every array
+    of the message is a view of, and a ``weakref.finalize`` on that array returns the mapping
+    to the free list once the application dropped the last view. At most ``keep_bytes`` of free
+    buffers are kept.
+    """
+
+    def __init__(self, min_bytes: int = 1 << 20, keep_bytes: int = 512 << 20) -> None:
+        self.min_bytes = min_bytes
+        self.keep_bytes = keep_bytes
+        self._free: dict[int, list[Any]] = {}
+        self.kept = 0  # bytes of free buffers held
+        self.created = 0  # mappings made (statistics, tests)
+
+    def take(self, nbytes: int) -> Any:
+        """A writable uint8 numpy array of ``nbytes`` (contents undefined)."""
+        import numpy as np
+
+        if nbytes < self.min_bytes:
+            return np.empty(nbytes, np.uint8)
+        import mmap
+        import weakref
+
+        # size classes an eighth of a power of two apart: at most 12.5% over what is asked
+        step = 1 << max(12, (nbytes - 1).bit_length() - 3)
+        size = (nbytes + step - 1) // step * step
+        free = self._free.get(size)
+        if free:
+            mm = free.pop()
+            self.kept -= size
+        else:
+            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20)
+            flags |= getattr(mmap, "MAP_POPULATE", 0)
+            mm = mmap.mmap(-1, size, flags=flags)
+            self.created += 1
+        base = np.frombuffer(mm, np.uint8, count=nbytes)
+        weakref.finalize(base, self._give_back, size, mm)
+        return base
+
+    def _give_back(self, size: int, mm: Any) -> None:
+        if self.kept + size <= self.keep_bytes:
+            self._free.setdefault(size, []).append(mm)
+            self.kept += size
+
+
+def read_flat(
+    layout: FlatLayout,
+    data: bytes | bytearray | memoryview | None,
+    buffers: RecvBuffers | None = None,
+    owned: Any = None,
+) -> object:
+    """Rebuild the payload from its flat bytes (``layout.total`` long, already validated).
+
+    Plain payloads become ``bytes`` (one copy of ``data``). A call's arrays are numpy arrays
+    built directly over one writable copy of ``data`` taken from ``buffers`` (or, with
+    ``owned``, over that uint8 array, which already holds the bytes: no copy at all).
+    """
+    if owned is None:
+        assert data is not None
+        if len(data) != layout.total:
+            raise ProtocolViolation(f"flat payload of {len(data)} bytes, meta says {layout.total}")
+        if layout.plain:
+            return data if isinstance(data, bytes) else bytes(data)
+    import numpy as np
+
+    if owned is None:
+        owned = (buffers or RecvBuffers()).take(layout.total)
+        assert data is not None
+        owned[:] = np.frombuffer(data, np.uint8)
+    call = owned[: layout.head].tobytes()
+    arrays: list[object] = []
+    for off, dtype, shape, nbytes in layout.arrays:
+        want = np.dtype(dtype)
+        le = want.newbyteorder("<")
+        a = owned[off : off + nbytes].view(le) if nbytes else np.zeros(0, dtype=le)
+        arrays.append(a.reshape(shape).astype(want, copy=False))
+    return OutOfBand(call, tuple(arrays))
+
+
+class Plane(Protocol):
+    """A data plane the driver routes payloads to (see :mod:`derecho_async.runtime.driver`).
+
+    ``kinds`` are the envelope kinds it receives. ``start`` ships a payload for data key ``key``
+    (view_id, sender, msg_no) to ``targets`` and returns True, or returns False at once, doing
+    nothing, when it does not move that payload (the driver offers it to the next plane).
+    ``receive`` takes one of its frames, decoded (``raw`` is the encoded frame, for relaying),
+    and calls the driver's ``landed(key, payload)`` once the payload is complete here; it raises
+    :class:`ProtocolViolation` for a bad frame. ``on_own_delivered`` is told when this member
+    delivered its own message ``key`` (stable: it landed everywhere); ``on_event`` sees every
+    other core event in order (view installs, leaving); ``close`` releases what it holds.
+    """
+
+    kinds: tuple[int, ...]
+
+    def start(self, key: tuple[int, int, int], payload: object, targets: tuple[int, ...]) -> bool:
+        ...
+
+    def receive(self, sender: int, msg: list[Any], raw: bytes) -> None: ...
+
+    def on_own_delivered(self, key: tuple[int, int, int]) -> None: ...
+
+    def on_event(self, event: object) -> None: ...
+
+    def close(self) -> None: ...

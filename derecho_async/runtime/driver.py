@@ -13,11 +13,23 @@ Bootstrap: the *contact* (the lowest configured member id) collects join request
 starts as a joiner whose core retries its join request. A member joining a running group takes
 the same path and is admitted by the leader with a state snapshot.
 
-Large payloads and arrays move on the data plane (:mod:`.dataplane`); landing them reports
-``data_landed`` to the core, which counts them received only then. Device arrays between members
-of one host take the CUDA IPC plane (:mod:`.gpuplane`) to every peer that announced a pool; the
-driver announces its own pool at each view and releases a sent message's staging when the message
-is delivered here.
+Large payloads and arrays move on a data plane; landing them reports ``data_landed`` to the
+core, which counts them received only then. Routing happens in one place:
+:meth:`Driver.start_transfer` offers each transfer to the planes in :attr:`Driver.planes`, in
+order, and the first whose ``start`` returns True owns it; the host-staging plane
+(:mod:`.dataplane`: one DATA frame per receiver on the channel) takes whatever none took (device
+arrays; every payload on transports without a bulk plane: rdma, loopback). Frames arrive by
+envelope kind: :attr:`Driver.receivers` maps each kind to its plane. The bulk planes are chosen
+by transport: shm gets :mod:`.shmplane` (written once into the sender's shared pool, copied out
+by each receiver), tcp gets :mod:`.chainplane` (a pipelined chain multicast in blocks). Device
+arrays between members of one host go first to the CUDA IPC plane (:mod:`.gpuplane`) when it is
+on (``gpu_plane``), for peers that announced a pool. A plane
+also sees the core's events (its own deliveries and view installs are its freeing points).
+Another plane (a CUDA-IPC plane for device arrays) joins with ``add_plane(plane, first=True)``:
+its ``start`` returns False for payloads it does not move, and each of its frame kinds needs a
+shape in :mod:`.envelope` (decoding validates every field before a plane sees it).
+A data frame that breaks the protocol is dropped and its sender reported as failed: the message
+could never land, and nothing would be stable again while its sender stays in the view.
 """
 
 from __future__ import annotations
@@ -26,7 +38,8 @@ import asyncio
 import contextlib
 import logging
 import math
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from derecho_async.config import Config
 from derecho_async.core import (
@@ -50,9 +63,11 @@ from derecho_async.core import (
 from derecho_async.core.effects import Event
 from derecho_async.errors import ProtocolViolation, UsageError
 from derecho_async.runtime import envelope as env
-from derecho_async.runtime.dataplane import HostStagingPlane, OutOfBand, array_info
-from derecho_async.runtime.gpuplane import IpcPlane, gpu_available
+from derecho_async.runtime.dataplane import HostStagingPlane, Plane
 from derecho_async.transport.base import Transport
+
+if TYPE_CHECKING:
+    from derecho_async.runtime.gpuplane import IpcPlane
 
 __all__ = ["Driver", "Host"]
 
@@ -102,7 +117,56 @@ class Driver:
             self._data_landed,
             lambda key, body: env.encode(env.DATA, *key, body),
         )
+        #: bulk planes, tried in order by :meth:`start_transfer` (a GPU plane goes first)
+        self.planes: list[Plane] = []
+        #: envelope kind -> handler of data frames of that kind: (sender, decoded, raw)
+        self.receivers: dict[int, Callable[[int, list[Any], bytes], None]] = {
+            env.DATA: self._staging_receive
+        }
+        self._bulk_planes_for(transport)
         self.gpuplane: IpcPlane | None = None
+
+    def _bulk_planes_for(self, transport: Transport) -> None:
+        from derecho_async.transport.shm import ShmTransport
+        from derecho_async.transport.tcp import TcpTransport
+
+        plane: Plane | None = None
+        if isinstance(transport, ShmTransport):
+            from derecho_async.runtime.shmplane import ShmPlane
+
+            plane = ShmPlane(transport.group, self.member_id, transport.send, self._data_landed)
+        elif isinstance(transport, TcpTransport):
+            from derecho_async.runtime.chainplane import ChainPlane
+
+            plane = ChainPlane(
+                self.member_id, transport.send, self._data_landed, flushed=transport.flushed
+            )
+        if plane is not None:
+            self.add_plane(plane)
+
+    def add_plane(self, plane: Plane, *, first: bool = False) -> None:
+        """Route payloads to ``plane`` (before the others with ``first``) and its frame kinds
+        to its ``receive``."""
+        if first:
+            self.planes.insert(0, plane)
+        else:
+            self.planes.append(plane)
+        for kind in plane.kinds:
+            self.receivers[kind] = plane.receive
+
+    def start_transfer(self, key: tuple[int, int, int], payload: object,
+                       targets: tuple[int, ...]) -> None:
+        """Move one large payload: the first plane that takes it, else host staging."""
+        for plane in self.planes:
+            if plane.start(key, payload, targets):
+                return
+        self.dataplane.start(key, payload, targets)
+
+    def _staging_receive(self, sender: int, msg: list[Any], raw: bytes) -> None:
+        _, view_id, src, msg_no, data = msg
+        if src != sender:
+            raise ProtocolViolation(f"data for sender {src} relayed by {sender}")
+        self.dataplane.receive((view_id, src, msg_no), data)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -125,6 +189,8 @@ class Driver:
         mode = self.config.gpu_plane
         if mode == "host" or (mode == "auto" and self.config.transport != "shm"):
             return
+        from derecho_async.runtime.gpuplane import IpcPlane, gpu_available
+
         if not gpu_available():
             if mode == "ipc":
                 raise UsageError("gpu_plane='ipc' needs CuPy and a CUDA device on this member")
@@ -137,6 +203,7 @@ class Driver:
             lambda dst, key, body: send(dst, env.encode(env.GPU_DATA, *key, body)),
             self._data_landed,
         )
+        self.add_plane(self.gpuplane, first=True)
         log.info("member %d: device arrays travel by CUDA IPC (GPU %s)",
                  self.member_id, self.gpuplane.bus_id)
 
@@ -145,10 +212,13 @@ class Driver:
         if self._closed:
             return
         self._closed = True
-        if self.gpuplane is not None:
-            self.gpuplane.close()
         if self._tick_handle is not None:
             self._tick_handle.cancel()
+        for plane in self.planes:
+            try:
+                plane.close()
+            except Exception:
+                log.exception("member %d: closing a data plane failed", self.member_id)
         # A dead peer must not hold up shutdown: give queued traffic a second, then close.
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.transport.drain(), timeout=1.0)
@@ -176,23 +246,17 @@ class Driver:
             kind = msg[0]
             if kind == env.CORE:
                 self._on_core_message(sender, msg[1])
-            elif kind == env.DATA:
-                _, view_id, src, msg_no, data = msg
-                if src != sender:
-                    raise ProtocolViolation(f"data for sender {src} relayed by {sender}")
-                self.dataplane.receive((view_id, src, msg_no), data)
-            elif kind == env.GPU_DATA:
-                _, view_id, src, msg_no, data = msg
-                if src != sender:
-                    raise ProtocolViolation(f"device data for sender {src} relayed by {sender}")
-                if self.gpuplane is None:
-                    raise ProtocolViolation("a device descriptor, but no CUDA IPC plane here")
-                self.gpuplane.receive(sender, (view_id, src, msg_no), data)
-            elif kind == env.GPU_POOL:
-                if self.gpuplane is not None:
-                    self.gpuplane.on_announcement(sender, msg[1])
             else:
-                self.host.on_app_message(sender, msg)
+                receive = self.receivers.get(kind)
+                if receive is None:
+                    self.host.on_app_message(sender, msg)
+                else:
+                    try:
+                        receive(sender, msg, payload)
+                    except ProtocolViolation as exc:
+                        # its message could never land: nothing would be stable again
+                        self.on_failure(sender, f"protocol violation on the data plane: {exc}")
+                        raise
         except ProtocolViolation as exc:
             log.warning("member %d: dropped a message from %d: %s", self.member_id, sender, exc)
             return
@@ -241,20 +305,14 @@ class Driver:
         self.kick()  # more work: yield to the loop, then continue
 
     def _execute(self, core: Member, ready: Ready) -> None:
-        plane = self.gpuplane
         for event in ready.events:
-            if plane is not None and isinstance(event, Delivered):
-                if event.sender == self.member_id:
-                    plane.release((event.view_id, event.sender, event.msg_no))
-            elif isinstance(event, ViewInstalled):
+            if isinstance(event, ViewInstalled):
                 self.transport.set_view(
                     event.view.view_id, event.view.members, core.schema.row_bytes
                 )
                 for m in event.view.members:
                     if m != self.member_id:
                         self.transport.add_peer(m, self.config.peers.get(m))
-                if plane is not None:
-                    plane.on_view(event.view.view_id, event.view.members)
                 if self.first_view is not None and not self.first_view.done():
                     self.first_view.set_result(event.view)
             elif isinstance(event, (Partitioned, Evicted, Left)) and (
@@ -262,6 +320,15 @@ class Driver:
             ):
                 self.first_view.set_exception(RuntimeError(type(event).__name__))
             self.host.on_event(event)
+            if self.planes:
+                if type(event) is Delivered:
+                    if event.sender == self.member_id:
+                        key = (event.view_id, event.sender, event.msg_no)
+                        for plane in self.planes:
+                            plane.on_own_delivered(key)
+                else:
+                    for plane in self.planes:
+                        plane.on_event(event)
         transport = self.transport
         for p in ready.pushes:
             transport.push(p.view_id, p.offset, p.data, p.targets)
@@ -271,29 +338,9 @@ class Driver:
                 message = Welcome(message.view_id, message.members, self.host.snapshot())
             transport.send(s.to, env.encode(env.CORE, encode_message(message)))
         for t in ready.transfers:
-            key = (t.key.view_id, t.key.sender, t.key.msg_no)
-            self._start_transfer(key, t.payload, t.targets)
+            self.start_transfer((t.key.view_id, t.key.sender, t.key.msg_no), t.payload, t.targets)
         for v in ready.violations:
             log.warning("member %d: protocol violation: %s", self.member_id, v)
-
-    def _start_transfer(
-        self, key: tuple[int, int, int], payload: object, targets: tuple[int, ...]
-    ) -> None:
-        """Route one large message to its data plane(s): device arrays by CUDA IPC to peers
-        that announced a pool, everything else (and to every other peer) by host staging."""
-        plane = self.gpuplane
-        if (
-            plane is not None
-            and isinstance(payload, OutOfBand)
-            and any(array_info(a).is_gpu for a in payload.arrays)
-        ):
-            ipc = tuple(m for m in targets if plane.peer_ready(m))
-            if ipc:
-                plane.start(key, payload, ipc)
-            targets = tuple(m for m in targets if m not in ipc)
-            if not targets:
-                return
-        self.dataplane.start(key, payload, targets)
 
     # -- bootstrap -----------------------------------------------------------------------------
     def _on_core_message(self, sender: int, raw: object) -> None:

@@ -13,13 +13,29 @@ import msgpack  # type: ignore[import-untyped]
 
 from derecho_async.errors import ProtocolViolation
 
-__all__ = ["CORE", "DATA", "GPU_DATA", "GPU_POOL", "P2P_REQ", "P2P_RESP", "REPLY", "decode", "encode"]
+__all__ = [
+    "BLOCK",
+    "CORE",
+    "DATA",
+    "GPU_DATA",
+    "GPU_POOL",
+    "P2P_REQ",
+    "P2P_RESP",
+    "REPLY",
+    "SHM_DESC",
+    "decode",
+    "encode",
+]
 
 CORE = 0  # [CORE, core message as a list]
 REPLY = 1  # [REPLY, subgroup, msg_no, ok, encoded result]
 P2P_REQ = 2  # [P2P_REQ, req_id, actor, method, encoded call]
 P2P_RESP = 3  # [P2P_RESP, req_id, ok, encoded result]
 DATA = 4  # [DATA, view_id, sender, msg_no, payload bytes]
+# [SHM_DESC, view_id, sender, msg_no, segment, generation, offset, length, meta]
+SHM_DESC = 5
+# [BLOCK, view_id, origin, msg_no, index, count, total, head, block bytes]
+BLOCK = 6
 GPU_POOL = 8  # [GPU_POOL, pool announcement bytes] (CUDA IPC handles, once per view)
 GPU_DATA = 9  # [GPU_DATA, view_id, sender, msg_no, device descriptor bytes]
 
@@ -29,6 +45,8 @@ _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     P2P_REQ: (int, str, str, bytes),
     P2P_RESP: (int, bool, bytes),
     DATA: (int, int, int, bytes),
+    SHM_DESC: (int, int, int, int, int, int, int, list),
+    BLOCK: (int, int, int, int, int, int, bytes, bytes),
     GPU_POOL: (bytes,),
     GPU_DATA: (int, int, int, bytes),
 }

@@ -56,7 +56,9 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 
 from derecho_async.codec import DTYPES
+from derecho_async.core import ViewInstalled
 from derecho_async.errors import ProtocolViolation
+from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import OutOfBand, array_info
 
 __all__ = [
@@ -305,9 +307,13 @@ class _Outgoing:
 class IpcPlane:
     """Moves device arrays between members of one host through pooled CUDA IPC buffers.
 
-    ``send(dst, kind, fields)`` puts a runtime message on the reliable channel; ``landed(key,
-    payload)`` reports a message whose bytes are all here. See the module docstring.
+    A :class:`~derecho_async.runtime.dataplane.Plane` for the driver: it takes payloads with
+    device arrays bound for peers that announced a pool. ``send_pool`` and ``send_descriptor``
+    put its frames on the reliable channel; ``landed(key, payload)`` reports a message whose bytes
+    are all here. See the module docstring.
     """
+
+    kinds: tuple[int, ...] = (env.GPU_POOL, env.GPU_DATA)
 
     def __init__(self, member_id: int, segment_bytes: int,
                  send_pool: Callable[[int, bytes], None],
@@ -495,9 +501,39 @@ class IpcPlane:
 
         self._stream.launch_host_func(on_host, None)
 
+    # -- the Plane protocol ----------------------------------------------------------------
+    def start(self, key: tuple[int, int, int], payload: object,
+              targets: tuple[int, ...]) -> bool:
+        """Take ``payload`` if it holds device arrays and every target announced a pool."""
+        if not (
+            isinstance(payload, OutOfBand)
+            and all(self.peer_ready(m) for m in targets)
+            and any(array_info(a).is_gpu for a in payload.arrays)
+        ):
+            return False
+        self.send(key, payload, targets)
+        return True
+
+    def receive(self, sender: int, msg: list[Any], raw: bytes) -> None:
+        """One of this plane's frames arrived from ``sender``."""
+        if msg[0] == env.GPU_POOL:
+            self.on_announcement(sender, msg[1])
+            return
+        _, view_id, src, msg_no, body = msg
+        if src != sender:
+            raise ProtocolViolation(f"device data for sender {src} relayed by {sender}")
+        self.receive_descriptor(sender, (view_id, src, msg_no), body)
+
+    def on_own_delivered(self, key: tuple[int, int, int]) -> None:
+        self.release(key)
+
+    def on_event(self, event: object) -> None:
+        if isinstance(event, ViewInstalled):
+            self.on_view(event.view.view_id, event.view.members)
+
     # -- sending ---------------------------------------------------------------------------
-    def start(self, key: tuple[int, int, int], payload: OutOfBand,
-              targets: tuple[int, ...]) -> None:
+    def send(self, key: tuple[int, int, int], payload: OutOfBand,
+             targets: tuple[int, ...]) -> None:
         """Stage ``payload``'s device arrays in the pool and send descriptors to ``targets``."""
         cp = self._cp
         self.reclaim()
@@ -554,7 +590,7 @@ class IpcPlane:
         self._free_events.append(out.event)
 
     # -- receiving -------------------------------------------------------------------------
-    def receive(self, sender: int, key: tuple[int, int, int], raw: bytes) -> None:
+    def receive_descriptor(self, sender: int, key: tuple[int, int, int], raw: bytes) -> None:
         """A descriptor arrived: copy its arrays into this member's pool, then land them."""
         peer = self._peers.get(sender)
         desc = Descriptor.decode(raw, peer.announced if peer is not None else None)

@@ -430,13 +430,18 @@ class ShmTransport(Transport):
             for path, s, r in list(_group_segments(group)):
                 if ShmTransport._stale(group, path, s, r, probe) and _unlink(path):
                     removed += 1
-        return removed
+        from derecho_async.transport.shmpool import cleanup_pool  # data-plane pool segments
+
+        return removed + cleanup_pool(group)
 
     @staticmethod
     def segments(group: str) -> list[str]:
         """Paths of the shared-memory segments of ``group`` that exist now (for tests, tools)."""
         _check_group(group)
-        return sorted(p for p, _, _ in _group_segments(group))
+        from derecho_async.transport.shmpool import pool_segments  # data-plane pool segments
+
+        paths = [p for p, _, _ in _group_segments(group)]
+        return sorted(paths + [p for p, _, _ in pool_segments(group)])
 
     async def close(self) -> None:
         """Mark my rings closed, tell peers, unmap and unlink every segment I am an end of."""

@@ -365,6 +365,25 @@ class TcpTransport(Transport):
                 with contextlib.suppress(ConnectionError, OSError):
                     await conn.writer.drain()
 
+    async def flushed(self, peer: int) -> None:
+        """Wait until every frame queued to ``peer`` so far was handed to the kernel (or its
+        link failed). Bulk senders (the chain data plane) pace themselves with it, so control
+        frames on the same stream never queue behind more than a few blocks."""
+        self._check_usable()
+        link = self._links.get(peer)
+        if link is None:
+            return
+        if link.queue:
+            assert self._loop is not None
+            fut: asyncio.Future[None] = self._loop.create_future()
+            link.waiters.append(fut)
+            with contextlib.suppress(Exception):
+                await fut
+        conn = link.conn
+        if conn is not None and not conn.closed:
+            with contextlib.suppress(ConnectionError, OSError):
+                await conn.writer.drain()
+
     # -- peers -------------------------------------------------------------------------------
     def add_peer(self, member_id: int, address: object) -> None:
         """Learn (or update) the listen address of ``member_id``.
@@ -433,7 +452,8 @@ class TcpTransport(Transport):
         mv = self._check_send(to, payload, self.max_frame, f"max_frame={self.max_frame}")
         if mv is None:
             return
-        self._emit(to, [FRAME.pack(F_MSG, 0, 0, 0, len(mv)), bytes(mv)])
+        body = payload if type(payload) is bytes else bytes(mv)  # bytes: no copy needed
+        self._emit(to, [FRAME.pack(F_MSG, 0, 0, 0, len(mv)), body])
 
     def _emit(self, peer: int, frames: list[bytes]) -> None:
         link = self._link(peer)

@@ -1,0 +1,293 @@
+"""The shm data plane: large host payloads are written once into the sender's shared pool.
+
+Theory of operation. A sender lays a large payload (plain bytes, or a call whose arrays are host
+numpy arrays) out flat (:func:`~.dataplane.write_flat`: one copy per array, straight from the
+array into shared memory) in a region of its *pool*: shared-memory segments it owns
+(:mod:`derecho_async.transport.shmpool`), created on demand, reused for later messages, a new
+larger segment added when no free range fits. Every receiver gets only a small descriptor frame
+on the channel::
+
+    [SHM_DESC, view_id, sender, msg_no, segment, generation, offset, length, meta]
+
+The receiver maps the sender's segment once (cached by ``(sender, segment)``, re-mapped when the
+generation changes), validates the descriptor against the mapping (offset and length inside the
+segment, the meta's layout exactly ``length`` bytes), copies the region out once (arrays are
+numpy arrays over that copy) and lands it with the core.
+
+Freeing rule (sender). A region is freed when the core says nobody can still need it:
+the sender delivers its own message (delivery means stable, stable means every member's
+frontier passed it, and a frontier passes a large message only once its bytes landed there,
+i.e. the copy-out finished); or a view newer than the message's is installed (every survivor
+wedged before the install, so a late copy-out is ignored by a frozen shard, and an undelivered
+message is re-sent under a new key); or the member leaves the group / closes. Regions are freed
+in any order; the allocator coalesces neighbours.
+
+Cleanup of names: the owner unlinks its segments when it closes (and any leftover of an earlier
+incarnation when it creates one); the survivors of a view change unlink the segments of departed
+members whose process is gone (SIGKILL), and ``ShmTransport.cleanup_group`` does the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from derecho_async.core.effects import Evicted, Left, Partitioned, ViewInstalled
+from derecho_async.errors import ProtocolViolation
+from derecho_async.runtime import envelope as env
+from derecho_async.runtime.dataplane import (
+    RecvBuffers,
+    flat_layout,
+    flat_meta,
+    read_flat,
+    write_flat,
+)
+from derecho_async.transport import shmpool
+from derecho_async.transport.shmpool import BadPoolSegment, PoolSegment
+
+__all__ = ["HostPool", "ShmPlane"]
+
+log = logging.getLogger("derecho_async.dataplane")
+
+Key = tuple[int, int, int]
+
+_GRAIN = 4096  # allocation granularity (page aligned regions)
+_FIRST_SEGMENT = 64 << 20  # the smallest segment
+_ROUND = 2 << 20  # a larger segment is what the message needs, rounded up to this
+_TRIM_AT = 8  # with this many segments, growing first drops the idle ones
+
+
+class PoolFull(Exception):
+    """No region can be allocated (segment limit reached or the OS refused)."""
+
+
+class HostPool:
+    """Regions of shared memory owned by this member: first fit over segments, coalescing
+    free lists; when nothing fits, a new segment of what is needed (at least 64 MiB), after
+    dropping idle segments once there are several."""
+
+    def __init__(self, group: str, owner: int, first_segment: int = _FIRST_SEGMENT) -> None:
+        self.group = group
+        self.owner = owner
+        self.first_segment = first_segment
+        self.segments: list[PoolSegment] = []
+        self._free: list[list[tuple[int, int]]] = []  # per segment: sorted (start, end)
+        self.in_use = 0  # bytes allocated now
+
+    def alloc(self, nbytes: int) -> tuple[PoolSegment, int, int]:
+        """A region of at least ``nbytes``: (segment, offset, allocated length)."""
+        size = max(_GRAIN, (nbytes + _GRAIN - 1) // _GRAIN * _GRAIN)
+        for seg, free in zip(self.segments, self._free, strict=True):
+            for i, (lo, hi) in enumerate(free):
+                if hi - lo >= size:
+                    if hi - lo == size:
+                        del free[i]
+                    else:
+                        free[i] = (lo + size, hi)
+                    self.in_use += size
+                    return seg, lo, size
+        seg = self._grow(size)
+        self._free.append([(size, seg.capacity)] if seg.capacity > size else [])
+        self.in_use += size
+        return seg, 0, size
+
+    def _grow(self, size: int) -> PoolSegment:
+        if len(self.segments) >= _TRIM_AT:
+            self._drop_idle()
+        used = {s.index for s in self.segments}
+        index = min(set(range(shmpool.MAX_SEGMENTS)) - used, default=None)
+        if index is None:
+            raise PoolFull(f"pool of member {self.owner} has {len(self.segments)} segments")
+        cap = max(self.first_segment, (size + _ROUND - 1) // _ROUND * _ROUND)
+        try:
+            seg = shmpool.create_pool_segment(self.group, self.owner, index, cap)
+        except (OSError, ValueError) as exc:
+            raise PoolFull(f"cannot create a pool segment of {cap} bytes: {exc}") from exc
+        self.segments.append(seg)
+        return seg
+
+    def _drop_idle(self) -> None:
+        """Unmap and unlink the segments nothing is allocated in (peers re-map a reused index:
+        its generation changes)."""
+        keep_segs, keep_free = [], []
+        for seg, free in zip(self.segments, self._free, strict=True):
+            if free == [(0, seg.capacity)]:
+                seg.close()
+                shmpool.unlink_pool_segment(seg.path)
+            else:
+                keep_segs.append(seg)
+                keep_free.append(free)
+        self.segments, self._free = keep_segs, keep_free
+
+    def segment(self, index: int) -> int:
+        """The position of segment ``index`` in :attr:`segments`."""
+        for i, seg in enumerate(self.segments):
+            if seg.index == index:
+                return i
+        raise KeyError(index)
+
+    def free(self, index: int, offset: int, size: int) -> None:
+        """Return a region from :meth:`alloc` (``index`` is the segment's index)."""
+        free = self._free[self.segment(index)]
+        lo, hi = offset, offset + size
+        # insert sorted, then merge with the neighbours
+        i = 0
+        while i < len(free) and free[i][0] < lo:
+            i += 1
+        if i > 0 and free[i - 1][1] == lo:
+            lo = free[i - 1][0]
+            i -= 1
+            del free[i]
+        if i < len(free) and free[i][0] == hi:
+            hi = free[i][1]
+            del free[i]
+        free.insert(i, (lo, hi))
+        self.in_use -= size
+
+    def close(self) -> None:
+        """Unmap and unlink every segment."""
+        for seg in self.segments:
+            seg.close()
+        self.segments.clear()
+        self._free.clear()
+        self.in_use = 0
+        shmpool.unlink_own_pool(self.group, self.owner)
+
+
+class ShmPlane:
+    """Large host payloads through the sender's shared pool (see the module docstring)."""
+
+    kinds: tuple[int, ...] = (env.SHM_DESC,)
+
+    def __init__(
+        self,
+        group: str,
+        member_id: int,
+        send: Callable[[int, bytes], None],
+        landed: Callable[[Key, object], None],
+    ) -> None:
+        self.group = group
+        self.member_id = member_id
+        self._send = send
+        self._landed = landed
+        self.sent = 0  # payloads this member started (statistics, tests)
+        self.landed = 0  # payloads that landed here
+        self.pool = HostPool(group, member_id)
+        self.outstanding: dict[Key, tuple[int, int, int]] = {}
+        self._peers: dict[tuple[int, int], PoolSegment] = {}
+        self.buffers = RecvBuffers()
+        self._closed = False
+        self._view_id = -1
+
+    # -- sending -------------------------------------------------------------------------------
+    def start(self, key: Key, payload: object, targets: tuple[int, ...]) -> bool:
+        meta = flat_meta(payload)
+        if meta is None or self._closed:
+            return False
+        if not targets:
+            return True
+        layout = flat_layout(meta)
+        try:
+            seg, off, size = self.pool.alloc(layout.total)
+        except PoolFull as exc:
+            log.warning("member %d: shm pool: %s; staging through the channel", self.member_id, exc)
+            return False
+        region = seg.data[off : off + layout.total]
+        try:
+            write_flat(payload, layout, region)
+        except Exception as exc:  # e.g. an array resized under us: let staging report it
+            self.pool.free(seg.index, off, size)
+            log.warning("member %d: shm plane could not lay out %s: %r", self.member_id, key, exc)
+            return False
+        finally:
+            region.release()
+        self.outstanding[key] = (seg.index, off, size)
+        frame = env.encode(
+            env.SHM_DESC, *key, seg.index, seg.generation, off, layout.total, meta
+        )
+        for t in targets:
+            self._send(t, frame)
+        self.sent += 1
+        return True
+
+    def _release(self, key: Key) -> None:
+        region = self.outstanding.pop(key, None)
+        if region is not None:
+            self.pool.free(*region)
+
+    def on_own_delivered(self, key: Key) -> None:
+        if self.outstanding:
+            self._release(key)
+
+    def on_event(self, event: object) -> None:
+        if isinstance(event, ViewInstalled):
+            self._view_id = vid = event.view.view_id
+            for key in [k for k in self.outstanding if k[0] < vid]:
+                self._release(key)
+            members = set(event.view.members)
+            for pk in [pk for pk in self._peers if pk[0] not in members]:
+                self._peers.pop(pk).close()
+            if event.departed:
+                shmpool.cleanup_pool(self.group, set(event.departed))
+        elif isinstance(event, Evicted | Partitioned | Left):
+            for key in list(self.outstanding):
+                self._release(key)
+
+    # -- receiving -----------------------------------------------------------------------------
+    def receive(self, sender: int, msg: list[Any], raw: bytes) -> None:
+        _, view_id, src, msg_no, index, gen, off, length, meta = msg
+        if src != sender:
+            raise ProtocolViolation(f"shm descriptor for sender {src} sent by {sender}")
+        if view_id < self._view_id:
+            # Moot: that view ended here (its shard was frozen before the next was installed),
+            # and its sender may since have freed the region or even re-created the segment.
+            return
+        layout = flat_layout(meta, limit=length)
+        if layout.total != length:
+            raise ProtocolViolation(f"shm descriptor of {length} bytes, its meta says {layout.total}")
+        seg = self._segment(sender, index, gen)
+        if off + length > seg.capacity or off % 8:
+            raise ProtocolViolation(
+                f"shm descriptor [{off}, {off + length}) outside segment {index} of "
+                f"{seg.capacity} bytes"
+            )
+        region = seg.data[off : off + length]
+        try:
+            payload = read_flat(layout, region, self.buffers)
+        finally:
+            region.release()
+        self.landed += 1
+        self._landed((view_id, src, msg_no), payload)
+
+    def _segment(self, owner: int, index: int, gen: int) -> PoolSegment:
+        seg = self._peers.get((owner, index))
+        if seg is not None and seg.generation == gen:
+            return seg
+        if seg is not None:
+            del self._peers[(owner, index)]
+            seg.close()
+        if self._closed:
+            raise ProtocolViolation("shm descriptor after close")
+        try:
+            seg = shmpool.attach_pool_segment(self.group, owner, index)
+        except BadPoolSegment as exc:
+            raise ProtocolViolation(f"shm descriptor names a bad segment: {exc}") from exc
+        if seg.generation != gen:
+            seg.close()
+            raise ProtocolViolation(
+                f"shm descriptor names generation {gen} of segment {index}, the file has "
+                f"{seg.generation}"
+            )
+        self._peers[(owner, index)] = seg
+        return seg
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.outstanding.clear()
+        for seg in self._peers.values():
+            seg.close()
+        self._peers.clear()
+        self.pool.close()

@@ -1,0 +1,194 @@
+# Theory of operation
+# -------------------
+# Pool segments: the shared-memory buffers of the shm data plane (runtime/shmplane.py). A member
+# owns the segments of its pool, files ``/dev/shm/derecho_async.<group>.<owner>.pool<k>``
+# created with mode 0o600 (``os.open`` + ``mmap``, so Python's resource tracker never owns or
+# unlinks them), next to the rings of shm.py (whose name parser ignores them). Layout: a 4 KiB
+# header of u64 words (magic, owner, generation, capacity), then ``capacity`` data bytes. The
+# generation is a random 63-bit number chosen at creation: a receiver that cached a mapping of
+# segment ``k`` of ``owner`` knows from the generation in a descriptor whether it still maps the
+# same file (the owner may have restarted and recreated it).
+#
+# Only the owner writes its segments; peers map them read/write (MAP_SHARED needs an fd opened
+# O_RDWR, as for the rings) but only copy out. Attaching validates the file (owner uid, regular
+# file, private mode, size within bounds) and the whole header before any use.
+#
+# Lifetime: the owner unlinks its segments when it closes. After a crash (SIGKILL) the files
+# stay until somebody who can tell the owner is dead removes them: the surviving members' planes
+# when a view without the owner is installed, a restarting member with the same id (it holds the
+# id's doorbell, so its predecessor is gone), and ``ShmTransport.cleanup_group`` (launchers,
+# tests). "Dead" is the rule of shm.py: the owner's doorbell name is unbound.
+"""Shared-memory pool segments of the shm data plane: naming, creation, attach, cleanup."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import socket
+import stat
+from collections.abc import Iterator
+
+from derecho_async.transport.shm import (
+    _PREFIX,
+    SHM_DIR,
+    _check_group,
+    _is_alive,
+    _open_segment,
+    _unlink,
+)
+
+__all__ = [
+    "PoolSegment",
+    "attach_pool_segment",
+    "cleanup_pool",
+    "create_pool_segment",
+    "pool_path",
+    "pool_segments",
+]
+
+_MAGIC = int.from_bytes(b"DApool01", "little")
+HDR = 4096
+MIN_CAPACITY = 1 << 16
+MAX_CAPACITY = 1 << 40
+MAX_SEGMENTS = 64  # segment indexes per owner
+_W_MAGIC, _W_OWNER, _W_GEN, _W_CAPACITY = 0, 1, 2, 3
+# Populated in one system call rather than a page fault per page on first touch: the owner
+# writes the whole segment sooner or later, and a peer's mapping then only adds page-table
+# entries for pages that exist.
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
+
+class BadPoolSegment(Exception):
+    """A pool segment is missing, foreign or malformed."""
+
+
+def pool_path(group: str, owner: int, index: int) -> str:
+    return os.path.join(SHM_DIR, f"{_PREFIX}{group}.{owner}.pool{index}")
+
+
+def pool_segments(group: str) -> Iterator[tuple[str, int, int]]:
+    """(path, owner, index) of every pool segment file of ``group``."""
+    prefix = f"{_PREFIX}{group}."
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        parts = name[len(prefix) :].split(".")
+        if len(parts) != 2 or not parts[0].isdigit() or len(parts[0]) > 19:
+            continue
+        idx = parts[1].removeprefix("pool")
+        if idx == parts[1] or not idx.isdigit() or len(idx) > 6:
+            continue
+        yield os.path.join(SHM_DIR, name), int(parts[0]), int(idx)
+
+
+class PoolSegment:
+    """One mapped pool segment (owned, or a peer's attached for reading)."""
+
+    def __init__(self, path: str, index: int, mm: mmap.mmap, generation: int) -> None:
+        self.path = path
+        self.index = index
+        self.mm = mm
+        self.generation = generation
+        self.capacity = len(mm) - HDR
+        whole = memoryview(mm)
+        self.data = whole[HDR:]
+        whole.release()
+
+    def close(self) -> None:
+        self.data.release()
+        with contextlib.suppress(BufferError):  # a view leaked: the mapping dies with us
+            self.mm.close()
+
+
+def create_pool_segment(group: str, owner: int, index: int, capacity: int) -> PoolSegment:
+    """Create (replacing a leftover of an earlier incarnation) and map segment ``index``."""
+    _check_group(group)
+    if not MIN_CAPACITY <= capacity <= MAX_CAPACITY or not 0 <= index < MAX_SEGMENTS:
+        raise ValueError(f"pool segment {index} of {capacity} bytes")
+    path = pool_path(group, owner, index)
+    try:
+        fd = _open_segment(path, os.O_CREAT | os.O_EXCL)
+    except FileExistsError:
+        # Only the live holder of the owner's doorbell creates its segments: this is a leftover.
+        _unlink(path)
+        fd = _open_segment(path, os.O_CREAT | os.O_EXCL)
+    try:
+        os.fchmod(fd, 0o600)
+        os.ftruncate(fd, HDR + capacity)
+        mm = mmap.mmap(fd, HDR + capacity, flags=_MAP_FLAGS)
+    except BaseException:
+        os.close(fd)
+        _unlink(path)
+        raise
+    os.close(fd)
+    gen = int.from_bytes(os.urandom(8), "little") >> 1
+    words = memoryview(mm)[:HDR].cast("Q")
+    words[_W_OWNER] = owner
+    words[_W_GEN] = gen
+    words[_W_CAPACITY] = capacity
+    words[_W_MAGIC] = _MAGIC
+    words.release()
+    return PoolSegment(path, index, mm, gen)
+
+
+def attach_pool_segment(group: str, owner: int, index: int) -> PoolSegment:
+    """Map ``owner``'s segment ``index``, validating the file and its header."""
+    if not 0 <= index < MAX_SEGMENTS:
+        raise BadPoolSegment(f"segment index {index} out of range")
+    path = pool_path(group, owner, index)
+    try:
+        fd = _open_segment(path, 0)
+    except OSError as exc:
+        raise BadPoolSegment(f"cannot open {path}: {exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+            raise BadPoolSegment(f"{path} is not a private file of this user")
+        size = st.st_size
+        if not HDR + MIN_CAPACITY <= size <= HDR + MAX_CAPACITY:
+            raise BadPoolSegment(f"{path} has a bad size {size}")
+        mm = mmap.mmap(fd, size, flags=_MAP_FLAGS)
+    finally:
+        os.close(fd)
+    words = memoryview(mm)[:HDR].cast("Q")
+    magic, got_owner, gen, cap = (words[i] for i in (_W_MAGIC, _W_OWNER, _W_GEN, _W_CAPACITY))
+    words.release()
+    if magic != _MAGIC or got_owner != owner or cap != size - HDR:
+        mm.close()
+        raise BadPoolSegment(f"{path}: bad header (owner {got_owner}, capacity {cap})")
+    return PoolSegment(path, index, mm, gen)
+
+
+def cleanup_pool(group: str, owners: set[int] | None = None) -> int:
+    """Unlink the pool segments of ``group`` whose owner is dead (of ``owners`` only, if
+    given); returns how many were removed."""
+    _check_group(group)
+    removed = 0
+    alive: dict[int, bool] = {}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
+        probe.setblocking(False)
+        for path, owner, _ in list(pool_segments(group)):
+            if owners is not None and owner not in owners:
+                continue
+            if owner not in alive:
+                alive[owner] = _is_alive(probe, group, owner)
+            if not alive[owner] and _unlink(path):
+                removed += 1
+    return removed
+
+
+def unlink_pool_segment(path: str) -> None:
+    """Remove one pool file (its owner dropping it)."""
+    _unlink(path)
+
+
+def unlink_own_pool(group: str, owner: int) -> None:
+    """Remove every pool file of ``owner`` (the owner itself, at start or close)."""
+    for path, o, _ in list(pool_segments(group)):
+        if o == owner:
+            _unlink(path)

@@ -1,0 +1,75 @@
+"""Large messages on the bulk data planes across real member processes, with SIGKILL.
+
+Every member appends multi-block payloads (the tcp chain cuts them into 1 MiB blocks, so with
+three or more members every member relays the others' blocks; over shm they sit in the
+senders' pools). One member is killed in the middle: it was a sender with transfers in flight
+and, on tcp, a relay in the chain of others. The survivors must deliver identical logs, lose
+none of their own appends, and clean up the killed member's pool segments.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from derecho_async.cli import _Run
+from derecho_async.transport.shm import ShmTransport
+from derecho_async.transport.shmpool import pool_segments
+
+
+def _wait(run: _Run, cond: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run.poll(0.1)
+        if cond():  # type: ignore[operator]
+            return
+    raise AssertionError(
+        f"timed out; progress {run.progress}, views {run.views}, "
+        f"errors {run.errors}, reports {sorted(run.reports)}"
+    )
+
+
+@pytest.mark.parametrize(
+    "transport,members,victim", [("shm", 3, 1), ("tcp", 3, 1), ("tcp", 5, 2)]
+)
+def test_sigkill_of_a_sender_and_relay_mid_transfer(
+    transport: str, members: int, victim: int
+) -> None:
+    count = 16
+    size = (3 << 20) // 2  # 1.5 MiB: two blocks on the chain
+    run = _Run(
+        members,
+        transport,
+        count,
+        size,
+        2,
+        members,
+        heartbeat_ms=25,
+        suspect_after_ms=1500,
+        use_uvloop=True,
+    )
+    survivors = set(range(members)) - {victim}
+    try:
+        _wait(run, lambda: min(run.progress.values(), default=0) >= members * 3, 90)
+        if transport == "shm":
+            assert [p for p, owner, _ in pool_segments(run.group) if owner == victim]
+        os.kill(run.procs[victim].pid, signal.SIGKILL)
+        _wait(run, lambda: survivors <= run.reports.keys(), 90)
+        if transport == "shm":
+            # the survivors removed the dead member's pool segments when they installed the
+            # view without it (before any launcher cleanup)
+            assert [p for p, owner, _ in pool_segments(run.group) if owner == victim] == []
+    finally:
+        run.finish(15)
+    reports = [run.reports[m] for m in sorted(survivors)]
+    assert len({r["digest"] for r in reports}) == 1, "survivors' logs differ"
+    for r in reports:
+        assert r["members"] == sorted(survivors)
+        assert len(r["views"]) >= 2
+        for m in survivors:
+            assert r["per_sender"][m] == count, f"member {m}'s appends lost or duplicated"
+        assert r["per_sender"].get(victim, 0) <= count
+    assert ShmTransport.segments(run.group) == []
