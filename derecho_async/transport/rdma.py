@@ -3,10 +3,12 @@
 # Members on hosts with RDMA NICs (or Soft-RoCE). Two channels per pair of members:
 #
 # * the control/message channel is a composed ``TcpTransport`` (same listen address, peers and
-#   shared-secret authentication). It carries the user's messages and the rdma control messages
+#   shared-secret authentication). It carries the user's messages (those below the bulk
+#   threshold, or sent before the link's queue pair is paired) and the rdma control messages
 #   (CONNECT, RESET); every payload on it starts with a 17-byte header (kind u8, endpoint u64,
 #   count u64).
-# * pushes travel over one RC queue pair per peer as RDMA WRITEs.
+# * pushes, and messages of at least ``bulk_threshold`` bytes (the data plane's DATA frames),
+#   travel over one RC queue pair per peer as RDMA WRITEs.
 #
 # Inboxes. For every peer a member registers a private *inbox*: a ring of ``inbox_bytes`` in its
 # own memory region with remote-write access, whose address and rkey are sent to that peer only
@@ -34,6 +36,32 @@
 # 16th work request, and every flagged doorbell, is signalled). Pushes that do not fit wait in a
 # backlog (FIFO, bounded); posted receives are reposted as they complete; an empty receive queue
 # only delays the peer (RNR retry is infinite).
+#
+# Bulk messages. With each endpoint a member also registers a *bulk region* of ``bulk_slots``
+# blocks of ``bulk_block`` bytes (remote write), granted like the inbox to that one peer (its
+# address, rkey, block size, slot count and the largest message accepted travel in CONNECT). A
+# message of at least ``bulk_threshold`` bytes, once the link is paired, is queued behind the
+# link's pushes; when it reaches the head it is cut into full blocks (the last one shorter).
+# Block k of the link (counted over all its bulk messages) goes to slot k mod slots: the sender
+# copies it into a registered staging copy of the region, stages a BULK record in the ring
+# (type 3; length = block length, view_id = message length, offset = block offset, the usual
+# messages-before; no ring payload), and the flush posts, per block, a plain RDMA WRITE of the
+# block into the slot and then the ring up to that record with a WRITE_WITH_IMM doorbell asking
+# for credit. On an RC queue pair the block is placed before the doorbell's completion, so the
+# receiver, reading the record in ring order, copies the block out of its slot into the message
+# being assembled, consumes the record and returns credit; a slot is reused only once the ring
+# credit covers its record. Up to ``bulk_slots`` blocks are in flight (pipelined: credit for the
+# first returns while the others are written). The receiver checks every record against the
+# message in progress (first block at offset 0, total within its limit and unchanged, offsets
+# consecutive, full blocks except the final one, final flag exactly at the end): any mismatch is
+# a protocol violation of that peer (the link is torn down and reported), never a crash. A
+# completed message is handed to ``on_message`` and counts, for the order between the channels,
+# as one *push* of the link (a later small message waits for it; it waits for earlier small
+# messages like any push). A link torn down mid-transfer discards the partial message and the
+# queued ones, and reports the failure. Until a link is paired, large messages that fit a tcp
+# frame go over tcp (same order guarantees); larger ones wait for the pairing. GPU payloads are
+# staged through host memory by the data plane before they reach the transport (the dma-buf
+# registration in verbs.py is unverified and unused; the start-up line says which path holds).
 #
 # Order between the two channels. Each (sender, receiver) link is FIFO across pushes and
 # messages: a message carries the number of pushes the sender issued before it on its current
@@ -875,6 +903,8 @@ class RdmaTransport(Transport):
         self._draining = 0
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._rng = random.SystemRandom()
+        self._view_id = -1  # newest view installed, and its members
+        self._view_members: frozenset[int] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -986,6 +1016,34 @@ class RdmaTransport(Transport):
                 fut.set_result(None)
 
     # -- peers -------------------------------------------------------------------------------
+    def set_view(self, view_id: int, members: Sequence[int], row_bytes: int) -> None:
+        """Install ``view_id``; links to members of the previous view that are not in this one
+        are closed (their queue pairs destroyed, the regions granted to them deregistered)."""
+        super().set_view(view_id, members, row_bytes)
+        if view_id <= self._view_id:
+            return
+        old, new = self._view_members, frozenset(members)
+        self._view_id, self._view_members = view_id, new
+        for peer in sorted((old or frozenset()) - new - {self.member_id}):
+            self._revoke(peer, view_id)
+
+    def _revoke(self, peer: int, view_id: int) -> None:
+        """Close the link to ``peer`` quietly (it left the view): a graceful RESET, no failure
+        report; a later message or push to it builds a fresh endpoint with fresh keys."""
+        link = self._links.get(peer)
+        ep = link.ep if link is not None else None
+        if link is None or ep is None or ep.dead:
+            return
+        if ep.paired:
+            with contextlib.suppress(Exception):
+                why = f"not in view {view_id}"
+                self._tcp.send(peer, encode_reset(ep.id, ep.peer_ep, why, True))
+        self._fail(ep, f"member {peer} left the view", report=False, tell=False)
+        link.quiet_until = 0.0
+        log.debug(
+            "member %d: rdma link to member %d closed (view %d)", self.member_id, peer, view_id
+        )
+
     def add_peer(self, member_id: int, address: object) -> None:
         """Learn the tcp listen address of ``member_id`` (None keeps what is known)."""
         self._tcp.add_peer(member_id, address)

@@ -1059,6 +1059,41 @@ async def test_hostile_bulk_record_is_a_protocol_violation(
         await c.recs[0].wait_for(lambda: bool(c.recs[0].failures(1)))  # told by RESET
 
 
+@pytest.mark.rdma
+@needs_device
+async def test_a_member_leaving_the_view_loses_its_keys_and_a_new_link_gets_fresh_ones() -> None:
+    async with rdma_pair(3, **SMALL_BULK) as c:
+        c.set_view(1, [0, 1, 2], ROW)
+        for s in range(3):
+            c[s].push(1, s * ROW, _word(s), [t for t in range(3) if t != s])
+        for t in range(3):
+            await c.recs[t].wait_for(lambda t=t: len(c.recs[t].pushes()) == 2)
+        t0 = c[0]
+        assert isinstance(t0, RdmaTransport)
+        old = t0._links[2].ep
+        assert old is not None and old.paired
+        old_keys = (old.inbox_mr.rkey, old.bulk_mr.rkey)
+        for s in (0, 1):
+            c[s].set_view(2, [0, 1], ROW)  # member 2 left
+        assert old.dead and t0._links[2].ep is None  # its queue pair and regions are gone
+        await asyncio.sleep(0.3)
+        assert all(not r.failures() for r in c.recs)  # a quiet close, not a failure
+        # the link comes back on demand, with new connection data
+        big = os.urandom(100_000)
+        c[0].send(2, b"still there?")
+        c[0].send(2, big)
+        c[0].send(2, big)
+        await c.recs[2].wait_for(lambda: len(c.recs[2].messages(0)) == 3)
+        assert c.recs[2].messages(0) == [b"still there?", big, big]
+        new = t0._links[2].ep
+        assert new is not None and new is not old
+        assert (new.inbox_mr.rkey, new.bulk_mr.rkey) != old_keys
+        c[0].send(2, big)  # the new link is paired by now: this one goes by rdma
+        await c.recs[2].wait_for(lambda: len(c.recs[2].messages(0)) == 4)
+        assert c.recs[2].messages(0)[-1] == big and _bulk_blocks_sent(t0, 2) > 0
+        assert all(not r.failures() for r in c.recs)
+
+
 class _Counter:
     """A handler that only counts pushes and wakes one waiter (cheap, for measuring)."""
 
@@ -1157,6 +1192,89 @@ async def test_measure_push_latency_and_bandwidth(mode: str) -> None:
             f" 8-byte pushes {rate:.0f}/s"
         )
         assert hs[0].failures == hs[1].failures == []
+    finally:
+        for t in ts:
+            await t.close()
+
+
+class _Bytes:
+    """A handler that counts message bytes and wakes one waiter (for measuring)."""
+
+    def __init__(self) -> None:
+        self.got = 0
+        self.bad = 0
+        self.failures: list[str] = []
+        self._want = 0
+        self._fut: asyncio.Future[None] | None = None
+        self.expect: bytes = b""
+
+    def on_push(self, view_id: int, sender: int, offset: int, data: bytes) -> None:
+        pass
+
+    def on_message(self, sender: int, payload: bytes) -> None:
+        self.got += len(payload)
+        self.bad += payload != self.expect
+        if self._fut is not None and self.got >= self._want and not self._fut.done():
+            self._fut.set_result(None)
+
+    def on_failure(self, member: int, reason: str) -> None:
+        self.failures.append(reason)
+
+    async def until(self, n: int) -> None:
+        if self.got >= n:
+            return
+        self._want = n
+        self._fut = asyncio.get_running_loop().create_future()
+        await asyncio.wait_for(self._fut, 600)
+
+
+@pytest.mark.rdma
+@needs_device
+@pytest.mark.parametrize("mode", ["rdma", "tcp"])
+@pytest.mark.parametrize("mib", [16, 64])
+async def test_measure_large_payload_throughput(mode: str, mib: int) -> None:
+    """Not an assertion about speed (emulated CPU): one member sends ``mib`` MiB messages to
+    two others; prints MB/s delivered (whole, intact messages), rdma bulk path vs tcp."""
+    ts: list[Any] = []
+    for i in range(3):
+        if mode == "tcp":
+            ts.append(support.TcpTransport(i, ("127.0.0.1", 0), secret=SECRET, max_frame=1 << 30))
+        else:
+            ts.append(
+                RdmaTransport(i, ("127.0.0.1", 0), secret=SECRET, device=os.environ.get("RXE_DEV"))
+            )
+    hs = [_Bytes() for _ in range(3)]
+    try:
+        for t, h in zip(ts, hs, strict=True):
+            await t.start(h)
+        for t in ts:
+            for u in ts:
+                if u is not t:
+                    t.add_peer(u.member_id, u.address)
+            t.set_view(1, [0, 1, 2], ROW)
+        payload = os.urandom(mib << 20)
+        for h in hs:
+            h.expect = payload
+        ts[0].push(1, 0, _word(0), [1, 2])  # set the links up first
+        await asyncio.sleep(0.5)
+        count = 3
+        t0 = time.perf_counter()
+        for _ in range(count):
+            ts[0].send(1, payload)
+            ts[0].send(2, payload)
+        await hs[1].until(count * len(payload))
+        await hs[2].until(count * len(payload))
+        elapsed = time.perf_counter() - t0
+        rate = 2 * count * len(payload) / elapsed / 1e6
+        used = "" if mode == "tcp" else f", {_bulk_blocks_sent(ts[0], 1)} rdma blocks to member 1"
+        print(
+            f"\nmeasured [{mode}, {_loop_name()}, 3 members, {mib} MiB x {count} to 2 receivers]: "
+            f"{rate:.1f} MB/s delivered ({elapsed:.2f} s{used})"
+        )
+        assert hs[1].bad == hs[2].bad == 0
+        assert all(not h.failures for h in hs)
+        if mode == "rdma":
+            assert _bulk_blocks_sent(ts[0], 1) >= count * (mib << 20) // ts[0].bulk_block
     finally:
         for t in ts:
             await t.close()
