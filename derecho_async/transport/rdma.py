@@ -1087,7 +1087,8 @@ class RdmaTransport(Transport):
             return
         n = len(mv)
         if bulk and n >= self.bulk_threshold:
-            ep = self._endpoint_for(to)
+            # a message only the bulk path can carry does not wait out the reconnect back-off
+            ep = self._endpoint_for(to, force=n > tcp_limit)
             if ep is not None and not ep.dead:
                 info = ep.peer_info
                 if info is None and n > tcp_limit:
@@ -1100,11 +1101,17 @@ class RdmaTransport(Transport):
                         )
                     self._queue_bulk(ep, payload, mv)
                     return
-            if n > tcp_limit:
-                raise UsageError(
-                    f"message of {n} bytes to member {to} needs its rdma bulk path, "
-                    "which is not available now"
-                )
+                if n > tcp_limit:
+                    raise UsageError(
+                        f"message of {n} bytes to member {to} needs the rdma bulk path, "
+                        f"and member {to} grants none"
+                    )
+            elif n > tcp_limit:
+                reason = f"no rdma link to member {to} for a message of {n} bytes (dropped)"
+                log.warning("member %d: %s", self.member_id, reason)
+                assert self._loop is not None
+                self._loop.call_soon(self._report_failure, to, reason)
+                return
         link = self._links.get(to)
         ep = link.ep if link is not None else None
         if ep is not None and not ep.dead:
@@ -1397,13 +1404,14 @@ class RdmaTransport(Transport):
                 ep.flush_wanted = True
 
     # -- endpoints ---------------------------------------------------------------------------
-    def _endpoint_for(self, peer: int) -> _Endpoint | None:
-        """The current endpoint to ``peer``, creating one (and sending CONNECT) if needed."""
+    def _endpoint_for(self, peer: int, force: bool = False) -> _Endpoint | None:
+        """The current endpoint to ``peer``, creating one (and sending CONNECT) if needed;
+        None during the back-off after a failure, unless ``force``."""
         link = self._link(peer)
         ep = link.ep
         if ep is not None and not ep.dead:
             return ep
-        if time.monotonic() < link.quiet_until:
+        if not force and time.monotonic() < link.quiet_until:
             link.dropped += 1
             if link.dropped == 1:
                 log.info(

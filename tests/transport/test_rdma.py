@@ -1088,7 +1088,11 @@ async def test_a_member_leaving_the_view_loses_its_keys_and_a_new_link_gets_fres
         new = t0._links[2].ep
         assert new is not None and new is not old
         assert (new.inbox_mr.rkey, new.bulk_mr.rkey) != old_keys
-        c[0].send(2, big)  # the new link is paired by now: this one goes by rdma
+        deadline = time.monotonic() + support.WAIT
+        while not new.paired:
+            assert time.monotonic() < deadline, "the new link never paired"
+            await asyncio.sleep(0.01)
+        c[0].send(2, big)  # the new link is paired: this one goes by rdma
         await c.recs[2].wait_for(lambda: len(c.recs[2].messages(0)) == 4)
         assert c.recs[2].messages(0)[-1] == big and _bulk_blocks_sent(t0, 2) > 0
         assert all(not r.failures() for r in c.recs)
