@@ -572,7 +572,8 @@ class BulkRx:
         if self.buf is None:
             self.buf = bytearray(total)
         at = (self.seq % self.slots) * self.block
-        self.buf[offset:end] = region[at : at + length]
+        with memoryview(region) as whole, whole[at : at + length] as part:
+            self.buf[offset:end] = part  # one copy, no export left on the region
         self.seq += 1
         self.got = end
         if not final:

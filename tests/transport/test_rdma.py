@@ -2,8 +2,10 @@
 
 The device tests run inside rxe-vm (Soft-RoCE; ``scripts/rdma-tests.sh``): the whole transport
 conformance suite over rdma (reusing its test functions with an rdma cluster), busy polling,
-per-peer inbox keys, injected queue-pair faults, separate processes, and a 3-member group whose
-member is SIGKILLed. Outside a machine with an RDMA device they skip, saying why.
+per-peer inbox keys, injected queue-pair faults, the bulk path for large messages (order with
+small messages and pushes, failure mid-transfer, hostile records, throughput), links closed at
+a view change, separate processes, a 3-member group whose member is SIGKILLed, and a process
+joining a running rdma group. Outside a machine with an RDMA device they skip, saying why.
 """
 
 from __future__ import annotations
@@ -635,6 +637,19 @@ def test_constructor_validates_its_settings() -> None:
         RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, inbox_bytes=1000)
     with pytest.raises(ConfigError):
         RdmaTransport(0, ("127.0.0.1", 0), secret=b"")
+    for bad in (
+        {"bulk_threshold": -1},
+        {"bulk_threshold": True},
+        {"bulk_block": MIN_BULK_BLOCK - 8},
+        {"bulk_block": MIN_BULK_BLOCK + 4},
+        {"bulk_slots": 0},
+        {"bulk_slots": 1024, "bulk_block": 1 << 20},  # region too large
+        {"bulk_max_message": 0},
+    ):
+        with pytest.raises(ConfigError):
+            RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, **bad)
+    t = RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, bulk_threshold=0)
+    assert t.bulk_threshold == 0
 
 
 @pytest.mark.skipif(DEVICE_PROBLEM is None, reason="this machine has an RDMA device")
@@ -1096,6 +1111,40 @@ async def test_a_member_leaving_the_view_loses_its_keys_and_a_new_link_gets_fres
         await c.recs[2].wait_for(lambda: len(c.recs[2].messages(0)) == 4)
         assert c.recs[2].messages(0)[-1] == big and _bulk_blocks_sent(t0, 2) > 0
         assert all(not r.failures() for r in c.recs)
+
+
+@pytest.mark.rdma
+@needs_device
+async def test_a_peer_without_a_bulk_region_gets_large_messages_over_tcp() -> None:
+    dev = os.environ.get("RXE_DEV")
+    ts = [
+        RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, device=dev, **SMALL_BULK),
+        RdmaTransport(1, ("127.0.0.1", 0), secret=SECRET, device=dev, bulk_threshold=0),
+    ]
+    recs = [Recorder(me=0), Recorder(me=1)]
+    try:
+        for t, r in zip(ts, recs, strict=True):
+            await t.start(r)
+        ts[0].add_peer(1, ts[1].address)
+        ts[1].add_peer(0, ts[0].address)
+        for t in ts:
+            t.set_view(1, [0, 1], ROW)
+        ts[0].push(1, 0, _word(1), [1])
+        ts[1].push(1, ROW, _word(1), [0])
+        await recs[1].wait_for(lambda: len(recs[1].pushes(0)) == 1)
+        await recs[0].wait_for(lambda: len(recs[0].pushes(1)) == 1)
+        big = os.urandom(200_000)
+        ts[0].send(1, big)
+        ts[0].push(1, 8, _word(2), [1])
+        ts[1].send(0, big)
+        await recs[1].wait_for(lambda: len(recs[1].from_sender(0)) == 3)
+        assert recs[1].from_sender(0)[1:] == [("msg", 0, big), ("push", 1, 0, 8, _word(2))]
+        await recs[0].wait_for(lambda: recs[0].messages(1) == [big])
+        assert _bulk_blocks_sent(ts[0], 1) == 0 and _bulk_blocks_sent(ts[1], 0) == 0
+        assert recs[0].failures() == recs[1].failures() == []
+    finally:
+        for t in ts:
+            await t.close()
 
 
 class _Counter:
