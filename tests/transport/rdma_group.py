@@ -89,6 +89,13 @@ def joiner(fields: dict[str, Any], q: Any, big_size: int) -> None:
             r2 = await log.append(big)
             members = list(g.view.members)
             digests = [await log.digest.at(m)() for m in members]
+            t = g._driver.transport if g._driver is not None else None
+            links = getattr(t, "_links", {})
+            rdma_blocks = {
+                m: link.ep.btx.seq
+                for m, link in links.items()
+                if link.ep is not None and link.ep.btx is not None
+            }
             q.put(
                 (
                     "joined",
@@ -101,6 +108,7 @@ def joiner(fields: dict[str, Any], q: Any, big_size: int) -> None:
                         "digests": digests,
                         "replies": [sorted(r1), sorted(r2)],
                         "big_ok": mine[-1] == big,
+                        "rdma_blocks": rdma_blocks,
                     },
                 )
             )

@@ -1561,3 +1561,6 @@ def test_a_process_joins_a_running_rdma_group_and_gets_state_and_ordered_traffic
     assert joined["items"] == joined["at_join"] + 2 and joined["big_ok"]
     # every member holds the same log in the same order, the joiner's large item included
     assert set(joined["digests"]) == {joined["digest"]}
+    # the joiner's large item reached the founders by the rdma bulk path
+    print(f"\njoiner: bulk blocks sent per founder {joined['rdma_blocks']}")
+    assert all(joined["rdma_blocks"].get(m, 0) >= 2 for m in (0, 1, 2)), joined["rdma_blocks"]
