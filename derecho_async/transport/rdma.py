@@ -73,8 +73,15 @@
 # mirror) has a random 64-bit id. Creating one sends CONNECT(src=id, dst=0); a member answering
 # a dst=0 CONNECT pairs with it and replies CONNECT(src=its id, dst=the peer's id); a CONNECT for
 # an endpoint that no longer exists is ignored, one from a peer endpoint that replaced the paired
-# one resets the link. Every received field (QP number, PSN, GID, address, rkey, size) is
-# validated before use; nothing is unpickled or evaluated.
+# one resets the link. Every received field (QP number, PSN, GID, address, rkey, size, bulk
+# region) is validated before use; nothing is unpickled or evaluated.
+#
+# Views. Connection data is exchanged per link when the link is first used -- at bootstrap, and
+# for a joiner when the first push or large message of the view that admits it goes out; the
+# joiner itself connects the same way. ``set_view`` closes the links to members of the previous
+# view that are not in the new one (graceful RESET, no failure report): their queue pairs are
+# destroyed and the regions granted to them deregistered, so a member that left keeps no rkey
+# into this member's memory; talking to it again builds a fresh endpoint with fresh keys.
 #
 # Completions. Each completion channel's fd is non-blocking and registered with
 # ``loop.add_reader``; the reader collects the channel's events, acknowledges them in batches,
