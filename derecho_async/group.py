@@ -154,6 +154,7 @@ def _make_transport(config: Config) -> Transport:
             device=config.rdma_device,
             port=config.rdma_port,
             gid_index=config.rdma_gid_index,
+            max_frame=1 << 30,  # as for tcp: large messages take tcp while a link is not paired
         )
     if config.transport == "sim":
         from derecho_async.transport.loopback import LoopbackFabric

@@ -3,10 +3,12 @@
 # Members on hosts with RDMA NICs (or Soft-RoCE). Two channels per pair of members:
 #
 # * the control/message channel is a composed ``TcpTransport`` (same listen address, peers and
-#   shared-secret authentication). It carries the user's messages and the rdma control messages
+#   shared-secret authentication). It carries the user's messages (those below the bulk
+#   threshold, or sent before the link's queue pair is paired) and the rdma control messages
 #   (CONNECT, RESET); every payload on it starts with a 17-byte header (kind u8, endpoint u64,
 #   count u64).
-# * pushes travel over one RC queue pair per peer as RDMA WRITEs.
+# * pushes, and messages of at least ``bulk_threshold`` bytes (the data plane's DATA frames),
+#   travel over one RC queue pair per peer as RDMA WRITEs.
 #
 # Inboxes. For every peer a member registers a private *inbox*: a ring of ``inbox_bytes`` in its
 # own memory region with remote-write access, whose address and rkey are sent to that peer only
@@ -35,6 +37,32 @@
 # backlog (FIFO, bounded); posted receives are reposted as they complete; an empty receive queue
 # only delays the peer (RNR retry is infinite).
 #
+# Bulk messages. With each endpoint a member also registers a *bulk region* of ``bulk_slots``
+# blocks of ``bulk_block`` bytes (remote write), granted like the inbox to that one peer (its
+# address, rkey, block size, slot count and the largest message accepted travel in CONNECT). A
+# message of at least ``bulk_threshold`` bytes, once the link is paired, is queued behind the
+# link's pushes; when it reaches the head it is cut into full blocks (the last one shorter).
+# Block k of the link (counted over all its bulk messages) goes to slot k mod slots: the sender
+# copies it into a registered staging copy of the region, stages a BULK record in the ring
+# (type 3; length = block length, view_id = message length, offset = block offset, the usual
+# messages-before; no ring payload), and the flush posts, per block, a plain RDMA WRITE of the
+# block into the slot and then the ring up to that record with a WRITE_WITH_IMM doorbell asking
+# for credit. On an RC queue pair the block is placed before the doorbell's completion, so the
+# receiver, reading the record in ring order, copies the block out of its slot into the message
+# being assembled, consumes the record and returns credit; a slot is reused only once the ring
+# credit covers its record. Up to ``bulk_slots`` blocks are in flight (pipelined: credit for the
+# first returns while the others are written). The receiver checks every record against the
+# message in progress (first block at offset 0, total within its limit and unchanged, offsets
+# consecutive, full blocks except the final one, final flag exactly at the end): any mismatch is
+# a protocol violation of that peer (the link is torn down and reported), never a crash. A
+# completed message is handed to ``on_message`` and counts, for the order between the channels,
+# as one *push* of the link (a later small message waits for it; it waits for earlier small
+# messages like any push). A link torn down mid-transfer discards the partial message and the
+# queued ones, and reports the failure. Until a link is paired, large messages that fit a tcp
+# frame go over tcp (same order guarantees); larger ones wait for the pairing. GPU payloads are
+# staged through host memory by the data plane before they reach the transport (the dma-buf
+# registration in verbs.py is unverified and unused; the start-up line says which path holds).
+#
 # Order between the two channels. Each (sender, receiver) link is FIFO across pushes and
 # messages: a message carries the number of pushes the sender issued before it on its current
 # endpoint, a push record the number of messages; the receiver delivers a message only after
@@ -45,8 +73,15 @@
 # mirror) has a random 64-bit id. Creating one sends CONNECT(src=id, dst=0); a member answering
 # a dst=0 CONNECT pairs with it and replies CONNECT(src=its id, dst=the peer's id); a CONNECT for
 # an endpoint that no longer exists is ignored, one from a peer endpoint that replaced the paired
-# one resets the link. Every received field (QP number, PSN, GID, address, rkey, size) is
-# validated before use; nothing is unpickled or evaluated.
+# one resets the link. Every received field (QP number, PSN, GID, address, rkey, size, bulk
+# region) is validated before use; nothing is unpickled or evaluated.
+#
+# Views. Connection data is exchanged per link when the link is first used -- at bootstrap, and
+# for a joiner when the first push or large message of the view that admits it goes out; the
+# joiner itself connects the same way. ``set_view`` closes the links to members of the previous
+# view that are not in the new one (graceful RESET, no failure report): their queue pairs are
+# destroyed and the regions granted to them deregistered, so a member that left keeps no rkey
+# into this member's memory; talking to it again builds a fresh endpoint with fresh keys.
 #
 # Completions. Each completion channel's fd is non-blocking and registered with
 # ``loop.add_reader``; the reader collects the channel's events, acknowledges them in batches,
@@ -73,7 +108,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async.errors import ConfigError
+from derecho_async.errors import ConfigError, UsageError
 from derecho_async.transport import verbs
 from derecho_async.transport.base import (
     Transport,
@@ -92,8 +127,8 @@ K_USER, K_CONNECT, K_RESET = 1, 2, 3
 
 #: Inbox record header: type, flags, length, view_id, table offset, messages before.
 REC = struct.Struct("<HHIQQQ")
-R_PUSH, R_PAD = 1, 2
-RF_FINAL = 1  # last piece of a push
+R_PUSH, R_PAD, R_BULK = 1, 2, 3
+RF_FINAL = 1  # last piece of a push / last block of a bulk message
 
 IMM_CREDIT = 1 << 31
 IMM_FLAG = 1 << 30  # doorbell: "return credit"; with IMM_CREDIT: no-op
@@ -104,7 +139,13 @@ _U63 = 1 << 63
 _U64 = 1 << 64
 MIN_INBOX = 16 << 10
 MAX_INBOX = 64 << 20  # also bounds the mirror a peer's CONNECT makes us allocate
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+#: bounds on the bulk region a peer's CONNECT may describe (and make us mirror for staging)
+MIN_BULK_BLOCK = 4 << 10
+MAX_BULK_BLOCK = 64 << 20
+MAX_BULK_SLOTS = 1024
+MAX_BULK_REGION = 256 << 20
+MAX_BULK_MESSAGE = 1 << 40
 _MAX_CONNECT = 1024
 _MAX_REASON = 512
 
@@ -152,6 +193,12 @@ class ConnectInfo:
     addr: int  # inbox address
     rkey: int  # inbox rkey (remote write, this peer only)
     size: int  # inbox bytes
+    # bulk receive region (slots of ``bblock`` bytes; ``bslots == 0``: no bulk path)
+    baddr: int = 0
+    brkey: int = 0
+    bblock: int = 0
+    bslots: int = 0
+    bmax: int = 0  # largest bulk message this endpoint accepts
 
     def encode(self) -> bytes:
         """msgpack map (validated again on decode)."""
@@ -169,6 +216,11 @@ class ConnectInfo:
                 "addr": self.addr,
                 "rkey": self.rkey,
                 "size": self.size,
+                "baddr": self.baddr,
+                "brkey": self.brkey,
+                "bblock": self.bblock,
+                "bslots": self.bslots,
+                "bmax": self.bmax,
             }
         )
         return packed
@@ -205,6 +257,23 @@ class ConnectInfo:
         addr = num("addr", 1, _U64)
         if addr + size > _U64:
             raise Malformed("inbox address range overflows")
+        bslots = num("bslots", 0, MAX_BULK_SLOTS + 1)
+        if bslots:
+            bblock = num("bblock", MIN_BULK_BLOCK, MAX_BULK_BLOCK + 1)
+            if bblock % 8:
+                raise Malformed(f"bulk block {bblock} is not a multiple of 8")
+            if bblock * bslots > MAX_BULK_REGION:
+                raise Malformed(f"bulk region of {bslots} x {bblock} bytes is too large")
+            baddr = num("baddr", 1, _U64)
+            if baddr + bblock * bslots > _U64:
+                raise Malformed("bulk region address range overflows")
+            brkey = num("brkey", 0, 1 << 32)
+            bmax = num("bmax", 1, MAX_BULK_MESSAGE + 1)
+        else:
+            bblock = num("bblock", 0, 1)
+            baddr = num("baddr", 0, 1)
+            brkey = num("brkey", 0, 1)
+            bmax = num("bmax", 0, 1)
         return cls(
             ep=num("ep", 1, _U64),
             dst=num("dst", 0, _U64),
@@ -217,6 +286,11 @@ class ConnectInfo:
             addr=addr,
             rkey=num("rkey", 0, 1 << 32),
             size=size,
+            baddr=baddr,
+            brkey=brkey,
+            bblock=bblock,
+            bslots=bslots,
+            bmax=bmax,
         )
 
 
@@ -300,10 +374,11 @@ class SendRing:
         self.staged += total
         return Placement(pad_at, pad - REC.size if pad else 0, at)
 
-    def take_unposted(self) -> list[tuple[int, int]]:
-        """Ring spans (offset, length) staged but not posted, split at the wrap; marks posted."""
+    def take_unposted(self, upto: int | None = None) -> list[tuple[int, int]]:
+        """Ring spans (offset, length) staged but not posted (up to position ``upto``, default
+        all), split at the wrap; marks them posted."""
         spans = []
-        pos, end = self.posted, self.staged
+        pos, end = self.posted, self.staged if upto is None else min(upto, self.staged)
         while pos < end:
             off = pos % self.size
             n = min(end - pos, self.size - off)
@@ -328,7 +403,11 @@ class SendRing:
 
 @dataclass(frozen=True)
 class Record:
-    """One validated PUSH record at the tail of an inbox."""
+    """One validated PUSH or BULK record at the tail of an inbox.
+
+    For a BULK record ``view_id`` is the message's total length, ``offset`` the block's offset
+    in the message and ``length`` the block's length; its bytes are in the bulk region, not in
+    the ring (``data_at`` is unused)."""
 
     final: bool
     view_id: int
@@ -337,6 +416,7 @@ class Record:
     msgs_before: int
     data_at: int  # ring offset of the bytes
     total: int  # bytes the record occupies (header + padded payload)
+    bulk: bool = False
 
 
 class RecvRing:
@@ -376,11 +456,12 @@ class RecvRing:
                     raise RingError("truncated PAD record")
                 self.tail += room
                 continue
-            if typ != R_PUSH:
+            if typ not in (R_PUSH, R_BULK):
                 raise RingError(f"unknown record type {typ} at ring offset {pos}")
             if flags & ~RF_FINAL:
                 raise RingError(f"record flags {flags:#x}")
-            total = REC.size + align8(length)
+            bulk = typ == R_BULK
+            total = REC.size if bulk else REC.size + align8(length)
             if total > room:
                 raise RingError(f"record of {length} bytes crosses the ring end")
             if total > avail:
@@ -390,7 +471,14 @@ class RecvRing:
             if msgs_before < self.msgs_floor:
                 raise RingError("record's message count went backwards")
             return Record(
-                bool(flags & RF_FINAL), view_id, offset, length, msgs_before, pos + REC.size, total
+                bool(flags & RF_FINAL),
+                view_id,
+                offset,
+                length,
+                msgs_before,
+                pos + REC.size,
+                total,
+                bulk,
             )
         return None
 
@@ -398,6 +486,114 @@ class RecvRing:
         """Advance past ``rec`` (returned by :meth:`peek`)."""
         self.tail += rec.total
         self.msgs_floor = rec.msgs_before
+
+
+class BulkTx:
+    """The sender's view of a peer's bulk region: ``slots`` blocks of ``block`` bytes.
+
+    Block number ``k`` of the link (counted over all bulk messages) goes to slot ``k % slots``;
+    the receiver counts the same way, so records need not name the slot. A slot is free again
+    once the receiver's ring credit covers the BULK record announcing its block: the receiver
+    copies a block out before it consumes the record, and on an RC queue pair the block's WRITE
+    was executed before the record's.
+    """
+
+    def __init__(self, block: int, slots: int) -> None:
+        if block <= 0 or block % 8 or slots <= 0:
+            raise ValueError("bulk block must be a positive multiple of 8, slots positive")
+        self.block = block
+        self.slots = slots
+        self.seq = 0
+        self.last_end = 0
+        self.inflight: collections.deque[int] = collections.deque()  # records' ring ends
+
+    def release(self, credit: int) -> None:
+        """The receiver consumed ring bytes up to ``credit``: free the slots that covers."""
+        while self.inflight and self.inflight[0] <= credit:
+            self.inflight.popleft()
+
+    def free(self) -> int:
+        """Slots that may be filled now."""
+        return self.slots - len(self.inflight)
+
+    def place(self, record_end: int) -> int:
+        """Take the next slot for a block whose record ends at ring position ``record_end``;
+        returns the slot's byte offset in the region."""
+        if not self.free():
+            raise ValueError("no free bulk slot")
+        if record_end <= self.last_end:
+            raise ValueError("bulk records must be placed in ring order")
+        slot = self.seq % self.slots
+        self.seq += 1
+        self.last_end = record_end
+        self.inflight.append(record_end)
+        return slot * self.block
+
+
+def bulk_blocks(total: int, block: int) -> list[tuple[int, int]]:
+    """(offset, length) of the blocks of a ``total``-byte bulk message: full blocks, the last
+    one possibly shorter."""
+    return [(off, min(block, total - off)) for off in range(0, total, block)]
+
+
+class BulkRx:
+    """The receiver's bookkeeping of one peer's bulk region: validates BULK records and
+    reassembles messages. Every record must continue the message in progress exactly (same
+    total, next offset, a full block unless final, final exactly at the end); anything else is
+    a :class:`RingError` and the partial message is dropped with the link."""
+
+    def __init__(self, block: int, slots: int, max_message: int) -> None:
+        self.block = block
+        self.slots = slots
+        self.max_message = max_message
+        self.seq = 0  # blocks landed on this link
+        self.total = 0  # length of the message in progress (0: none)
+        self.got = 0
+        self.buf: bytearray | None = None
+
+    @property
+    def partial(self) -> bool:
+        return self.buf is not None
+
+    def land(self, region: Any, total: int, offset: int, length: int, final: bool) -> bytes | None:
+        """Copy one announced block out of ``region``; the whole message once it is complete."""
+        if self.buf is None:
+            if offset != 0:
+                raise RingError(f"bulk message starts at offset {offset}")
+            if not 0 < total <= self.max_message:
+                raise RingError(f"bulk message of {total} bytes (limit {self.max_message})")
+            self.total, self.got = total, 0
+        elif total != self.total:
+            raise RingError(f"bulk block says total {total}, the message has {self.total}")
+        if offset != self.got:
+            raise RingError(f"bulk block at offset {offset}, expected {self.got}")
+        if not 0 < length <= self.block:
+            raise RingError(f"bulk block of {length} bytes (block size {self.block})")
+        end = offset + length
+        if end > total:
+            raise RingError(f"bulk block [{offset}, {end}) beyond the message's {total} bytes")
+        if final != (end == total):
+            raise RingError("bulk block's final flag disagrees with its extent")
+        if not final and length != self.block:
+            raise RingError(f"short bulk block ({length} bytes) before the end of the message")
+        if self.buf is None:
+            self.buf = bytearray(total)
+        at = (self.seq % self.slots) * self.block
+        with memoryview(region) as whole, whole[at : at + length] as part:
+            self.buf[offset:end] = part  # one copy, no export left on the region
+        self.seq += 1
+        self.got = end
+        if not final:
+            return None
+        out = bytes(self.buf)
+        self.buf = None
+        self.total = self.got = 0
+        return out
+
+    def discard(self) -> None:
+        """Drop a partially received message (its link failed)."""
+        self.buf = None
+        self.total = self.got = 0
 
 
 def piece_end(offset: int, n: int, chunk: int) -> int:
@@ -530,6 +726,17 @@ class _Endpoint:
     # reusable work requests (post copies them; pyverbs objects are costly to build)
     recv_wr: Any = None
     imm_wr: Any = None
+    # bulk path: the region this endpoint grants its peer, and (once paired) the staging copy
+    # of the peer's region with the blocks written but not posted (slot offset, length, ring
+    # end of the block's record)
+    bulk: verbs.HostBuffer | None = None
+    bulk_mr: Any = None
+    brx: BulkRx | None = None
+    bstage: verbs.HostBuffer | None = None
+    bstage_mr: Any = None
+    btx: BulkTx | None = None
+    bulk_posts: collections.deque[tuple[int, int, int]] = field(default_factory=collections.deque)
+    bulk_backlog_bytes: int = 0
 
     @property
     def paired(self) -> bool:
@@ -578,6 +785,11 @@ class RdmaTransport(Transport):
     ``port``; a RoCE v2 IPv4 GID). ``inbox_bytes`` is the ring each peer writes into (also the
     size of this member's staging mirror per peer). ``busy_poll`` polls the completion queues
     from the event loop while completions keep arriving, instead of waiting for every wakeup.
+
+    Bulk path: a message of at least ``bulk_threshold`` bytes (0: never) is written by RDMA into
+    a region of ``bulk_slots`` blocks of ``bulk_block`` bytes that the receiver registered for
+    this sender only, pipelined (up to ``bulk_slots`` blocks in flight); smaller messages go
+    over tcp. ``bulk_max_message`` is the largest bulk message this member accepts.
     """
 
     #: queue depths per queue pair
@@ -597,6 +809,8 @@ class RdmaTransport(Transport):
     max_held_bytes: int = 1 << 30
     #: busy polling keeps going this long after the last completion (seconds)
     busy_poll_window: float = 0.002
+    #: bound on bulk messages queued per peer (they are referenced, not copied, when bytes)
+    max_bulk_backlog_bytes: int = 4 << 30
 
     def __init__(
         self,
@@ -613,6 +827,10 @@ class RdmaTransport(Transport):
         ssl_server: ssl.SSLContext | None = None,
         ssl_client: ssl.SSLContext | None = None,
         max_frame: int = 64 << 20,
+        bulk_threshold: int = 256 << 10,
+        bulk_block: int = 1 << 20,
+        bulk_slots: int = 8,
+        bulk_max_message: int = 1 << 30,
     ) -> None:
         super().__init__(member_id)
         if device is not None and (not isinstance(device, str) or not device):
@@ -632,6 +850,42 @@ class RdmaTransport(Transport):
             raise ConfigError(
                 "inbox_bytes", f"a multiple of 8 from {MIN_INBOX} to {MAX_INBOX}", inbox_bytes
             )
+
+        def _int(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not _int(bulk_threshold) or bulk_threshold < 0:
+            raise ConfigError(
+                "bulk_threshold", "a non-negative integer (0: no bulk path)", bulk_threshold
+            )
+        if (
+            not _int(bulk_block)
+            or not MIN_BULK_BLOCK <= bulk_block <= MAX_BULK_BLOCK
+            or bulk_block % 8
+        ):
+            raise ConfigError(
+                "bulk_block",
+                f"a multiple of 8 from {MIN_BULK_BLOCK} to {MAX_BULK_BLOCK}",
+                bulk_block,
+            )
+        if (
+            not _int(bulk_slots)
+            or not 1 <= bulk_slots <= MAX_BULK_SLOTS
+            or bulk_slots * bulk_block > MAX_BULK_REGION
+        ):
+            raise ConfigError(
+                "bulk_slots",
+                f"from 1 to {MAX_BULK_SLOTS}, with bulk_slots * bulk_block <= {MAX_BULK_REGION}",
+                bulk_slots,
+            )
+        if not _int(bulk_max_message) or not 1 <= bulk_max_message <= MAX_BULK_MESSAGE:
+            raise ConfigError(
+                "bulk_max_message", f"an integer from 1 to {MAX_BULK_MESSAGE}", bulk_max_message
+            )
+        self.bulk_threshold = bulk_threshold
+        self.bulk_block = bulk_block
+        self.bulk_slots = bulk_slots
+        self.bulk_max_message = bulk_max_message
         self._tcp = TcpTransport(
             member_id,
             listen,
@@ -657,6 +911,8 @@ class RdmaTransport(Transport):
         self._draining = 0
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._rng = random.SystemRandom()
+        self._view_id = -1  # newest view installed, and its members
+        self._view_members: frozenset[int] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -679,12 +935,20 @@ class RdmaTransport(Transport):
             self._close_device()
             raise
         log.info(
-            "member %d: rdma on %s port %d gid index %d (pyverbs from %s)",
+            "member %d: rdma on %s port %d gid index %d (pyverbs from %s); bulk path: %s; "
+            "GPU payloads: %s",
             self.member_id,
             local.device,
             local.port,
             local.gid_index,
             pv.origin,
+            (
+                f"messages >= {self.bulk_threshold} bytes in {self.bulk_slots} x "
+                f"{self.bulk_block}-byte blocks"
+                if self.bulk_threshold
+                else "off"
+            ),
+            verbs.gpu_path_summary(pv),
         )
 
     async def close(self) -> None:
@@ -748,7 +1012,7 @@ class RdmaTransport(Transport):
     def _drained(self, ep: _Endpoint) -> bool:
         if ep.dead:
             return True
-        if ep.backlog:
+        if ep.backlog or ep.bulk_posts:
             return False
         tx = ep.tx
         return tx is None or (tx.staged == tx.posted and tx.done >= tx.posted)
@@ -760,6 +1024,34 @@ class RdmaTransport(Transport):
                 fut.set_result(None)
 
     # -- peers -------------------------------------------------------------------------------
+    def set_view(self, view_id: int, members: Sequence[int], row_bytes: int) -> None:
+        """Install ``view_id``; links to members of the previous view that are not in this one
+        are closed (their queue pairs destroyed, the regions granted to them deregistered)."""
+        super().set_view(view_id, members, row_bytes)
+        if view_id <= self._view_id:
+            return
+        old, new = self._view_members, frozenset(members)
+        self._view_id, self._view_members = view_id, new
+        for peer in sorted((old or frozenset()) - new - {self.member_id}):
+            self._revoke(peer, view_id)
+
+    def _revoke(self, peer: int, view_id: int) -> None:
+        """Close the link to ``peer`` quietly (it left the view): a graceful RESET, no failure
+        report; a later message or push to it builds a fresh endpoint with fresh keys."""
+        link = self._links.get(peer)
+        ep = link.ep if link is not None else None
+        if link is None or ep is None or ep.dead:
+            return
+        if ep.paired:
+            with contextlib.suppress(Exception):
+                why = f"not in view {view_id}"
+                self._tcp.send(peer, encode_reset(ep.id, ep.peer_ep, why, True))
+        self._fail(ep, f"member {peer} left the view", report=False, tell=False)
+        link.quiet_until = 0.0
+        log.debug(
+            "member %d: rdma link to member %d closed (view %d)", self.member_id, peer, view_id
+        )
+
     def add_peer(self, member_id: int, address: object) -> None:
         """Learn the tcp listen address of ``member_id`` (None keeps what is known)."""
         self._tcp.add_peer(member_id, address)
@@ -787,15 +1079,47 @@ class RdmaTransport(Transport):
             self._mark_dirty(ep)
 
     def send(self, to: int, payload: bytes) -> None:
-        """Send ``payload`` to ``to`` over the tcp channel, ordered with pushes on the link."""
+        """Send ``payload`` to ``to``, ordered with pushes on the link: over the tcp channel,
+        or, from ``bulk_threshold`` bytes on, by RDMA into the peer's bulk region."""
+        tcp_limit = self._tcp.max_frame - CHAN.size
+        bulk = self.bulk_threshold > 0
+        limit = max(tcp_limit, self.bulk_max_message) if bulk else tcp_limit
         mv = self._check_send(
             to,
             payload,
-            self._tcp.max_frame - CHAN.size,
-            f"max_frame={self._tcp.max_frame} minus the {CHAN.size}-byte rdma header",
+            limit,
+            f"max_frame={self._tcp.max_frame} minus the {CHAN.size}-byte rdma header"
+            + (f" and bulk_max_message={self.bulk_max_message}" if bulk else ""),
         )
         if mv is None:
             return
+        n = len(mv)
+        if bulk and n >= self.bulk_threshold:
+            # a message only the bulk path can carry does not wait out the reconnect back-off
+            ep = self._endpoint_for(to, force=n > tcp_limit)
+            if ep is not None and not ep.dead:
+                info = ep.peer_info
+                if info is None and n > tcp_limit:
+                    self._queue_bulk(ep, payload, mv)  # checked against the peer on pairing
+                    return
+                if info is not None and info.bslots:
+                    if n > info.bmax:
+                        raise UsageError(
+                            f"message of {n} bytes exceeds member {to}'s bulk limit {info.bmax}"
+                        )
+                    self._queue_bulk(ep, payload, mv)
+                    return
+                if n > tcp_limit:
+                    raise UsageError(
+                        f"message of {n} bytes to member {to} needs the rdma bulk path, "
+                        f"and member {to} grants none"
+                    )
+            elif n > tcp_limit:
+                reason = f"no rdma link to member {to} for a message of {n} bytes (dropped)"
+                log.warning("member %d: %s", self.member_id, reason)
+                assert self._loop is not None
+                self._loop.call_soon(self._report_failure, to, reason)
+                return
         link = self._links.get(to)
         ep = link.ep if link is not None else None
         if ep is not None and not ep.dead:
@@ -804,6 +1128,23 @@ class RdmaTransport(Transport):
         else:
             hdr = CHAN.pack(K_USER, 0, 0)
         self._tcp.send(to, b"".join((hdr, mv)))
+
+    def _queue_bulk(self, ep: _Endpoint, payload: object, mv: memoryview) -> None:
+        """Queue a bulk message behind the link's pushes; it counts as one push for the order
+        between the two channels."""
+        n = len(mv)
+        if ep.bulk_backlog_bytes + n > self.max_bulk_backlog_bytes:
+            self._fail(
+                ep,
+                f"rdma link to member {ep.peer} not draining: more than "
+                f"{self.max_bulk_backlog_bytes} bytes of bulk messages waiting",
+            )
+            return
+        data = mv if isinstance(payload, bytes) else memoryview(bytes(mv))  # immutable only
+        ep.pushes_issued += 1
+        ep.backlog.append((-1, 0, data, ep.msgs_sent))
+        ep.bulk_backlog_bytes += n
+        self._mark_dirty(ep)
 
     def _to_backlog(
         self, ep: _Endpoint, view_id: int, offset: int, mv: memoryview, mb: int
@@ -876,6 +1217,10 @@ class RdmaTransport(Transport):
         chunk = tx.max_payload
         while ep.backlog:
             view_id, offset, data, mb = ep.backlog[0]
+            if view_id < 0:
+                if not self._stage_bulk(ep, offset, data, mb):
+                    return
+                continue
             n = len(data)
             end = offset + n if n == 0 else piece_end(offset, n, chunk)
             place = tx.place(end - offset)
@@ -890,6 +1235,48 @@ class RdmaTransport(Transport):
             else:
                 ep.backlog[0] = (view_id, end, data[end - offset :], mb)
             ep.backlog_bytes -= end - offset
+
+    def _stage_bulk(self, ep: _Endpoint, sent: int, data: memoryview, mb: int) -> bool:
+        """Stage blocks of the bulk message at the head of the backlog while slots and ring
+        space last; True when it was staged whole (and left the backlog)."""
+        tx, btx, stage, mirror = ep.tx, ep.btx, ep.bstage, ep.mirror
+        assert tx is not None and mirror is not None
+        n = len(data)
+        if btx is None or stage is None:
+            info = ep.peer_info
+            limit = info.bmax if info is not None else 0
+            self._fail(
+                ep,
+                f"member {ep.peer} grants no rdma bulk region for a message of {n} bytes "
+                f"(its bulk limit: {limit})",
+            )
+            return False
+        if ep.peer_info is not None and n > ep.peer_info.bmax:
+            self._fail(ep, f"message of {n} bytes exceeds member {ep.peer}'s bulk limit")
+            return False
+        btx.release(min(tx.credit, tx.done))
+        mm, smm = mirror.mm, stage.mm
+        while sent < n:
+            if not btx.free():
+                break
+            place = tx.place(0)
+            if place is None:
+                break
+            length = min(btx.block, n - sent)
+            final = sent + length == n
+            if place.pad_at is not None:
+                REC.pack_into(mm, place.pad_at, R_PAD, 0, place.pad_len, 0, 0, 0)
+            REC.pack_into(mm, place.at, R_BULK, RF_FINAL if final else 0, length, n, sent, mb)
+            at = btx.place(tx.staged)
+            smm[at : at + length] = data[sent : sent + length]
+            ep.bulk_posts.append((at, length, tx.staged))
+            sent += length
+            ep.bulk_backlog_bytes -= length
+        if sent < n:
+            ep.backlog[0] = (-1, sent, data, mb)
+            return False
+        ep.backlog.popleft()
+        return True
 
     def _mark_dirty(self, ep: _Endpoint) -> None:
         self._dirty.add(ep)
@@ -914,41 +1301,69 @@ class RdmaTransport(Transport):
         pv = self._pv
         assert pv is not None and ep.peer_info is not None and ep.mirror_mr is not None
         if tx.staged > tx.posted:
-            if ep.sq_seq - ep.sq_done + 3 > self.send_depth:
-                ep.flush_wanted = True  # resumes on a send completion
-            else:
-                e = pv.enums
-                end = tx.posted  # ring position each write ends at (for local completion)
-                spans = tx.take_unposted()
-                want = tx.free() < tx.size // 2 or bool(ep.backlog)
-                info = ep.peer_info
-                mirror = ep.mirror
-                assert mirror is not None
-                lkey = ep.mirror_mr.lkey
-                try:
-                    for i, (off, n) in enumerate(spans):
-                        last = i == len(spans) - 1
-                        signal = ep.unsignaled + 1 >= self.signal_every or (
-                            last and (want or self._draining > 0)
-                        )
-                        sge = pv.wr.SGE(mirror.address + off, n, lkey)
-                        wr = pv.wr.SendWR(
-                            wr_id=ep.sq_seq + 1,
-                            opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM if last else e.IBV_WR_RDMA_WRITE,
-                            num_sge=1,
-                            sg=[sge],
-                            imm_data=socket.htonl(imm_doorbell(tx.posted, want)) if last else 0,
-                            send_flags=int(e.IBV_SEND_SIGNALED) if signal else 0,
-                        )
-                        wr.set_wr_rdma(info.rkey, info.addr + off)
-                        end += n
-                        self._post(ep, wr, signal, end)
-                except pv.any_error as exc:
-                    self._fail(ep, f"rdma post to member {ep.peer} failed: {exc}")
-                    return
+            try:
+                # each bulk block: its WRITE into the peer's region, then the ring up to and
+                # including its record, with a doorbell asking for credit (frees the slot)
+                while ep.bulk_posts:
+                    if ep.sq_seq - ep.sq_done + 5 > self.send_depth:
+                        break
+                    at, length, rec_end = ep.bulk_posts.popleft()
+                    self._post_bulk_block(ep, at, length)
+                    self._post_ring(ep, rec_end, True)
+                if ep.bulk_posts or ep.sq_seq - ep.sq_done + 3 > self.send_depth:
+                    ep.flush_wanted = True  # resumes on a send completion
+                elif tx.staged > tx.posted:
+                    self._post_ring(ep, None, tx.free() < tx.size // 2 or bool(ep.backlog))
+            except pv.any_error as exc:
+                self._fail(ep, f"rdma post to member {ep.peer} failed: {exc}")
+                return
         self._maybe_return_credit(ep)
         if self.busy_poll:
             self._start_spin(ep)
+
+    def _post_ring(self, ep: _Endpoint, upto: int | None, want: bool) -> None:
+        """Post the staged ring bytes (up to ``upto``) as one WRITE per contiguous span, the
+        last one WITH_IMM carrying the new head. Raises pyverbs errors."""
+        pv, tx, info, mirror = self._pv, ep.tx, ep.peer_info, ep.mirror
+        assert pv is not None and tx is not None and info is not None and mirror is not None
+        e = pv.enums
+        end = tx.posted  # ring position each write ends at (for local completion)
+        spans = tx.take_unposted(upto)
+        lkey = ep.mirror_mr.lkey
+        for i, (off, n) in enumerate(spans):
+            last = i == len(spans) - 1
+            signal = ep.unsignaled + 1 >= self.signal_every or (
+                last and (want or self._draining > 0)
+            )
+            sge = pv.wr.SGE(mirror.address + off, n, lkey)
+            wr = pv.wr.SendWR(
+                wr_id=ep.sq_seq + 1,
+                opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM if last else e.IBV_WR_RDMA_WRITE,
+                num_sge=1,
+                sg=[sge],
+                imm_data=socket.htonl(imm_doorbell(tx.posted, want)) if last else 0,
+                send_flags=int(e.IBV_SEND_SIGNALED) if signal else 0,
+            )
+            wr.set_wr_rdma(info.rkey, info.addr + off)
+            end += n
+            self._post(ep, wr, signal, end)
+
+    def _post_bulk_block(self, ep: _Endpoint, at: int, length: int) -> None:
+        """One plain RDMA WRITE of a staged block into the same slot of the peer's region."""
+        pv, tx, info, stage = self._pv, ep.tx, ep.peer_info, ep.bstage
+        assert pv is not None and tx is not None and info is not None and stage is not None
+        e = pv.enums
+        signal = ep.unsignaled + 1 >= self.signal_every
+        sge = pv.wr.SGE(stage.address + at, length, ep.bstage_mr.lkey)
+        wr = pv.wr.SendWR(
+            wr_id=ep.sq_seq + 1,
+            opcode=e.IBV_WR_RDMA_WRITE,
+            num_sge=1,
+            sg=[sge],
+            send_flags=int(e.IBV_SEND_SIGNALED) if signal else 0,
+        )
+        wr.set_wr_rdma(info.brkey, info.baddr + at)
+        self._post(ep, wr, signal, tx.posted)
 
     def _post(self, ep: _Endpoint, wr: Any, signal: bool, pos: int) -> None:
         ep.qp.post_send(wr, None)
@@ -997,13 +1412,14 @@ class RdmaTransport(Transport):
                 ep.flush_wanted = True
 
     # -- endpoints ---------------------------------------------------------------------------
-    def _endpoint_for(self, peer: int) -> _Endpoint | None:
-        """The current endpoint to ``peer``, creating one (and sending CONNECT) if needed."""
+    def _endpoint_for(self, peer: int, force: bool = False) -> _Endpoint | None:
+        """The current endpoint to ``peer``, creating one (and sending CONNECT) if needed;
+        None during the back-off after a failure, unless ``force``."""
         link = self._link(peer)
         ep = link.ep
         if ep is not None and not ep.dead:
             return ep
-        if time.monotonic() < link.quiet_until:
+        if not force and time.monotonic() < link.quiet_until:
             link.dropped += 1
             if link.dropped == 1:
                 log.info(
@@ -1022,6 +1438,7 @@ class RdmaTransport(Transport):
         assert pv is not None and local is not None and self._loop is not None
         e = pv.enums
         created: list[Any] = []
+        buffers: list[verbs.HostBuffer] = []
         inbox: verbs.HostBuffer | None = None
         try:
             channel, fd = verbs.comp_channel_fd(lambda: pv.cq.CompChannel(ctx))
@@ -1045,6 +1462,13 @@ class RdmaTransport(Transport):
                 pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE), address=inbox.address + self.inbox_bytes
             )
             created.append(scratch_mr)
+            bulk_mr = None
+            if self.bulk_threshold:
+                region = self.bulk_block * self.bulk_slots
+                bulk = verbs.HostBuffer(region)
+                buffers.append(bulk)
+                bulk_mr = pv.mr.MR(pd, region, remote, address=bulk.address)
+                created.append(bulk_mr)
             attr = pv.qp.QPAttr(qp_state=e.IBV_QPS_INIT)
             attr.pkey_index = 0
             attr.port_num = local.port
@@ -1069,6 +1493,9 @@ class RdmaTransport(Transport):
                 psn=self._rng.randrange(0, 1 << 24),
                 rx=RecvRing(self.inbox_bytes),
             )
+            if bulk_mr is not None:
+                ep.bulk, ep.bulk_mr = buffers[0], bulk_mr
+                ep.brx = BulkRx(self.bulk_block, self.bulk_slots, self.bulk_max_message)
             for i in range(self.recv_depth):
                 self._post_recv(ep, i)
             cq.req_notify()
@@ -1084,6 +1511,8 @@ class RdmaTransport(Transport):
                     obj.close()
             if inbox is not None:
                 inbox.close()
+            for buf in buffers:
+                buf.close()
             reason = f"cannot create an rdma endpoint for member {link.peer}: {exc}"
             log.error("member %d: %s", self.member_id, reason)
             link.quiet_until = time.monotonic() + self.reconnect_backoff
@@ -1119,6 +1548,11 @@ class RdmaTransport(Transport):
             addr=int(ep.inbox_mr.buf),
             rkey=int(ep.inbox_mr.rkey),
             size=self.inbox_bytes,
+            baddr=int(ep.bulk_mr.buf) if ep.bulk_mr is not None else 0,
+            brkey=int(ep.bulk_mr.rkey) if ep.bulk_mr is not None else 0,
+            bblock=self.bulk_block if ep.bulk_mr is not None else 0,
+            bslots=self.bulk_slots if ep.bulk_mr is not None else 0,
+            bmax=self.bulk_max_message if ep.bulk_mr is not None else 0,
         )
 
     def _send_connect(self, ep: _Endpoint, dst: int) -> None:
@@ -1134,6 +1568,7 @@ class RdmaTransport(Transport):
         assert pv is not None and local is not None
         e = pv.enums
         mirror: verbs.HostBuffer | None = None
+        stage: verbs.HostBuffer | None = None
         try:
             if info.ethernet != local.link_layer_ethernet:
                 raise ValueError("the peer's link layer differs from ours")
@@ -1181,13 +1616,24 @@ class RdmaTransport(Transport):
             ep.mirror_mr = pv.mr.MR(
                 self._pd, info.size, int(e.IBV_ACCESS_LOCAL_WRITE), address=mirror.address
             )
+            if info.bslots and self.bulk_threshold:
+                region = info.bblock * info.bslots
+                stage = verbs.HostBuffer(region)
+                ep.bstage_mr = pv.mr.MR(
+                    self._pd, region, int(e.IBV_ACCESS_LOCAL_WRITE), address=stage.address
+                )
         except (pv.any_error, OSError, ValueError) as exc:
             if mirror is not None:
                 mirror.close()
+            if stage is not None:
+                stage.close()
             self._fail(ep, f"cannot connect the rdma queue pair to member {ep.peer}: {exc}")
             return
         ep.mirror = mirror
         ep.tx = SendRing(info.size)
+        if stage is not None:
+            ep.bstage = stage
+            ep.btx = BulkTx(info.bblock, info.bslots)
         ep.peer_info = info
         log.debug(
             "member %d: rdma link to member %d up (qpn %d -> %d)",
@@ -1250,6 +1696,8 @@ class RdmaTransport(Transport):
             ep.imm_wr,
             ep.qp,
             ep.mirror_mr,
+            ep.bstage_mr,
+            ep.bulk_mr,
             ep.inbox_mr,
             ep.scratch_mr,
             ep.cq,
@@ -1259,8 +1707,19 @@ class RdmaTransport(Transport):
                 with contextlib.suppress(Exception):
                     obj.close()
         ep.inbox.close()
-        if ep.mirror is not None:
-            ep.mirror.close()
+        for buf in (ep.mirror, ep.bulk, ep.bstage):
+            if buf is not None:
+                buf.close()
+        if ep.brx is not None:
+            if ep.brx.partial:
+                log.info(
+                    "member %d: partially received bulk message from member %d discarded",
+                    self.member_id,
+                    ep.peer,
+                )
+            ep.brx.discard()
+        ep.bulk_posts.clear()
+        ep.bulk_backlog_bytes = 0
         ep.backlog.clear()
         ep.backlog_bytes = 0
         held = [payload for _, payload in ep.held]
@@ -1435,6 +1894,21 @@ class RdmaTransport(Transport):
             seen = link.rx_count if link.rx_tag == ep.peer_ep else 0
             if rec.msgs_before > seen:
                 break  # a message sent before this push is still on its way
+            if rec.bulk:
+                brx, region = ep.brx, ep.bulk
+                if brx is None or region is None:
+                    self._violation(ep, "bulk record but no bulk region was granted")
+                    return
+                try:
+                    msg = brx.land(region.mm, rec.view_id, rec.offset, rec.length, rec.final)
+                except RingError as exc:
+                    self._violation(ep, str(exc))
+                    return
+                ep.rx.consume(rec)
+                if msg is not None:
+                    ep.pushes_consumed += 1
+                    self._deliver_message(ep.peer, msg)
+                continue
             data = mm[rec.data_at : rec.data_at + rec.length]
             ep.rx.consume(rec)
             if rec.final:

@@ -514,6 +514,31 @@ def select_registration_path(
 GPU_PAGE = 1 << 16
 
 
+def gpu_path_summary(pv: Pyverbs) -> str:
+    """One line for the start-up log: which path GPU payloads take over this transport.
+
+    The data plane stages device arrays through host memory before handing them to the
+    transport, so that is the path in use; the line also says whether dma-buf registration
+    (GPUDirect, :func:`register_device_memory`) could be used here, without importing CUDA."""
+    import importlib.util
+
+    exporter = False
+    for name in ("cuda", "cupy"):
+        with contextlib.suppress(ImportError, ValueError):
+            exporter = exporter or importlib.util.find_spec(name) is not None
+    path, reason = select_registration_path(
+        is_gpu=True,
+        exporter_available=exporter,
+        dmabuf_mr_available=hasattr(pv.mr, "DmaBufMR"),
+        aligned=True,
+    )
+    if path == "dmabuf":
+        possible = "dma-buf registration possible here but UNVERIFIED and not used"
+    else:
+        possible = f"no dma-buf registration: {reason}"
+    return f"staged through host memory by the data plane ({possible})"
+
+
 def register_device_memory(
     pd: Any,
     pointer: int,

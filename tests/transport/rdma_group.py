@@ -69,3 +69,52 @@ def child(fields: dict[str, Any], q: Any, count: int, size: int, depth: int, sen
     except BaseException as exc:
         q.put(("error", config.member_id, f"{type(exc).__name__}: {exc}"))
         raise
+
+
+def joiner(fields: dict[str, Any], q: Any, big_size: int) -> None:
+    """Process target: join a running group, append a small and a large item (the large one
+    travels on the data plane: the rdma bulk path), then report what every member holds."""
+    import uvloop
+
+    import derecho_async as da
+    from derecho_async.workload import ReplicatedLog, log_digest
+
+    async def go() -> None:
+        async with da.Group(da.Config(**fields), actors=[ReplicatedLog]) as g:
+            mine = g.local(ReplicatedLog).items  # type: ignore[attr-defined]
+            at_join = len(mine)
+            log = g.subgroup(ReplicatedLog)
+            r1 = await log.append(b"hello from the joiner")
+            big = bytes(range(256)) * (big_size // 256)
+            r2 = await log.append(big)
+            members = list(g.view.members)
+            digests = [await log.digest.at(m)() for m in members]
+            t = g._driver.transport if g._driver is not None else None
+            links = getattr(t, "_links", {})
+            rdma_blocks = {
+                m: link.ep.btx.seq
+                for m, link in links.items()
+                if link.ep is not None and link.ep.btx is not None
+            }
+            q.put(
+                (
+                    "joined",
+                    fields["member_id"],
+                    {
+                        "view": members,
+                        "at_join": at_join,
+                        "items": len(mine),
+                        "digest": log_digest(mine),
+                        "digests": digests,
+                        "replies": [sorted(r1), sorted(r2)],
+                        "big_ok": mine[-1] == big,
+                        "rdma_blocks": rdma_blocks,
+                    },
+                )
+            )
+
+    try:
+        uvloop.run(go())
+    except BaseException as exc:
+        q.put(("error", fields["member_id"], f"{type(exc).__name__}: {exc}"))
+        raise

@@ -2,8 +2,10 @@
 
 The device tests run inside rxe-vm (Soft-RoCE; ``scripts/rdma-tests.sh``): the whole transport
 conformance suite over rdma (reusing its test functions with an rdma cluster), busy polling,
-per-peer inbox keys, injected queue-pair faults, separate processes, and a 3-member group whose
-member is SIGKILLed. Outside a machine with an RDMA device they skip, saying why.
+per-peer inbox keys, injected queue-pair faults, the bulk path for large messages (order with
+small messages and pushes, failure mid-transfer, hostile records, throughput), links closed at
+a view change, separate processes, a 3-member group whose member is SIGKILLed, and a process
+joining a running rdma group. Outside a machine with an RDMA device they skip, saying why.
 """
 
 from __future__ import annotations
@@ -39,7 +41,12 @@ from derecho_async.transport.rdma import (
     IMM_CREDIT,
     IMM_FLAG,
     IMM_NOOP,
+    MAX_BULK_BLOCK,
+    MAX_BULK_SLOTS,
+    MIN_BULK_BLOCK,
     MIN_INBOX,
+    PROTOCOL_VERSION,
+    R_BULK,
     R_PAD,
     R_PUSH,
     REC,
@@ -123,6 +130,8 @@ def _info(**over: Any) -> ConnectInfo:
 def test_connect_info_round_trip() -> None:
     info = _info(dst=99)
     assert ConnectInfo.decode(info.encode()) == info
+    bulk = _info(baddr=0x7F00_2000_0000, brkey=77, bblock=1 << 20, bslots=8, bmax=1 << 30)
+    assert ConnectInfo.decode(bulk.encode()) == bulk
 
 
 @pytest.mark.parametrize(
@@ -146,14 +155,35 @@ def test_connect_info_round_trip() -> None:
         {"size": (1 << 30) + 8},
         {"size": (64 << 10) + 4},
         {"lid": True},
+        {"bslots": MAX_BULK_SLOTS + 1},
+        {"bslots": 4, "bblock": 0},
+        {"bslots": 4, "bblock": MIN_BULK_BLOCK + 4},
+        {"bslots": 4, "bblock": MAX_BULK_BLOCK + 8},
+        {"bslots": 1024, "bblock": 1 << 20},  # region too large
+        {"bslots": 4, "baddr": 0},
+        {"bslots": 4, "baddr": (1 << 64) - 4096},  # range overflows
+        {"bslots": 4, "brkey": 1 << 32},
+        {"bslots": 4, "bmax": 0},
+        {"bslots": 4, "bmax": True},
+        {"bslots": 0, "baddr": 4096},  # no region, yet an address
+        {"bslots": -1},
     ],
 )
 def test_connect_info_rejects_bad_fields(bad: dict[str, Any]) -> None:
-    fields = dict(_info().__dict__)
+    fields = dict(
+        _info(bslots=4, bblock=1 << 20, baddr=0x7F00_1000_0000, brkey=9, bmax=1 << 30).__dict__
+    )
+    if bad.get("bslots") == 0:
+        fields.update(bblock=0, baddr=0, brkey=0, bmax=0)
     fields.update(bad)
     raw = msgpack.packb(
         {
-            "v": 1,
+            "v": PROTOCOL_VERSION,
+            "baddr": fields["baddr"],
+            "brkey": fields["brkey"],
+            "bblock": fields["bblock"],
+            "bslots": fields["bslots"],
+            "bmax": fields["bmax"],
             "ep": fields["ep"],
             "dst": fields["dst"],
             "qpn": fields["qpn"],
@@ -607,6 +637,19 @@ def test_constructor_validates_its_settings() -> None:
         RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, inbox_bytes=1000)
     with pytest.raises(ConfigError):
         RdmaTransport(0, ("127.0.0.1", 0), secret=b"")
+    for bad in (
+        {"bulk_threshold": -1},
+        {"bulk_threshold": True},
+        {"bulk_block": MIN_BULK_BLOCK - 8},
+        {"bulk_block": MIN_BULK_BLOCK + 4},
+        {"bulk_slots": 0},
+        {"bulk_slots": 1024, "bulk_block": 1 << 20},  # region too large
+        {"bulk_max_message": 0},
+    ):
+        with pytest.raises(ConfigError):
+            RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, **bad)
+    t = RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, bulk_threshold=0)
+    assert t.bulk_threshold == 0
 
 
 @pytest.mark.skipif(DEVICE_PROBLEM is None, reason="this machine has an RDMA device")
@@ -636,6 +679,9 @@ def make_rdma_transport(
     secret: bytes = SECRET,
     max_frame: int = 64 << 20,
     busy_poll: bool = False,
+    bulk_threshold: int = 256 << 10,
+    bulk_block: int = 1 << 20,
+    bulk_slots: int = 8,
 ) -> Any:
     if kind != "rdma":
         return _orig_make_transport(
@@ -655,6 +701,9 @@ def make_rdma_transport(
         device=os.environ.get("RXE_DEV"),
         inbox_bytes=max(MIN_INBOX, ring_bytes),
         busy_poll=busy_poll,
+        bulk_threshold=bulk_threshold,
+        bulk_block=bulk_block,
+        bulk_slots=bulk_slots,
     )
 
 
@@ -896,6 +945,208 @@ async def test_a_restarted_member_gets_a_fresh_link() -> None:
         assert rec.failures() == []
 
 
+# -- the bulk path (large messages by RDMA into the peer's bulk region) -----------------------
+
+SMALL_BULK = {"bulk_threshold": 32 << 10, "bulk_block": 16 << 10, "bulk_slots": 4}
+
+
+def _bulk_blocks_sent(t: Any, peer: int) -> int:
+    ep = t._links[peer].ep
+    return 0 if ep is None or ep.btx is None else int(ep.btx.seq)
+
+
+@pytest.mark.rdma
+@needs_device
+async def test_bulk_messages_keep_link_order_with_small_messages_and_pushes() -> None:
+    rnd = random.Random(11)
+    async with rdma_pair(3, **SMALL_BULK) as c:
+        c.set_view(1, [0, 1, 2], ROW)
+        want: dict[int, list[tuple[object, ...]]] = {1: [], 2: []}
+        # until a link is paired its large messages go over tcp (still in order): pair first
+        c[0].push(1, 0, _word(0), [1, 2])
+        for t in (1, 2):
+            want[t].append(("push", 1, 0, 0, _word(0)))
+            await c.recs[t].wait_for(lambda t=t: len(c.recs[t].pushes(0)) == 1)
+        for i in range(120):
+            for t in (1, 2):
+                r = rnd.random()
+                if r < 0.5:
+                    off = (i % 8) * 8
+                    c[0].push(1, off, _word(i), [t])
+                    want[t].append(("push", 1, 0, off, _word(i)))
+                else:
+                    size = rnd.choice((5, 1000, (32 << 10) - 1, 32 << 10, 100_000, 300_001))
+                    msg = rnd.randbytes(size)
+                    c[0].send(t, msg)
+                    want[t].append(("msg", 0, msg))
+            if i % 10 == 9:
+                await asyncio.sleep(0)
+        # a bytearray payload is copied at send: changing it afterwards changes nothing
+        buf = bytearray(rnd.randbytes(200_000))
+        c[0].send(1, buf)
+        want[1].append(("msg", 0, bytes(buf)))
+        buf[:10] = bytes(10)
+        for t in (1, 2):
+            rec = c.recs[t]
+            await rec.wait_for(lambda rec=rec, t=t: len(rec.from_sender(0)) >= len(want[t]))
+            assert rec.from_sender(0) == want[t]  # whole, and in link order
+            assert _bulk_blocks_sent(c[0], t) > 0, "the large messages did not use rdma"
+        await c[0].drain()
+        assert all(not r.failures() for r in c.recs)
+
+
+@pytest.mark.rdma
+@needs_device
+async def test_bulk_message_broken_mid_transfer_is_reported_and_never_delivered() -> None:
+    async with rdma_pair(2, bulk_threshold=64 << 10, bulk_block=64 << 10, bulk_slots=2) as c:
+        c.set_view(1, [0, 1], ROW)
+        c[0].push(1, 0, _word(1), [1])
+        await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
+        t0, t1 = c[0], c[1]
+        assert isinstance(t0, RdmaTransport) and isinstance(t1, RdmaTransport)
+        big = os.urandom(16 << 20)
+        c[0].send(1, big)
+        ep1 = t1._links[0].ep
+        assert ep1 is not None and ep1.brx is not None
+        deadline = time.monotonic() + support.WAIT
+        while not ep1.brx.partial or ep1.brx.got < (1 << 20):
+            assert time.monotonic() < deadline, "the bulk transfer never started"
+            await asyncio.sleep(0.001)
+        # the receiver's queue pair breaks while the message is half way
+        assert t1._pv is not None
+        e = t1._pv.enums
+        ep1.qp.modify(t1._pv.qp.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
+        await c.recs[0].wait_for(lambda: bool(c.recs[0].failures(1)))
+        await c.recs[1].wait_for(lambda: bool(c.recs[1].failures(0)))
+        await asyncio.sleep(0.2)
+        assert c.recs[1].messages(0) == []  # the partial message was discarded
+        assert ep1.dead and not ep1.brx.partial
+        # after the back-off a fresh link carries bulk messages again
+        await asyncio.sleep(t0.reconnect_backoff + 0.1)
+        small = os.urandom(300_000)
+        c[0].send(1, b"after")
+        c[0].send(1, small)
+        await c.recs[1].wait_for(lambda: len(c.recs[1].messages(0)) == 2)
+        assert c.recs[1].messages(0) == [b"after", small]
+
+
+@pytest.mark.rdma
+@needs_device
+@pytest.mark.parametrize(
+    "fields,why",
+    [
+        ({"offset": 4096}, "starts at offset"),
+        ({"length": 1 << 30}, "block size"),
+        ({"total": 1 << 41}, "limit"),
+        ({"final": False, "length": 8}, "short bulk block"),
+    ],
+)
+async def test_hostile_bulk_record_is_a_protocol_violation(
+    fields: dict[str, Any], why: str
+) -> None:
+    async with rdma_pair(2, **SMALL_BULK) as c:
+        c.set_view(1, [0, 1], ROW)
+        c[0].push(1, 0, _word(1), [1])
+        await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
+        t0 = c[0]
+        assert isinstance(t0, RdmaTransport)
+        ep = t0._links[1].ep
+        assert ep is not None and ep.tx is not None and ep.mirror is not None
+        rec = {"total": 100_000, "offset": 0, "length": 16 << 10, "final": True} | fields
+        place = ep.tx.place(0)
+        assert place is not None and place.pad_at is None
+        REC.pack_into(
+            ep.mirror.mm,
+            place.at,
+            R_BULK,
+            RF_FINAL if rec["final"] else 0,
+            rec["length"],
+            rec["total"],
+            rec["offset"],
+            0,
+        )
+        t0._post_ring(ep, None, True)
+        await c.recs[1].wait_for(lambda: bool(c.recs[1].failures(0)))
+        failure = c.recs[1].failures(0)[0]
+        assert "protocol violation" in failure and why in failure, failure
+        assert c.recs[1].messages(0) == []
+        # member 1 is still fine with others' traffic
+        await c.recs[0].wait_for(lambda: bool(c.recs[0].failures(1)))  # told by RESET
+
+
+@pytest.mark.rdma
+@needs_device
+async def test_a_member_leaving_the_view_loses_its_keys_and_a_new_link_gets_fresh_ones() -> None:
+    async with rdma_pair(3, **SMALL_BULK) as c:
+        c.set_view(1, [0, 1, 2], ROW)
+        for s in range(3):
+            c[s].push(1, s * ROW, _word(s), [t for t in range(3) if t != s])
+        for t in range(3):
+            await c.recs[t].wait_for(lambda t=t: len(c.recs[t].pushes()) == 2)
+        t0 = c[0]
+        assert isinstance(t0, RdmaTransport)
+        old = t0._links[2].ep
+        assert old is not None and old.paired
+        old_keys = (old.inbox_mr.rkey, old.bulk_mr.rkey)
+        for s in (0, 1):
+            c[s].set_view(2, [0, 1], ROW)  # member 2 left
+        assert old.dead and t0._links[2].ep is None  # its queue pair and regions are gone
+        await asyncio.sleep(0.3)
+        assert all(not r.failures() for r in c.recs)  # a quiet close, not a failure
+        # the link comes back on demand, with new connection data
+        big = os.urandom(100_000)
+        c[0].send(2, b"still there?")
+        c[0].send(2, big)
+        c[0].send(2, big)
+        await c.recs[2].wait_for(lambda: len(c.recs[2].messages(0)) == 3)
+        assert c.recs[2].messages(0) == [b"still there?", big, big]
+        new = t0._links[2].ep
+        assert new is not None and new is not old
+        assert (new.inbox_mr.rkey, new.bulk_mr.rkey) != old_keys
+        deadline = time.monotonic() + support.WAIT
+        while not new.paired:
+            assert time.monotonic() < deadline, "the new link never paired"
+            await asyncio.sleep(0.01)
+        c[0].send(2, big)  # the new link is paired: this one goes by rdma
+        await c.recs[2].wait_for(lambda: len(c.recs[2].messages(0)) == 4)
+        assert c.recs[2].messages(0)[-1] == big and _bulk_blocks_sent(t0, 2) > 0
+        assert all(not r.failures() for r in c.recs)
+
+
+@pytest.mark.rdma
+@needs_device
+async def test_a_peer_without_a_bulk_region_gets_large_messages_over_tcp() -> None:
+    dev = os.environ.get("RXE_DEV")
+    ts = [
+        RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, device=dev, **SMALL_BULK),
+        RdmaTransport(1, ("127.0.0.1", 0), secret=SECRET, device=dev, bulk_threshold=0),
+    ]
+    recs = [Recorder(me=0), Recorder(me=1)]
+    try:
+        for t, r in zip(ts, recs, strict=True):
+            await t.start(r)
+        ts[0].add_peer(1, ts[1].address)
+        ts[1].add_peer(0, ts[0].address)
+        for t in ts:
+            t.set_view(1, [0, 1], ROW)
+        ts[0].push(1, 0, _word(1), [1])
+        ts[1].push(1, ROW, _word(1), [0])
+        await recs[1].wait_for(lambda: len(recs[1].pushes(0)) == 1)
+        await recs[0].wait_for(lambda: len(recs[0].pushes(1)) == 1)
+        big = os.urandom(200_000)
+        ts[0].send(1, big)
+        ts[0].push(1, 8, _word(2), [1])
+        ts[1].send(0, big)
+        await recs[1].wait_for(lambda: len(recs[1].from_sender(0)) == 3)
+        assert recs[1].from_sender(0)[1:] == [("msg", 0, big), ("push", 1, 0, 8, _word(2))]
+        await recs[0].wait_for(lambda: recs[0].messages(1) == [big])
+        assert _bulk_blocks_sent(ts[0], 1) == 0 and _bulk_blocks_sent(ts[1], 0) == 0
+        assert recs[0].failures() == recs[1].failures() == []
+    finally:
+        for t in ts:
+            await t.close()
+
+
 class _Counter:
     """A handler that only counts pushes and wakes one waiter (cheap, for measuring)."""
 
@@ -994,6 +1245,89 @@ async def test_measure_push_latency_and_bandwidth(mode: str) -> None:
             f" 8-byte pushes {rate:.0f}/s"
         )
         assert hs[0].failures == hs[1].failures == []
+    finally:
+        for t in ts:
+            await t.close()
+
+
+class _Bytes:
+    """A handler that counts message bytes and wakes one waiter (for measuring)."""
+
+    def __init__(self) -> None:
+        self.got = 0
+        self.bad = 0
+        self.failures: list[str] = []
+        self._want = 0
+        self._fut: asyncio.Future[None] | None = None
+        self.expect: bytes = b""
+
+    def on_push(self, view_id: int, sender: int, offset: int, data: bytes) -> None:
+        pass
+
+    def on_message(self, sender: int, payload: bytes) -> None:
+        self.got += len(payload)
+        self.bad += payload != self.expect
+        if self._fut is not None and self.got >= self._want and not self._fut.done():
+            self._fut.set_result(None)
+
+    def on_failure(self, member: int, reason: str) -> None:
+        self.failures.append(reason)
+
+    async def until(self, n: int) -> None:
+        if self.got >= n:
+            return
+        self._want = n
+        self._fut = asyncio.get_running_loop().create_future()
+        await asyncio.wait_for(self._fut, 600)
+
+
+@pytest.mark.rdma
+@needs_device
+@pytest.mark.parametrize("mode", ["rdma", "tcp"])
+@pytest.mark.parametrize("mib", [16, 64])
+async def test_measure_large_payload_throughput(mode: str, mib: int) -> None:
+    """Not an assertion about speed (emulated CPU): one member sends ``mib`` MiB messages to
+    two others; prints MB/s delivered (whole, intact messages), rdma bulk path vs tcp."""
+    ts: list[Any] = []
+    for i in range(3):
+        if mode == "tcp":
+            ts.append(support.TcpTransport(i, ("127.0.0.1", 0), secret=SECRET, max_frame=1 << 30))
+        else:
+            ts.append(
+                RdmaTransport(i, ("127.0.0.1", 0), secret=SECRET, device=os.environ.get("RXE_DEV"))
+            )
+    hs = [_Bytes() for _ in range(3)]
+    try:
+        for t, h in zip(ts, hs, strict=True):
+            await t.start(h)
+        for t in ts:
+            for u in ts:
+                if u is not t:
+                    t.add_peer(u.member_id, u.address)
+            t.set_view(1, [0, 1, 2], ROW)
+        payload = os.urandom(mib << 20)
+        for h in hs:
+            h.expect = payload
+        ts[0].push(1, 0, _word(0), [1, 2])  # set the links up first
+        await asyncio.sleep(0.5)
+        count = 3
+        t0 = time.perf_counter()
+        for _ in range(count):
+            ts[0].send(1, payload)
+            ts[0].send(2, payload)
+        await hs[1].until(count * len(payload))
+        await hs[2].until(count * len(payload))
+        elapsed = time.perf_counter() - t0
+        rate = 2 * count * len(payload) / elapsed / 1e6
+        used = "" if mode == "tcp" else f", {_bulk_blocks_sent(ts[0], 1)} rdma blocks to member 1"
+        print(
+            f"\nmeasured [{mode}, {_loop_name()}, 3 members, {mib} MiB x {count} to 2 receivers]: "
+            f"{rate:.1f} MB/s delivered ({elapsed:.2f} s{used})"
+        )
+        assert hs[1].bad == hs[2].bad == 0
+        assert all(not h.failures for h in hs)
+        if mode == "rdma":
+            assert _bulk_blocks_sent(ts[0], 1) >= count * (mib << 20) // ts[0].bulk_block
     finally:
         for t in ts:
             await t.close()
@@ -1188,3 +1522,45 @@ def test_group_over_rdma_survives_a_sigkilled_member() -> None:
         for m in survivors:
             assert r["per_sender"][m] == count, f"member {m}'s appends lost or duplicated"
         assert r["per_sender"].get(victim, 0) <= count
+
+
+@pytest.mark.rdma
+@needs_device
+def test_a_process_joins_a_running_rdma_group_and_gets_state_and_ordered_traffic() -> None:
+    """Connection data for a joiner is exchanged like for the founders (CONNECT over the
+    authenticated channel when a link is first used in the new view)."""
+    import rdma_group
+
+    from derecho_async.cli import _Run
+
+    run = _Run(3, "rdma", 60, 64, 8, 3, heartbeat_ms=25, suspect_after_ms=3000, linger=40.0)
+    got: list[tuple[object, ...]] = []
+    try:
+        deadline = time.monotonic() + 180
+        while len(run.reports) < 3 and not run.errors and time.monotonic() < deadline:
+            run.poll(0.2)
+        assert len(run.reports) == 3, f"founders: {run.progress} {run.errors}"
+        fields = dict(run.base, member_id=7, listen=f"127.0.0.1:{_free_ports(1)[0]}")
+        p = run.ctx.Process(target=rdma_group.joiner, args=(fields, run.q, 2 << 20))
+        p.start()
+        deadline = time.monotonic() + 120
+        while not got and time.monotonic() < deadline and 7 not in run.errors:
+            got = [m for m in run.poll(0.2) if m[0] == "joined"]
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    finally:
+        run.finish(5)
+    assert got, f"the joiner never reported; errors {run.errors}"
+    joined = got[0][2]
+    assert isinstance(joined, dict)
+    assert joined["view"] == [0, 1, 2, 7]
+    assert joined["replies"] == [[0, 1, 2, 7], [0, 1, 2, 7]]
+    assert joined["at_join"] == run.reports[0]["delivered"]  # state transfer: the whole log
+    assert joined["items"] == joined["at_join"] + 2 and joined["big_ok"]
+    # every member holds the same log in the same order, the joiner's large item included
+    assert set(joined["digests"]) == {joined["digest"]}
+    # the joiner's large item reached the founders by the rdma bulk path
+    print(f"\njoiner: bulk blocks sent per founder {joined['rdma_blocks']}")
+    assert all(joined["rdma_blocks"].get(m, 0) >= 2 for m in (0, 1, 2)), joined["rdma_blocks"]
