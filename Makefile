@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test lint demo sim-demo sweep rdma-test bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml native/_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'

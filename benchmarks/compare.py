@@ -1,6 +1,7 @@
 """Comparison benchmarks of derecho_async against its peers, in one command.
 
-Usage: python benchmarks/compare.py [--quick] [--only derecho,pyzmq,pysyncobj] [--out DIR]
+Usage: python benchmarks/compare.py [--quick] [--only derecho,pyzmq,pysyncobj] [--tables 1,2,3,4,5]
+                                   [--out DIR]
        python benchmarks/compare.py --profile [--quick]
 
 Prints five tables (markdown), each headed by the core count and the command line; every ratio
@@ -587,7 +588,16 @@ def main(argv: list[str] | None = None) -> int:
         "none for --quick)",
     )
     parser.add_argument("--profile", action="store_true", help="profile a shm run instead")
+    parser.add_argument(
+        "--tables",
+        default="1,2,3,4,5",
+        help="comma-separated tables to run: 1 throughput, 2 latency, 3 sizes and large "
+        "payloads, 4 scaling, 5 idle CPU (default: all)",
+    )
     args = parser.parse_args(argv)
+    tables = {t.strip() for t in args.tables.split(",") if t.strip()}
+    if tables - {"1", "2", "3", "4", "5"}:
+        parser.error(f"--tables: choose from 1,2,3,4,5, not {args.tables!r}")
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     unknown = only - set(SYSTEMS)
     if unknown:
@@ -605,12 +615,17 @@ def main(argv: list[str] | None = None) -> int:
     rep.emit(f"- machine: {machine()}")
     rep.emit(f"- command: `{command}`")
     rep.emit()
-    table_throughput(rep, scale, only)
+    if "1" in tables:
+        table_throughput(rep, scale, only)
     if "derecho" in only:
-        table_latency(rep, scale, args.out)
-        table_sizes(rep, scale, args.quick)
-        table_scaling(rep, scale)
-        table_idle(rep, scale)
+        if "2" in tables:
+            table_latency(rep, scale, args.out)
+        if "3" in tables:
+            table_sizes(rep, scale, args.quick)
+        if "4" in tables:
+            table_scaling(rep, scale)
+        if "5" in tables:
+            table_idle(rep, scale)
     rep.emit(f"total time: {time.monotonic() - started:.0f} s")
     results = args.results or (None if args.quick else os.path.join(args.out, "results.md"))
     if results:

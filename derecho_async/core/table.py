@@ -66,6 +66,19 @@ class Table:
         base = rank * self.row_bytes + offset
         return bytes(self.buf[base : base + nbytes])
 
+    def row_source(self, rank: int) -> tuple[bytes | memoryview, int]:
+        """Where row ``rank`` is read from: ``(buffer, byte offset of the row in it)`` (the
+        frozen copy if the row is frozen)."""
+        frozen = self._frozen.get(rank)
+        if frozen is not None:
+            return frozen, 0
+        return self.buf, rank * self.row_bytes
+
+    @property
+    def has_frozen(self) -> bool:
+        """True once any row is frozen (reads must then go through :meth:`get`)."""
+        return bool(self._frozen)
+
     def mine(self, col: Column, index: int = 0) -> int:
         """Word ``index`` of ``col`` in my own row."""
         return self.get(self.my_rank, col, index)
