@@ -355,6 +355,9 @@ def _encode_root(obj: object, root: str, encoder: _Encoder) -> object:
         raise e.build(root) from None
 
 
+_PLAIN_TYPES: Final = frozenset({bool, float, bytes})
+
+
 def encode(obj: object, buffers: list[object] | None = None) -> bytes:
     """Encode a value (call argument or result) as msgpack bytes.
 
@@ -373,6 +376,8 @@ def encode(obj: object, buffers: list[object] | None = None) -> bytes:
     :data:`MAX_NDIM` dimensions; the message starts with the path of the element, as in
     ``obj[1]['w']: cannot encode object of type Foo``.
     """
+    if obj is None or type(obj) in _PLAIN_TYPES:  # nothing to walk or check (a common result)
+        return _pack(obj)
     return _pack(_encode_root(obj, "obj", _Encoder(buffers)))
 
 
@@ -405,12 +410,21 @@ def encode_call(
     return _pack([method, items, named])
 
 
+_VALID_METHODS: dict[str, bool] = {}
+_VALID_METHODS_MAX = 4096  # names remembered as valid (a peer cannot grow this without bound)
+
+
 def _valid_method(method: object) -> bool:
-    return (
+    if type(method) is str and method in _VALID_METHODS:
+        return True
+    ok = (
         isinstance(method, str)
         and 0 < len(method) <= 512
         and all(part.isidentifier() for part in method.split("."))
     )
+    if ok and type(method) is str and len(_VALID_METHODS) < _VALID_METHODS_MAX:
+        _VALID_METHODS[method] = True
+    return ok
 
 
 # --------------------------------------------------------------------------------------- decode
@@ -580,11 +594,27 @@ def _decode_npscalar(payload: bytes) -> object:
     return np.frombuffer(payload, dtype=dtype, count=1, offset=offset)[0].astype(name)
 
 
+_SCALAR_TYPES: Final = frozenset({type(None), bool, int, float, str, bytes})
+
+
 def _check_tree(obj: object, depth: int, np: Any, resolved: set[int]) -> None:
     """Enforce the depth limit, the dict key rules and the set of value types.
 
     msgpack only builds exact built-in types, so isinstance() here cannot admit a subclass.
+    Scalars are recognised by exact type first (one set lookup, no call), which is what a
+    call's arguments mostly are.
     """
+    t = type(obj)
+    if t in _SCALAR_TYPES:
+        return
+    if t is list or t is tuple:
+        if depth >= MAX_DEPTH:
+            raise ProtocolViolation(f"value nested deeper than {MAX_DEPTH} levels")
+        scalars = _SCALAR_TYPES
+        for v in obj:  # type: ignore[attr-defined]
+            if type(v) not in scalars:
+                _check_tree(v, depth + 1, np, resolved)
+        return
     if obj is None or isinstance(obj, bool | int | float | str | bytes):
         return
     if isinstance(obj, list | tuple | dict):
@@ -615,11 +645,16 @@ def _check_key(k: object) -> None:
     raise ProtocolViolation(f"dict key of type {type(k).__name__} is not allowed")
 
 
+_NIL: Final = b"\xc0"
+
+
 def _decode_value(
     data: bytes | bytearray | memoryview,
     buffers: list[object] | tuple[object, ...] | None,
     max_size: int,
 ) -> object:
+    if type(data) is bytes and data == _NIL:  # None: the usual result of a handler
+        return None
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"decode() needs bytes, got {type(data).__name__}")
     if len(data) > max_size:

@@ -13,13 +13,14 @@ import msgpack  # type: ignore[import-untyped]
 
 from derecho_async.errors import ProtocolViolation
 
-__all__ = ["CORE", "DATA", "P2P_REQ", "P2P_RESP", "REPLY", "decode", "encode"]
+__all__ = ["CORE", "DATA", "P2P_REQ", "P2P_RESP", "REPLIES", "REPLY", "decode", "encode"]
 
 CORE = 0  # [CORE, core message as a list]
 REPLY = 1  # [REPLY, subgroup, msg_no, ok, encoded result]
 P2P_REQ = 2  # [P2P_REQ, req_id, actor, method, encoded call]
 P2P_RESP = 3  # [P2P_RESP, req_id, ok, encoded result]
 DATA = 4  # [DATA, view_id, sender, msg_no, payload bytes]
+REPLIES = 5  # [REPLIES, [msg_no, ok, encoded result, msg_no, ok, encoded result, ...]]
 
 _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     CORE: (list,),
@@ -27,6 +28,7 @@ _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     P2P_REQ: (int, str, str, bytes),
     P2P_RESP: (int, bool, bytes),
     DATA: (int, int, int, bytes),
+    REPLIES: (list,),
 }
 _MAX_INT = (1 << 63) - 1
 
