@@ -690,6 +690,40 @@ def decode(
     return _decode_value(data, buffers, max_size)
 
 
+def _decode_call_fast(
+    data: bytes, buffers: list[object] | tuple[object, ...] | None
+) -> tuple[str, tuple[object, ...], dict[str, object]] | None:
+    """The usual call, checked with less work: a well-formed envelope whose kwargs keys are
+    identifiers. Arguments get exactly the checks of the general path (scalars by type, the
+    rest by :func:`_check_tree` at their depth), and so raise the same errors. None means "not
+    the usual shape": the general path then decodes it and reports what is wrong."""
+    decoder = _Decoder(buffers)
+    try:
+        envelope = decoder.unpack(data)
+    except DerechoError:
+        raise
+    except Exception as e:
+        raise ProtocolViolation(f"malformed message: {type(e).__name__}: {e}") from e
+    if type(envelope) is not list or len(envelope) != 3:
+        return None
+    method, args, kwargs = envelope
+    if type(args) is not list or type(kwargs) is not dict or not _valid_method(method):
+        return None
+    scalars = _SCALAR_TYPES
+    np: Any = None
+    for a in args:
+        if type(a) not in scalars:
+            np = np or _numpy_module()
+            _check_tree(a, 2, np, decoder.resolved)
+    for k, v in kwargs.items():
+        if type(k) is not str or not k.isidentifier():
+            return None
+        if type(v) not in scalars:
+            np = np or _numpy_module()
+            _check_tree(v, 2, np, decoder.resolved)
+    return method, tuple(args), kwargs
+
+
 def decode_call(
     data: bytes | bytearray | memoryview,
     buffers: list[object] | tuple[object, ...] | None = None,
@@ -701,6 +735,10 @@ def decode_call(
     The envelope is validated (three fields, a dotted-identifier method name, a list of args, a
     map of identifier keys); any defect raises ProtocolViolation.
     """
+    if type(data) is bytes and len(data) <= max_size:
+        fast = _decode_call_fast(data, buffers)
+        if fast is not None:
+            return fast
     envelope = _decode_value(data, buffers, max_size)
     if not (isinstance(envelope, list) and len(envelope) == 3):
         raise ProtocolViolation("malformed call envelope: expected [method, args, kwargs]")

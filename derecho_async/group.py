@@ -221,6 +221,7 @@ class Group:
         if not isinstance(config, Config):
             raise UsageError("Group needs a derecho_async.Config")
         self.config = config
+        self._me = config.member_id
         self._specs: dict[str, ActorSpec] = {}
         for cls in actors:
             spec = actor_spec(cls)
@@ -240,6 +241,7 @@ class Group:
         names = tuple(self._specs) or ("default",)
         self.layout = Layout(tuple(SubgroupSpec(n) for n in names))
         self._driver: Driver | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the group runs on
         self._view: View | None = None
         self._pending: dict[int, _PendingCall] = {}
         self._early_replies: dict[int, dict[int, object]] = {}
@@ -359,7 +361,10 @@ class Group:
             msg_no = core.submit(spec.name, call)
         if msg_no is None:
             raise self._closed or GroupClosed("this member cannot send now")
-        fut: asyncio.Future[Replies] = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Replies] = loop.create_future()
         self._pending[msg_no] = _PendingCall(fut)
         driver.kick()
         return await fut
@@ -393,7 +398,7 @@ class Group:
         return members
 
     def _on_delivered(self, ev: Delivered) -> None:
-        if ev.sender == self.member_id:
+        if ev.sender == self._me:
             call = self._pending.get(ev.msg_no)
             if call is not None:
                 call.expected = self._expected_repliers(ev.subgroup)
@@ -426,8 +431,8 @@ class Group:
         runner.submit_call(fn, args, kwargs, functools.partial(self._reply, ev))
 
     def _reply(self, ev: Delivered, ok: bool, value: object) -> None:
-        if ev.sender == self.member_id:
-            self._record_reply(ev.msg_no, self.member_id, value)
+        if ev.sender == self._me:
+            self._record_reply(ev.msg_no, self._me, value)
             return
         driver = self._driver
         if driver is None or self._closed is not None:
