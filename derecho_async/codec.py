@@ -403,10 +403,22 @@ def encode_call(
         if not isinstance(name, str) or not name.isidentifier():
             raise UsageError(f"keyword argument names must be identifiers, got {name!r}")
     encoder = _Encoder(buffers)
+    plain = _PLAIN_TYPES
     items: list[object] = []
     for i, arg in enumerate(args):
-        items.append(_encode_root(arg, f"args[{i}]", encoder))
-    named = {name: _encode_root(v, f"kwargs[{name!r}]", encoder) for name, v in kwargs.items()}
+        if arg is None or type(arg) in plain:  # nothing to walk or check
+            items.append(arg)
+            continue
+        try:
+            items.append(encoder.value(arg, 0))
+        except _EncodeFailure as e:
+            raise e.build(f"args[{i}]") from None
+    named: dict[str, object] = {}
+    for name, v in kwargs.items():
+        try:
+            named[name] = encoder.value(v, 0)
+        except _EncodeFailure as e:
+            raise e.build(f"kwargs[{name!r}]") from None
     return _pack([method, items, named])
 
 

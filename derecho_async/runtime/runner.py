@@ -86,40 +86,53 @@ class SerialRunner:
     ) -> None:
         """Queue ``fn(*args, **kwargs)``; ``done`` gets its result. A free runner runs it on the
         spot (no closure, no Task unless it suspends)."""
-        self._queue.append((fn, args, kwargs, done))
-        if not self._busy:
-            self._drain()
+        if self._busy or self._queue:
+            self._queue.append((fn, args, kwargs, done))
+            if not self._busy:
+                self._drain()
+        else:  # free and nothing waiting: run it now, without queuing it
+            self._run(fn, args, kwargs, done)
 
     def _drain(self) -> None:
         q = self._queue
         while q:
-            fn, args, kwargs, done = q.popleft()
-            try:
-                result = fn(*args, **kwargs)
-            except Exception as exc:
-                done(False, exc)
-                continue
-            if not isinstance(result, CoroutineType):
-                done(True, result)
-                continue
-            try:
-                first = result.send(None)
-            except StopIteration as stop:
-                done(True, stop.value)
-                continue
-            except Exception as exc:
-                done(False, exc)
-                continue
-            # It suspended: a Task resumes it; the queue waits for it.
-            self._busy = True
-            self.tasks_created += 1
-            task = asyncio.ensure_future(_resume(result, first))
+            if self._run(*q.popleft()):
+                return
 
-            def finished(t: asyncio.Future[Any], done: Done = done) -> None:
-                self._finished(t, done)
+    def _run(
+        self,
+        fn: Callable[..., object],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        done: Done,
+    ) -> bool:
+        """Run one call; True if it suspended (a Task now owns it and the runner is busy)."""
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            done(False, exc)
+            return False
+        if not isinstance(result, CoroutineType):
+            done(True, result)
+            return False
+        try:
+            first = result.send(None)
+        except StopIteration as stop:
+            done(True, stop.value)
+            return False
+        except Exception as exc:
+            done(False, exc)
+            return False
+        # It suspended: a Task resumes it; the queue waits for it.
+        self._busy = True
+        self.tasks_created += 1
+        task = asyncio.ensure_future(_resume(result, first))
 
-            task.add_done_callback(finished)
-            return
+        def finished(t: asyncio.Future[Any], done: Done = done) -> None:
+            self._finished(t, done)
+
+        task.add_done_callback(finished)
+        return True
 
     def _finished(self, task: asyncio.Future[Any], done: Done) -> None:
         self._busy = False
