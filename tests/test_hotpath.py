@@ -292,3 +292,69 @@ def test_ring_scan_refuses_examples() -> None:
     struct.pack_into("<IIQQQ", data, 0, 1, 0, 1 << 63, 2, 0)
     assert same("ring_scan", data, 0, 32, 10)[1][2] == f"push view {1 << 63} / offset 2 out of range"
     assert same("ring_scan", data, 0, 72, 10)[0] == "ValueError"
+
+
+# -- words shared between processes -----------------------------------------------------------
+
+_A, _B = 0x00000000000000FF, 0x0000000000000100  # differ in two bytes: a torn word is neither
+
+
+def _read_words(path: str, impl: str, seconds: float, q: Any) -> None:
+    import mmap
+    import time
+
+    mod = importlib.import_module(f"derecho_async.{impl}")
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 4096)
+    words = memoryview(mm)
+    torn = reads = 0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(1000):
+            v = mod.load_u64(words, 64)
+            if v != _A and v != _B:
+                torn += 1
+        reads += 1000
+    words.release()
+    mm.close()
+    q.put((torn, reads))
+
+
+@pytest.mark.parametrize("impl", ["_hotpath_pure", "_native"])
+def test_a_word_stored_by_one_process_is_never_seen_torn_by_another(
+    impl: str, tmp_path: Any
+) -> None:
+    """A ring counter is stored by one process and loaded by another: each load must see a
+    whole word (struct's little-endian packer, which stores byte by byte, fails this)."""
+    import mmap
+    import multiprocessing
+    import time
+
+    if impl == "_native" and native is None:
+        pytest.skip("derecho_async._native is not built")
+    mod = importlib.import_module(f"derecho_async.{impl}")
+    path = str(tmp_path / "word")
+    with open(path, "w+b") as f:
+        f.truncate(4096)
+        mm = mmap.mmap(f.fileno(), 4096)
+    words = memoryview(mm)
+    mod.store_u64(words, 64, _A)
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    reader = ctx.Process(target=_read_words, args=(path, impl, 0.6, q))
+    reader.start()
+    try:
+        end = time.perf_counter() + 8.0
+        while reader.is_alive() and time.perf_counter() < end:
+            for _ in range(500):
+                mod.store_u64(words, 64, _B)
+                mod.store_u64(words, 64, _A)
+        torn, reads = q.get(timeout=10)
+    finally:
+        reader.join(5)
+        if reader.is_alive():
+            reader.kill()
+        words.release()
+        mm.close()
+    assert reads > 0
+    assert torn == 0, f"{torn} of {reads} loads saw a torn word"
