@@ -22,7 +22,7 @@ derecho_async msgs/s is messages delivered per second at the slowest member, tim
 barrier (an ordered call of every member) to the delivery of the phase's last message; every
 group first plays an unreported warm-up phase. ``--quick`` shrinks every run (the smoke test);
 the full run also writes ``DIR/results.md``. ``--profile`` instead profiles member 0 of a shm
-throughput run with cProfile and writes the top entries to ``DIR/profile.txt``. Processes and
+throughput run with cProfile (CPU time) and writes the top entries to ``DIR/profile.txt``. Processes and
 shared-memory segments are cleaned up after every run; the exit status is 1 if any run failed.
 """
 
@@ -528,8 +528,9 @@ def profile(out: str, scale: Scale, command: str) -> int:
     cum_table = cum_lines[next(i for i, ln in enumerate(cum_lines) if "ncalls" in ln) :]
     text = "\n".join(
         [
-            f"# cProfile of member 0, derecho_async ordered throughput run (shm, 3 members, all "
-            f"senders, 1 KB, depth {DEPTH}, {count} calls per sender)",
+            f"# cProfile (CPU time, time.process_time) of member 0, derecho_async ordered "
+            f"throughput run (shm, 3 members, all senders, 1 KB, depth {DEPTH}, {count} calls "
+            "per sender)",
             f"# cores: {os.cpu_count()}; command: {command}; {rate:,.0f} msgs/s under the "
             f"profiler; profiled time {total:.2f} s",
             "# top 15 by tottime (own time, excluding callees)",
