@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test lint demo sim-demo sweep rdma-test bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml native/_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -16,8 +16,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# The suite runs once on the native hot path, then the hot-path, transport, runtime and protocol
+# tests again on its pure-Python twin (the fallback when the C extension is missing).
+PURE_TESTS := tests/test_hotpath.py tests/transport tests/runtime tests/test_scenarios.py tests/test_sim_api.py
+
 test: lint
 	$(BIN)/pytest
+	DERECHO_ASYNC_PURE_PYTHON=1 $(BIN)/pytest -p no:cacheprovider $(PURE_TESTS)
 
 demo: $(STAMP)
 	$(BIN)/derecho-async demo

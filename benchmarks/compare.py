@@ -1,6 +1,7 @@
 """Comparison benchmarks of derecho_async against its peers, in one command.
 
-Usage: python benchmarks/compare.py [--quick] [--only derecho,pyzmq,pysyncobj] [--out DIR]
+Usage: python benchmarks/compare.py [--quick] [--only derecho,pyzmq,pysyncobj] [--tables 1,2,3,4,5]
+                                   [--out DIR]
        python benchmarks/compare.py --large [--quick]
        python benchmarks/compare.py --profile [--quick]
 
@@ -22,7 +23,7 @@ derecho_async msgs/s is messages delivered per second at the slowest member, tim
 barrier (an ordered call of every member) to the delivery of the phase's last message; every
 group first plays an unreported warm-up phase. ``--quick`` shrinks every run (the smoke test);
 the full run also writes ``DIR/results.md``. ``--profile`` instead profiles member 0 of a shm
-throughput run with cProfile and writes the top entries to ``DIR/profile.txt``. Processes and
+throughput run with cProfile (CPU time) and writes the top entries to ``DIR/profile.txt``. Processes and
 shared-memory segments are cleaned up after every run; the exit status is 1 if any run failed.
 """
 
@@ -561,8 +562,9 @@ def profile(out: str, scale: Scale, command: str) -> int:
     cum_table = cum_lines[next(i for i, ln in enumerate(cum_lines) if "ncalls" in ln) :]
     text = "\n".join(
         [
-            f"# cProfile of member 0, derecho_async ordered throughput run (shm, 3 members, all "
-            f"senders, 1 KB, depth {DEPTH}, {count} calls per sender)",
+            f"# cProfile (CPU time, time.process_time) of member 0, derecho_async ordered "
+            f"throughput run (shm, 3 members, all senders, 1 KB, depth {DEPTH}, {count} calls "
+            "per sender)",
             f"# cores: {os.cpu_count()}; command: {command}; {rate:,.0f} msgs/s under the "
             f"profiler; profiled time {total:.2f} s",
             "# top 15 by tottime (own time, excluding callees)",
@@ -626,7 +628,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run only the large-payload tables (3b, 3c: shm and tcp data planes)",
     )
+    parser.add_argument(
+        "--tables",
+        default="1,2,3,4,5",
+        help="comma-separated tables to run: 1 throughput, 2 latency, 3 sizes and large "
+        "payloads, 4 scaling, 5 idle CPU (default: all)",
+    )
     args = parser.parse_args(argv)
+    tables = {t.strip() for t in args.tables.split(",") if t.strip()}
+    if tables - {"1", "2", "3", "4", "5"}:
+        parser.error(f"--tables: choose from 1,2,3,4,5, not {args.tables!r}")
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     unknown = only - set(SYSTEMS)
     if unknown:
@@ -646,13 +657,18 @@ def main(argv: list[str] | None = None) -> int:
     rep.emit()
     if args.large:
         table_large(rep, scale, args.quick, ("shm", "tcp"))
-    else:
+        tables = set()
+    if "1" in tables:
         table_throughput(rep, scale, only)
-    if "derecho" in only and not args.large:
-        table_latency(rep, scale, args.out)
-        table_sizes(rep, scale, args.quick)
-        table_scaling(rep, scale)
-        table_idle(rep, scale)
+    if "derecho" in only:
+        if "2" in tables:
+            table_latency(rep, scale, args.out)
+        if "3" in tables:
+            table_sizes(rep, scale, args.quick)
+        if "4" in tables:
+            table_scaling(rep, scale)
+        if "5" in tables:
+            table_idle(rep, scale)
     rep.emit(f"total time: {time.monotonic() - started:.0f} s")
     results = args.results or (None if args.quick else os.path.join(args.out, "results.md"))
     if results:

@@ -4,7 +4,7 @@ Usage (on a machine with a GPU and CuPy): python benchmarks/gpu_bandwidth.py
     [--members 2 4 8] [--sizes 4K 64K 1M 16M 64M 256M 1G] [--out DIR]
 
 For each member count, one group of member processes sharing the GPU runs every size: member 0
-makes ``reps`` pipelined ordered calls carrying one device array, first allocated in its CUDA IPC
+makes ``reps`` pipelined ordered calls (a bounded number outstanding) carrying one device array, first allocated in its CUDA IPC
 pool with ``group.device_buffer`` (sent in place), then as a plain CuPy array (staged: one extra
 device copy into the pool). Every other member receives it as a device array copied into its own
 pool. The time from the first send until every member has replied to the last call gives the
@@ -46,7 +46,13 @@ def _parse_size(text: str) -> int:
 
 
 def _reps(size: int) -> int:
-    return max(4, min(200, (2 << 30) // size))
+    return max(16, min(200, (8 << 30) // size))
+
+
+def _in_flight(size: int) -> int:
+    """Calls outstanding at once: enough to overlap one call's overheads with another's copy,
+    few enough that the receivers' pools stay small (2 GiB of payload in flight at most)."""
+    return max(2, min(64, (2 << 30) // size))
 
 
 async def bench_member(config: da.Config) -> None:
@@ -74,8 +80,14 @@ async def bench_member(config: da.Config) -> None:
                     x = cupy.ones(size // 4, dtype=cupy.float32)
                 cupy.cuda.Device().synchronize()
                 await asyncio.gather(*(sink.take(x) for _ in range(2)))  # warm up
+                gate = asyncio.Semaphore(_in_flight(size))
+
+                async def one(x: Any = x, gate: asyncio.Semaphore = gate) -> None:
+                    async with gate:
+                        await sink.take(x)
+
                 t0 = time.perf_counter()
-                await asyncio.gather(*(sink.take(x) for _ in range(reps)))
+                await asyncio.gather(*(one() for _ in range(reps)))
                 row[mode] = time.perf_counter() - t0
                 del x
             results["bandwidth"].append(row)

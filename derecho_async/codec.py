@@ -355,6 +355,9 @@ def _encode_root(obj: object, root: str, encoder: _Encoder) -> object:
         raise e.build(root) from None
 
 
+_PLAIN_TYPES: Final = frozenset({bool, float, bytes})
+
+
 def encode(obj: object, buffers: list[object] | None = None) -> bytes:
     """Encode a value (call argument or result) as msgpack bytes.
 
@@ -373,6 +376,8 @@ def encode(obj: object, buffers: list[object] | None = None) -> bytes:
     :data:`MAX_NDIM` dimensions; the message starts with the path of the element, as in
     ``obj[1]['w']: cannot encode object of type Foo``.
     """
+    if obj is None or type(obj) in _PLAIN_TYPES:  # nothing to walk or check (a common result)
+        return _pack(obj)
     return _pack(_encode_root(obj, "obj", _Encoder(buffers)))
 
 
@@ -398,19 +403,40 @@ def encode_call(
         if not isinstance(name, str) or not name.isidentifier():
             raise UsageError(f"keyword argument names must be identifiers, got {name!r}")
     encoder = _Encoder(buffers)
+    plain = _PLAIN_TYPES
     items: list[object] = []
     for i, arg in enumerate(args):
-        items.append(_encode_root(arg, f"args[{i}]", encoder))
-    named = {name: _encode_root(v, f"kwargs[{name!r}]", encoder) for name, v in kwargs.items()}
+        if arg is None or type(arg) in plain:  # nothing to walk or check
+            items.append(arg)
+            continue
+        try:
+            items.append(encoder.value(arg, 0))
+        except _EncodeFailure as e:
+            raise e.build(f"args[{i}]") from None
+    named: dict[str, object] = {}
+    for name, v in kwargs.items():
+        try:
+            named[name] = encoder.value(v, 0)
+        except _EncodeFailure as e:
+            raise e.build(f"kwargs[{name!r}]") from None
     return _pack([method, items, named])
 
 
+_VALID_METHODS: dict[str, bool] = {}
+_VALID_METHODS_MAX = 4096  # names remembered as valid (a peer cannot grow this without bound)
+
+
 def _valid_method(method: object) -> bool:
-    return (
+    if type(method) is str and method in _VALID_METHODS:
+        return True
+    ok = (
         isinstance(method, str)
         and 0 < len(method) <= 512
         and all(part.isidentifier() for part in method.split("."))
     )
+    if ok and type(method) is str and len(_VALID_METHODS) < _VALID_METHODS_MAX:
+        _VALID_METHODS[method] = True
+    return ok
 
 
 # --------------------------------------------------------------------------------------- decode
@@ -580,11 +606,27 @@ def _decode_npscalar(payload: bytes) -> object:
     return np.frombuffer(payload, dtype=dtype, count=1, offset=offset)[0].astype(name)
 
 
+_SCALAR_TYPES: Final = frozenset({type(None), bool, int, float, str, bytes})
+
+
 def _check_tree(obj: object, depth: int, np: Any, resolved: set[int]) -> None:
     """Enforce the depth limit, the dict key rules and the set of value types.
 
     msgpack only builds exact built-in types, so isinstance() here cannot admit a subclass.
+    Scalars are recognised by exact type first (one set lookup, no call), which is what a
+    call's arguments mostly are.
     """
+    t = type(obj)
+    if t in _SCALAR_TYPES:
+        return
+    if t is list or t is tuple:
+        if depth >= MAX_DEPTH:
+            raise ProtocolViolation(f"value nested deeper than {MAX_DEPTH} levels")
+        scalars = _SCALAR_TYPES
+        for v in obj:  # type: ignore[attr-defined]
+            if type(v) not in scalars:
+                _check_tree(v, depth + 1, np, resolved)
+        return
     if obj is None or isinstance(obj, bool | int | float | str | bytes):
         return
     if isinstance(obj, list | tuple | dict):
@@ -615,11 +657,16 @@ def _check_key(k: object) -> None:
     raise ProtocolViolation(f"dict key of type {type(k).__name__} is not allowed")
 
 
+_NIL: Final = b"\xc0"
+
+
 def _decode_value(
     data: bytes | bytearray | memoryview,
     buffers: list[object] | tuple[object, ...] | None,
     max_size: int,
 ) -> object:
+    if type(data) is bytes and data == _NIL:  # None: the usual result of a handler
+        return None
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"decode() needs bytes, got {type(data).__name__}")
     if len(data) > max_size:
@@ -655,6 +702,40 @@ def decode(
     return _decode_value(data, buffers, max_size)
 
 
+def _decode_call_fast(
+    data: bytes, buffers: list[object] | tuple[object, ...] | None
+) -> tuple[str, tuple[object, ...], dict[str, object]] | None:
+    """The usual call, checked with less work: a well-formed envelope whose kwargs keys are
+    identifiers. Arguments get exactly the checks of the general path (scalars by type, the
+    rest by :func:`_check_tree` at their depth), and so raise the same errors. None means "not
+    the usual shape": the general path then decodes it and reports what is wrong."""
+    decoder = _Decoder(buffers)
+    try:
+        envelope = decoder.unpack(data)
+    except DerechoError:
+        raise
+    except Exception as e:
+        raise ProtocolViolation(f"malformed message: {type(e).__name__}: {e}") from e
+    if type(envelope) is not list or len(envelope) != 3:
+        return None
+    method, args, kwargs = envelope
+    if type(args) is not list or type(kwargs) is not dict or not _valid_method(method):
+        return None
+    scalars = _SCALAR_TYPES
+    np: Any = None
+    for a in args:
+        if type(a) not in scalars:
+            np = np or _numpy_module()
+            _check_tree(a, 2, np, decoder.resolved)
+    for k, v in kwargs.items():
+        if type(k) is not str or not k.isidentifier():
+            return None
+        if type(v) not in scalars:
+            np = np or _numpy_module()
+            _check_tree(v, 2, np, decoder.resolved)
+    return method, tuple(args), kwargs
+
+
 def decode_call(
     data: bytes | bytearray | memoryview,
     buffers: list[object] | tuple[object, ...] | None = None,
@@ -666,6 +747,10 @@ def decode_call(
     The envelope is validated (three fields, a dotted-identifier method name, a list of args, a
     map of identifier keys); any defect raises ProtocolViolation.
     """
+    if type(data) is bytes and len(data) <= max_size:
+        fast = _decode_call_fast(data, buffers)
+        if fast is not None:
+            return fast
     envelope = _decode_value(data, buffers, max_size)
     if not (isinstance(envelope, list) and len(envelope) == 3):
         raise ProtocolViolation("malformed call envelope: expected [method, args, kwargs]")

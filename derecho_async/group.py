@@ -13,6 +13,7 @@ the delivering view answered; members that leave or fail first are reported as
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -221,6 +222,7 @@ class Group:
         if not isinstance(config, Config):
             raise UsageError("Group needs a derecho_async.Config")
         self.config = config
+        self._me = config.member_id
         self._specs: dict[str, ActorSpec] = {}
         for cls in actors:
             spec = actor_spec(cls)
@@ -232,9 +234,15 @@ class Group:
         for name, spec in self._specs.items():
             self._actors[name] = spec.cls()
             self._runners[name] = SerialRunner()
+        # subgroup -> (spec, runner, actor): one lookup per delivered call
+        self._hosted = {
+            name: (spec, self._runners[name], self._actors[name])
+            for name, spec in self._specs.items()
+        }
         names = tuple(self._specs) or ("default",)
         self.layout = Layout(tuple(SubgroupSpec(n) for n in names))
         self._driver: Driver | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the group runs on
         self._view: View | None = None
         self._pending: dict[int, _PendingCall] = {}
         self._early_replies: dict[int, dict[int, object]] = {}
@@ -242,6 +250,12 @@ class Group:
         self._p2p: dict[int, tuple[int, asyncio.Future[Any]]] = {}
         self._closed: BaseException | None = None
         self._started = False
+        # Shard members per subgroup in the current view (whose replies an ordered call awaits).
+        self._repliers: dict[str, frozenset[int]] = {}
+        # Replies made while the driver reports a step's events, per caller: sent as one
+        # REPLIES message per caller when the step's events are done (Host.flush).
+        self._outbox: dict[int, list[object]] = {}
+        self._batching = False
         self.history: list[View] = []
         self.installed_at: list[float] = []  # time.monotonic() of each install in ``history``
 
@@ -374,7 +388,10 @@ class Group:
             msg_no = core.submit(spec.name, call)
         if msg_no is None:
             raise self._closed or GroupClosed("this member cannot send now")
-        fut: asyncio.Future[Replies] = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Replies] = loop.create_future()
         self._pending[msg_no] = _PendingCall(fut)
         driver.kick()
         return await fut
@@ -399,28 +416,35 @@ class Group:
             call.results.setdefault(member, value)
             self._complete(msg_no)
 
+    def _expected_repliers(self, subgroup: str) -> frozenset[int]:
+        members = self._repliers.get(subgroup)
+        if members is None:
+            info = self.layout.assign(self.view.members).find(subgroup)
+            members = frozenset(info.members if info is not None else self.view.members)
+            self._repliers[subgroup] = members
+        return members
+
     def _on_delivered(self, ev: Delivered) -> None:
-        spec = self._specs.get(ev.subgroup)
-        runner = self._runners.get(ev.subgroup)
-        actor = self._actors.get(ev.subgroup)
-        if ev.sender == self.member_id:
+        if ev.sender == self._me:
             call = self._pending.get(ev.msg_no)
             if call is not None:
-                info = self.layout.assign(self.view.members).find(ev.subgroup)
-                members = info.members if info is not None else self.view.members
-                call.expected = frozenset(members)
+                call.expected = self._expected_repliers(ev.subgroup)
                 call.version = (ev.view_id, ev.seq)
-                for m, v in self._early_replies.pop(ev.msg_no, {}).items():
-                    if m in call.expected:
-                        call.results.setdefault(m, v)
-        if spec is None or runner is None or actor is None:
+                early = self._early_replies.pop(ev.msg_no, None)
+                if early:
+                    for m, v in early.items():
+                        if m in call.expected:
+                            call.results.setdefault(m, v)
+        hosted = self._hosted.get(ev.subgroup)
+        if hosted is None:
             return
+        spec, runner, actor = hosted
         payload = ev.payload
         try:
-            if isinstance(payload, OutOfBand):
-                name, args, kwargs = codec.decode_call(payload.call, buffers=list(payload.arrays))
-            elif isinstance(payload, bytes):
+            if type(payload) is bytes:
                 name, args, kwargs = codec.decode_call(payload)
+            elif isinstance(payload, OutOfBand):
+                name, args, kwargs = codec.decode_call(payload.call, buffers=list(payload.arrays))
             else:
                 raise ProtocolViolation("ordered call payload is not bytes")
             actor_name, _, method = name.partition(".")
@@ -431,19 +455,28 @@ class Group:
             log.warning("member %d: undeliverable call from %d: %s", self.member_id, ev.sender, exc)
             self._reply(ev, False, exc)
             return
-        runner.submit(lambda: fn(*args, **kwargs), lambda ok, v: self._reply(ev, ok, v))
+        runner.submit_call(fn, args, kwargs, functools.partial(self._reply, ev))
 
     def _reply(self, ev: Delivered, ok: bool, value: object) -> None:
-        if ev.sender == self.member_id:
-            self._record_reply(ev.msg_no, self.member_id, value)
+        if ev.sender == self._me:
+            self._record_reply(ev.msg_no, self._me, value)
             return
         driver = self._driver
         if driver is None or self._closed is not None:
             return
         try:
-            body = codec.encode(value) if ok else _encode_error(value)
+            if ok and value is None:
+                body = _NIL
+            else:
+                body = codec.encode(value) if ok else _encode_error(value)
         except (TypeError, ValueError, OverflowError) as exc:
             ok, body = False, _encode_error(exc)
+        if self._batching:
+            out = self._outbox.get(ev.sender)
+            if out is None:
+                out = self._outbox[ev.sender] = []
+            out += (ev.msg_no, ok, body)
+            return
         driver.transport.send(ev.sender, env.encode(env.REPLY, ev.subgroup, ev.msg_no, ok, body))
 
     # -- p2p calls -----------------------------------------------------------------------------
@@ -497,6 +530,7 @@ class Group:
 
     # -- driver callbacks (Host) ---------------------------------------------------------------
     def on_event(self, event: Event) -> None:
+        self._batching = True
         if isinstance(event, Delivered):
             self._on_delivered(event)
         elif isinstance(event, ViewInstalled):
@@ -516,9 +550,22 @@ class Group:
         elif isinstance(event, Left):
             self._close(GroupClosed("this member left the group"))
 
+    def flush(self) -> None:
+        """Send the replies batched while the driver reported a step's events."""
+        self._batching = False
+        if not self._outbox:
+            return
+        outbox, self._outbox = self._outbox, {}
+        driver = self._driver
+        if driver is None or self._closed is not None:
+            return
+        for caller, items in outbox.items():
+            driver.transport.send(caller, env.encode(env.REPLIES, items))
+
     def _on_view(self, ev: ViewInstalled) -> None:
         if ev.state is not None:
             self._restore(ev.state)
+        self._repliers = {}
         self._view = ev.view
         self.history.append(ev.view)
         self.installed_at.append(time.monotonic())
@@ -537,7 +584,17 @@ class Group:
 
     def on_app_message(self, sender: int, msg: list[object]) -> None:
         kind = msg[0]
-        if kind == env.REPLY:
+        if kind == env.REPLIES:
+            items = msg[1]
+            assert isinstance(items, list)
+            if len(items) % 3:
+                raise ProtocolViolation("a batch of replies is not (msg_no, ok, result) triples")
+            for i in range(0, len(items), 3):
+                msg_no, ok, body = items[i : i + 3]
+                if type(msg_no) is not int or type(ok) is not bool or type(body) is not bytes:
+                    raise ProtocolViolation("malformed reply in a batch of replies")
+                self._record_reply(msg_no, sender, _decode_result(sender, ok, body))
+        elif kind == env.REPLY:
             _, _sub, msg_no, ok, body = msg
             assert isinstance(msg_no, int) and isinstance(body, bytes)
             self._record_reply(msg_no, sender, _decode_result(sender, bool(ok), body))
@@ -587,6 +644,9 @@ class Group:
             if not fut.done():
                 fut.set_exception(exc)
         self._p2p.clear()
+
+
+_NIL = b"\xc0"  # msgpack None: the result of most handlers
 
 
 def _encode_error(exc: object) -> bytes:

@@ -9,6 +9,7 @@ out, events in list order, then calls ``Member.advance(ready)``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from derecho_async.core.messages import Message
 from derecho_async.core.view import View
@@ -82,9 +83,14 @@ class Expect:
     nbytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class Delivered:
-    """An ordered message, stable and delivered with version ``(view_id, seq)``."""
+class Delivered(NamedTuple):
+    """An ordered message, stable and delivered with version ``(view_id, seq)``.
+
+    Immutable like the other events, but a named tuple rather than a frozen dataclass: one is
+    made per delivered message at every member, and a tuple is built in one step where a frozen
+    dataclass sets each field through ``object.__setattr__`` (about 4% of a member's time in the
+    3-member throughput benchmark).
+    """
 
     subgroup: str
     shard: int

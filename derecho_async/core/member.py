@@ -437,9 +437,8 @@ class Member:
             self._apply_push(sender, offset, data)
 
     def _apply_push(self, sender: int, offset: int, data: bytes) -> None:
-        try:
-            rank = self.view.members.index(sender)
-        except ValueError:
+        rank = self._rank_of.get(sender)
+        if rank is None:
             self._ready.violations.append(
                 f"push from {sender}, not a member of view {self.view.view_id}"
             )

@@ -28,9 +28,7 @@ from dataclasses import dataclass
 
 from derecho_async.core.effects import DataKey, Delivered, Event, Expect, Transfer
 from derecho_async.core.layout import ShardInfo
-from derecho_async.core.ordering import frontier, turns_needed
 from derecho_async.core.schema import (
-    HEADER_WORDS,
     KIND_DESCRIPTOR,
     KIND_MESSAGE,
     KIND_NULL,
@@ -39,11 +37,13 @@ from derecho_async.core.schema import (
 )
 from derecho_async.core.table import Table
 from derecho_async.errors import ProtocolViolation
+from derecho_async.hotpath import frontier as _frontier
+from derecho_async.hotpath import load_u64, min_u64, scan_slots
+from derecho_async.hotpath import turns_needed as _turns_needed
 
 __all__ = ["Outgoing", "Record", "ShardState"]
 
 _HEADER = struct.Struct("<4Q")
-_MAX_TURNS = 1 << 40
 
 
 @dataclass(slots=True)
@@ -98,6 +98,13 @@ class ShardState:
         self.my_id = my_id
         self.my_index = info.senders.index(my_id) if my_id in info.senders else None
         self.peer_ids = tuple(m for m in info.members if m != my_id)
+        # Table offsets of the other members' recv_frontier words (the stability scan).
+        self._frontier_offsets = tuple(
+            r * table.row_bytes + cols.recv_frontier.offset
+            for r in self.member_ranks
+            if r != self.my_rank
+        )
+        self._slot_bytes = cols.slot_words * WORD
         # Sender side. ``queue`` is the member's queue for this subgroup, shared across views.
         self.queue = queue
         self.sent_records = 0
@@ -120,6 +127,8 @@ class ShardState:
     # -- sending -------------------------------------------------------------------------------
     def _min_member_frontier(self) -> int:
         t = self.table
+        if not t.has_frozen:
+            return min_u64(t.buf, self._frontier_offsets, self.frontier)
         col = self.cols.recv_frontier
         low = self.frontier
         for r in self.member_ranks:
@@ -154,7 +163,7 @@ class ShardState:
             self._write_message(out, transfers)
             free -= 1
         if free > 0 and not q:
-            need = turns_needed(self.my_index, self.turns_seen)
+            need = _turns_needed(self.my_index, self.turns_seen)
             if need > self.sent_turns:
                 self._write_null(need - self.sent_turns)
         written = self.sent_records - first_record
@@ -222,15 +231,19 @@ class ShardState:
         awaiting: dict[DataKey, ShardState],
         expects: list[Expect],
     ) -> None:
-        """Copy every newly published record out of the senders' rings."""
+        """Copy every newly published record out of the senders' rings (one batch per sender:
+        :func:`derecho_async.hotpath.scan_slots` validates and copies the records out)."""
         if self.frozen:
             return
         t = self.table
         cols = self.cols
+        sent_off = cols.sent_records.offset
+        slots_off = cols.slots.offset
         for k, rank in enumerate(self.sender_ranks):
             if k == self.my_index:
                 continue
-            published = t.get(rank, cols.sent_records)
+            src, base = t.row_source(rank)
+            published = load_u64(src, base + sent_off)
             read = self.records_read[k]
             if published <= read:
                 continue
@@ -240,39 +253,35 @@ class ShardState:
                     f"{cols.window}",
                     self.sender_ids[k],
                 )
-            for rec_no in range(read, published):
-                self._read_record(k, rank, rec_no, landed_early, awaiting, expects)
-            self.records_read[k] = published
+            records, _turn, error = scan_slots(
+                src,
+                base + slots_off,
+                cols.window,
+                self._slot_bytes,
+                read,
+                published,
+                self.turns_seen[k],
+                self.max_payload,
+            )
+            for rec in records:
+                self._take_record(k, rec, landed_early, awaiting, expects)
+            self.records_read[k] = read + len(records)
+            if error is not None:
+                raise ProtocolViolation(error, self.sender_ids[k])
         self._recompute_frontier()
 
-    def _read_record(
+    def _take_record(
         self,
         k: int,
-        rank: int,
-        rec_no: int,
+        raw: tuple[int, int, int, int, int, bytes | None],
         landed_early: dict[DataKey, object],
         awaiting: dict[DataKey, ShardState],
         expects: list[Expect],
     ) -> None:
-        off = self.cols.slot_offset(rec_no)
-        raw = self.table.read(rank, off, HEADER_WORDS * WORD)
-        first, kind_turns, nbytes, msg_no = _HEADER.unpack(raw)
-        kind = kind_turns & 0xFF
-        n_turns = kind_turns >> 8
-        sender = self.sender_ids[k]
-        if first != self.turns_seen[k]:
-            raise ProtocolViolation(
-                f"record {rec_no} starts at turn {first}, expected {self.turns_seen[k]}", sender
-            )
-        if kind == KIND_MESSAGE:
-            if n_turns != 1 or nbytes > self.max_payload:
-                raise ProtocolViolation(f"bad message record ({n_turns} turns, {nbytes} B)", sender)
-            payload: object = self.table.read(rank, off + HEADER_WORDS * WORD, nbytes)
-            rec = Record(first, 1, kind, msg_no, nbytes, payload, True)
-        elif kind == KIND_DESCRIPTOR:
-            if n_turns != 1:
-                raise ProtocolViolation("descriptor record must cover one turn", sender)
-            key = DataKey(self.view_id, sender, msg_no)
+        """Queue one validated record of sender index ``k``."""
+        first, kind, n_turns, nbytes, msg_no, payload = raw
+        if kind == KIND_DESCRIPTOR:
+            key = DataKey(self.view_id, self.sender_ids[k], msg_no)
             rec = Record(first, 1, kind, msg_no, nbytes, None, False)
             if key in landed_early:
                 rec.payload = landed_early.pop(key)
@@ -282,15 +291,13 @@ class ShardState:
                 self.awaiting_records[key] = rec
                 expects.append(Expect(key, nbytes))
         elif kind == KIND_NULL:
-            if not 1 <= n_turns <= _MAX_TURNS:
-                raise ProtocolViolation(f"null record of {n_turns} turns", sender)
             rec = Record(first, n_turns, kind, 0, 0, None, True)
         else:
-            raise ProtocolViolation(f"unknown record kind {kind}", sender)
-        self.turns_seen[k] += rec.n_turns
+            rec = Record(first, 1, kind, msg_no, nbytes, payload, True)
+        self.turns_seen[k] += n_turns
         self.pending[k].append(rec)
         if rec.landed and not self.unheld[k]:
-            self.turns_held[k] += rec.n_turns
+            self.turns_held[k] += n_turns
         else:
             self.unheld[k].append(rec)
 
@@ -309,7 +316,7 @@ class ShardState:
 
     def _recompute_frontier(self) -> None:
         if not self.frozen:
-            self.frontier = frontier(self.turns_held)
+            self.frontier = _frontier(self.turns_held)
 
     def publish_progress(self) -> None:
         """Push my frontier and delivered counters if they moved (once per scan)."""

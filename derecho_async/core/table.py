@@ -15,6 +15,7 @@ import struct
 
 from derecho_async.core.schema import WORD, Column, RowSchema
 from derecho_async.errors import ProtocolViolation
+from derecho_async.hotpath import load_u64, store_u64
 
 __all__ = ["Table"]
 
@@ -56,7 +57,9 @@ class Table:
         frozen = self._frozen.get(rank)
         if frozen is not None:
             return int(_U64.unpack_from(frozen, off)[0])
-        return int(_U64.unpack_from(self.buf, rank * self.row_bytes + off)[0])
+        # one whole-word load (acquire): where peers write the buffer directly (shared memory,
+        # RDMA), a struct unpack, which reads byte by byte, could see half of a peer's store
+        return load_u64(self.buf, rank * self.row_bytes + off)
 
     def read(self, rank: int, offset: int, nbytes: int) -> bytes:
         """``nbytes`` raw bytes at row offset ``offset`` of row ``rank``."""
@@ -66,16 +69,28 @@ class Table:
         base = rank * self.row_bytes + offset
         return bytes(self.buf[base : base + nbytes])
 
+    def row_source(self, rank: int) -> tuple[bytes | memoryview, int]:
+        """Where row ``rank`` is read from: ``(buffer, byte offset of the row in it)`` (the
+        frozen copy if the row is frozen)."""
+        frozen = self._frozen.get(rank)
+        if frozen is not None:
+            return frozen, 0
+        return self.buf, rank * self.row_bytes
+
+    @property
+    def has_frozen(self) -> bool:
+        """True once any row is frozen (reads must then go through :meth:`get`)."""
+        return bool(self._frozen)
+
     def mine(self, col: Column, index: int = 0) -> int:
         """Word ``index`` of ``col`` in my own row."""
         return self.get(self.my_rank, col, index)
 
     # -- writes (my row only) ------------------------------------------------------------------
     def set(self, col: Column, value: int, index: int = 0) -> None:
-        """Write word ``index`` of ``col`` in my row (values are taken modulo 2**64)."""
-        _U64.pack_into(
-            self.buf, self.my_rank * self.row_bytes + col.offset + index * WORD, value & _MASK
-        )
+        """Write word ``index`` of ``col`` in my row (values are taken modulo 2**64); one
+        whole-word store with release ordering, for transports whose peers read it directly."""
+        store_u64(self.buf, self.my_rank * self.row_bytes + col.offset + index * WORD, value & _MASK)
 
     def write(self, offset: int, data: bytes | memoryview) -> None:
         """Write raw bytes at row offset ``offset`` of my row."""

@@ -83,6 +83,9 @@ class Host(Protocol):
 
     def snapshot(self) -> bytes: ...
 
+    def flush(self) -> None:
+        """The events of one step were all reported: send what was batched (replies)."""
+
 
 class Driver:
     """Drives one member's core over ``transport`` (see the module docstring)."""
@@ -329,6 +332,8 @@ class Driver:
                 else:
                     for plane in self.planes:
                         plane.on_event(event)
+        if ready.events:
+            self.host.flush()  # one batch of replies per step, before the step's pushes
         transport = self.transport
         for p in ready.pushes:
             transport.push(p.view_id, p.offset, p.data, p.targets)

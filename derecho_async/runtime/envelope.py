@@ -21,6 +21,7 @@ __all__ = [
     "GPU_POOL",
     "P2P_REQ",
     "P2P_RESP",
+    "REPLIES",
     "REPLY",
     "SHM_DESC",
     "decode",
@@ -36,6 +37,7 @@ DATA = 4  # [DATA, view_id, sender, msg_no, payload bytes]
 SHM_DESC = 5
 # [BLOCK, view_id, origin, msg_no, index, count, total, head, block bytes]
 BLOCK = 6
+REPLIES = 7  # [REPLIES, [msg_no, ok, encoded result, msg_no, ok, encoded result, ...]]
 GPU_POOL = 8  # [GPU_POOL, pool announcement bytes] (CUDA IPC handles, once per view)
 GPU_DATA = 9  # [GPU_DATA, view_id, sender, msg_no, device descriptor bytes]
 
@@ -47,6 +49,7 @@ _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     DATA: (int, int, int, bytes),
     SHM_DESC: (int, int, int, int, int, int, int, list),
     BLOCK: (int, int, int, int, int, int, bytes, bytes),
+    REPLIES: (list,),
     GPU_POOL: (bytes,),
     GPU_DATA: (int, int, int, bytes),
 }

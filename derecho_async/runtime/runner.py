@@ -12,9 +12,9 @@ Task ends, then carries on with the queue. Results and exceptions go to a comple
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
+from types import CoroutineType
 from typing import Any
 
 __all__ = ["SerialRunner"]
@@ -53,13 +53,19 @@ async def _resume(coro: Coroutine[Any, Any, Any], first: object) -> Any:
             return stop.value
 
 
+_NO_ARGS: tuple[object, ...] = ()
+_NO_KWARGS: dict[str, object] = {}
+
+
 class SerialRunner:
     """Runs queued calls one at a time, in order (one runner per actor)."""
 
     __slots__ = ("_busy", "_queue", "tasks_created")
 
     def __init__(self) -> None:
-        self._queue: deque[tuple[Callable[[], object], Done]] = deque()
+        self._queue: deque[
+            tuple[Callable[..., object], tuple[object, ...], dict[str, object], Done]
+        ] = deque()
         self._busy = False
         self.tasks_created = 0
 
@@ -69,40 +75,64 @@ class SerialRunner:
 
     def submit(self, call: Callable[[], object], done: Done) -> None:
         """Queue ``call`` (a plain call or one returning a coroutine); ``done`` gets its result."""
-        self._queue.append((call, done))
-        if not self._busy:
-            self._drain()
+        self.submit_call(call, _NO_ARGS, _NO_KWARGS, done)
+
+    def submit_call(
+        self,
+        fn: Callable[..., object],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        done: Done,
+    ) -> None:
+        """Queue ``fn(*args, **kwargs)``; ``done`` gets its result. A free runner runs it on the
+        spot (no closure, no Task unless it suspends)."""
+        if self._busy or self._queue:
+            self._queue.append((fn, args, kwargs, done))
+            if not self._busy:
+                self._drain()
+        else:  # free and nothing waiting: run it now, without queuing it
+            self._run(fn, args, kwargs, done)
 
     def _drain(self) -> None:
         q = self._queue
         while q:
-            call, done = q.popleft()
-            try:
-                result = call()
-            except Exception as exc:
-                done(False, exc)
-                continue
-            if not inspect.iscoroutine(result):
-                done(True, result)
-                continue
-            try:
-                first = result.send(None)
-            except StopIteration as stop:
-                done(True, stop.value)
-                continue
-            except Exception as exc:
-                done(False, exc)
-                continue
-            # It suspended: a Task resumes it; the queue waits for it.
-            self._busy = True
-            self.tasks_created += 1
-            task = asyncio.ensure_future(_resume(result, first))
+            if self._run(*q.popleft()):
+                return
 
-            def finished(t: asyncio.Future[Any], done: Done = done) -> None:
-                self._finished(t, done)
+    def _run(
+        self,
+        fn: Callable[..., object],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        done: Done,
+    ) -> bool:
+        """Run one call; True if it suspended (a Task now owns it and the runner is busy)."""
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            done(False, exc)
+            return False
+        if not isinstance(result, CoroutineType):
+            done(True, result)
+            return False
+        try:
+            first = result.send(None)
+        except StopIteration as stop:
+            done(True, stop.value)
+            return False
+        except Exception as exc:
+            done(False, exc)
+            return False
+        # It suspended: a Task resumes it; the queue waits for it.
+        self._busy = True
+        self.tasks_created += 1
+        task = asyncio.ensure_future(_resume(result, first))
 
-            task.add_done_callback(finished)
-            return
+        def finished(t: asyncio.Future[Any], done: Done = done) -> None:
+            self._finished(t, done)
+
+        task.add_done_callback(finished)
+        return True
 
     def _finished(self, task: asyncio.Future[Any], done: Done) -> None:
         self._busy = False

@@ -56,10 +56,10 @@ import re
 import socket
 import stat
 import struct
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from derecho_async import hotpath
 from derecho_async.errors import ConfigError, UsageError
 from derecho_async.transport.base import (
     Transport,
@@ -91,17 +91,11 @@ _MIN_RING = 64 << 10
 _MAX_RING = 1 << 30
 _CONSUME_BUDGET = 1024  # records per ring per poll pass (fairness between rings)
 
-_fence_lock = threading.Lock()
-
-
-def _fence() -> None:
-    """Full memory barrier, best effort: an uncontended lock round trip (a locked RMW on x86-64).
-
-    Needed between a store and a later load of the other side's word (sleeping/head,
-    blocked/tail); the sweep timer covers any platform where this is weaker.
-    """
-    _fence_lock.acquire()
-    _fence_lock.release()
+_fence = hotpath.fence
+"""Full memory barrier between a store and a later load of the other side's word
+(sleeping/head, blocked/tail): a seq_cst fence in the native hot path, an uncontended lock round
+trip (a locked RMW on x86-64) in its pure twin; the sweep timer covers any platform where this is
+weaker."""
 
 
 def _align8(n: int) -> int:
@@ -813,7 +807,7 @@ class ShmTransport(Transport):
         ring = inl.ring
         w = ring.words
         cap = ring.capacity
-        head = w[_W_HEAD]
+        head = hotpath.load_u64(w, _W_HEAD * 8)  # acquire: the records it publishes are visible
         tail = inl.tail
         if head == tail:
             if w[_W_PCLOSED]:
@@ -825,35 +819,25 @@ class ShmTransport(Transport):
         if not 0 < head - tail <= cap or head % 8:
             self._broken(inl, f"published head {head} is not within the ring (tail {tail})")
             return False
-        n = 0
         try:
-            while tail != head and n < _CONSUME_BUDGET:
-                if head - tail < _REC.size:
-                    raise _BadSegment(f"{head - tail} bytes left, less than a record header")
-                typ, flags, a, b, length = _REC.unpack(ring.read(tail, _REC.size))
-                size = _REC.size + _align8(length)
-                if flags:
-                    raise _BadSegment(f"record flags {flags:#x} are not zero")
-                if size > head - tail:
-                    raise _BadSegment(f"record of {length} bytes overruns published data")
-                payload = ring.read(tail + _REC.size, length) if length else b""
-                tail += size
-                n += 1
+            # one call parses and validates the batch (native: one copy per payload)
+            records, tail, error = hotpath.ring_scan(ring.data, tail, head, _CONSUME_BUDGET)
+            peer = inl.peer
+            arrived = self._gate.push_arrived
+            for typ, a, b, payload in records:
                 if typ == _R_PUSH:
-                    if a >= 1 << 63 or b >= 1 << 63:
-                        raise _BadSegment(f"push view {a} / offset {b} out of range")
-                    self._gate.push_arrived(a, inl.peer, b, payload)
-                elif typ == _R_MSG:
-                    self._message_part(inl, a, b, payload)
+                    arrived(a, peer, b, payload)
                 else:
-                    raise _BadSegment(f"unknown record type {typ}")
-                if self._in.get(inl.peer) is not inl:
+                    self._message_part(inl, a, b, payload)
+                if self._in.get(peer) is not inl:
                     return True  # dropped meanwhile (closed, restarted, broken)
+            if error is not None:
+                raise _BadSegment(error)
         except _BadSegment as exc:
             self._broken(inl, str(exc))
             return True
         inl.tail = tail
-        w[_W_TAIL] = tail
+        hotpath.store_u64(w, _W_TAIL * 8, tail)  # release: our reads of the records are done
         _fence()
         if w[_W_PBLOCKED]:
             self._doorbell(inl.peer, _D_SPACE, count_refusal=False)

@@ -1,0 +1,63 @@
+"""Top entries of a py-spy raw profile of benchmark member processes.
+
+Usage: python benchmarks/pyspy_top.py RAW [--top N]
+
+RAW is ``py-spy record --subprocesses --format raw`` output (see benchmarks/shm_stream.py).
+Only stacks of member processes (through ``bench_members.member_entry``) count; the event loop's
+own frame (``Runner.run``, time in uvloop) is left out of the own-time list. Prints the share of
+samples per function by own time (the leaf frame) and by inclusive time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+
+_FRAME = re.compile(r" \((?:/.*/)?([^/]+?)(?::\d+)?\)$")
+_SKIP = ("process ", "spawn_main", "<module>", "BaseProcess", "_main (", "member_entry", "run (")
+
+
+def _name(frame: str) -> str:
+    return _FRAME.sub(r" (\1)", frame)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("raw")
+    parser.add_argument("--top", type=int, default=20)
+    args = parser.parse_args()
+    own: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    total = 0
+    with open(args.raw) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            frames = stack.split(";")
+            if not count.isdigit() or not any("member_entry" in fr for fr in frames):
+                continue
+            n = int(count)
+            total += n
+            names = [_name(fr) for fr in frames]
+            own[names[-1]] += n
+            for name in set(names):
+                incl[name] += n
+    print(f"{total} samples in member processes")
+    print("own time:")
+    for name, n in own.most_common(args.top + 1):
+        if not name.startswith("Runner.run"):
+            print(f"  {100 * n / total:5.1f}%  {name}")
+    print("inclusive time:")
+    shown = 0
+    for name, n in incl.most_common():
+        # (a process frame's command line holds a ';', so part of it reads as a frame)
+        if name.startswith((*_SKIP, " ", "Runner.run")):
+            continue
+        print(f"  {100 * n / total:5.1f}%  {name}")
+        shown += 1
+        if shown >= args.top:
+            break
+
+
+if __name__ == "__main__":
+    main()

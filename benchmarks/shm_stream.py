@@ -1,0 +1,42 @@
+"""One 3-member ordered throughput run (1 KB, depth 32), for profiling and quick A/B checks.
+
+Usage: python benchmarks/shm_stream.py [--count N] [--transport shm|tcp] [--one-sender]
+
+Prints the delivered msgs/s at the slowest member and the CPU time all members spent per
+delivered message (user + system, from the phase start to its last delivery), which is steadier
+than msgs/s on a machine shared with other work. To profile with py-spy (top entries by own and
+by inclusive time, GIL-holding samples of the member processes)::
+
+    py-spy record --subprocesses --gil -r 400 --format raw -o /tmp/raw.txt -- \\
+        python benchmarks/shm_stream.py --count 40000
+    python benchmarks/pyspy_top.py /tmp/raw.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import bench_members as bm
+import compare as c
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=20000, help="calls per sender")
+    parser.add_argument("--transport", default="shm", choices=("shm", "tcp"))
+    parser.add_argument("--one-sender", action="store_true", help="only member 0 sends")
+    args = parser.parse_args()
+    senders = [0] if args.one_sender else [0, 1, 2]
+    plan = [c.warmup(3, c.FULL), c.plan_stream(senders, args.count, 1024, c.DEPTH)]
+    res = bm.GroupRun(3, args.transport, plan).run(300, 60)[1]
+    cpu = sum(r["cpu_s"] for r in res.values())
+    delivered = min(r["delivered"] for r in res.values())
+    print(
+        f"{args.transport}, 3 members, {len(senders)} sender(s), 1 KB: "
+        f"{c.min_rate(res):,.0f} msgs/s; CPU {cpu / delivered * 1e6:.1f} us per delivered "
+        "message (all members together)"
+    )
+
+
+if __name__ == "__main__":
+    main()

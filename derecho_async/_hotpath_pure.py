@@ -1,0 +1,273 @@
+"""The pure-Python twin of :mod:`derecho_async._native` (same API, results and error messages).
+
+:mod:`derecho_async.hotpath` chooses between the two; the test suite runs both and checks them
+against each other (``tests/test_hotpath.py``). Every offset, length and count read from a buffer
+that a peer writes is checked before it is used, exactly as the C code does.
+
+Words are little-endian u64. Python has no acquire/release loads: here :func:`load_u64` and
+:func:`store_u64` go through a one-item ``"Q"`` memoryview, whose item access is a single 8-byte
+copy (one instruction on x86-64 and aarch64), so a peer process never sees half a word.
+``struct`` is not used for them: its little-endian packer stores byte by byte, and a concurrent
+reader of a ring counter could see a torn value. :func:`fence` is an uncontended lock round
+trip, which is a locked read-modify-write instruction (a full barrier) on x86-64.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import threading
+from collections.abc import Sequence
+
+__all__ = [
+    "IMPLEMENTATION",
+    "Buffer",
+    "RingRecord",
+    "SlotRecord",
+    "fence",
+    "frontier",
+    "load_u64",
+    "min_u64",
+    "ring_scan",
+    "scan_slots",
+    "store_u64",
+    "turns_needed",
+]
+
+IMPLEMENTATION = "pure"
+
+Buffer = bytes | bytearray | memoryview
+SlotRecord = tuple[int, int, int, int, int, bytes | None]
+"""(first_turn, kind, n_turns, nbytes, msg_no, payload): payload only for inline messages."""
+RingRecord = tuple[int, int, int, bytes]
+"""(type, a, b, payload) of one shm ring record."""
+
+WORD = 8
+SLOT_HEADER = 32
+KIND_MESSAGE = 1
+KIND_DESCRIPTOR = 2
+KIND_NULL = 3
+MAX_NULL_TURNS = 1 << 40
+MAX_TURN = 1 << 56
+RING_HEADER = 32
+R_PUSH = 1
+R_MSG = 2
+_U63 = 1 << 63
+_U64 = 1 << 64
+
+_WORD = struct.Struct("<Q")
+_SLOT = struct.Struct("<4Q")
+_RING = struct.Struct("<IIQQQ")
+_lock = threading.Lock()
+_NATIVE_LE = sys.byteorder == "little"  # a "Q" item is then a little-endian u64
+
+
+def _offset(buf: Buffer, offset: int) -> int:
+    if type(offset) is not int and not isinstance(offset, int):
+        raise TypeError("offset must be an int")
+    n = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
+    if offset < 0 or n < WORD or offset > n - WORD:
+        raise IndexError(f"word at offset {offset} is outside a buffer of {n} bytes")
+    return offset
+
+
+def _u64(value: object, name: str) -> int:
+    if not isinstance(value, int) or not 0 <= value < _U64:
+        raise ValueError(f"{name} must be an int in [0, 2**64)")
+    return value
+
+
+def load_u64(buf: Buffer, offset: int, /) -> int:
+    """The little-endian u64 at byte ``offset`` of ``buf`` (IndexError outside the buffer)."""
+    off = _offset(buf, offset)
+    if _NATIVE_LE:
+        word: int = memoryview(buf).cast("B")[off : off + WORD].cast("Q")[0]
+        return word
+    return int(_WORD.unpack_from(buf, off)[0])
+
+
+def store_u64(buf: bytearray | memoryview, offset: int, value: int, /) -> None:
+    """Store ``value`` (an int in [0, 2**64)) as a little-endian u64 at byte ``offset``."""
+    if not isinstance(value, int):
+        raise TypeError("value must be an int")
+    if not 0 <= value < _U64:
+        raise OverflowError("value outside [0, 2**64)")
+    mv = memoryview(buf)
+    if mv.readonly:
+        raise TypeError("buffer is not writable")
+    off = _offset(buf, offset)
+    if _NATIVE_LE:
+        mv.cast("B")[off : off + WORD].cast("Q")[0] = value
+    else:
+        _WORD.pack_into(buf, off, value)
+
+
+def fence() -> None:
+    """A full memory barrier (best effort in pure Python: a lock round trip)."""
+    _lock.acquire()
+    _lock.release()
+
+
+def min_u64(buf: Buffer, offsets: Sequence[int], start: int, /) -> int:
+    """The minimum of ``start`` and the u64 words of ``buf`` at each of ``offsets``."""
+    best = _u64(start, "start")
+    for off in offsets:
+        v = load_u64(buf, off)
+        if v < best:
+            best = v
+    return best
+
+
+def _turns(values: Sequence[int], what: str) -> list[int]:
+    out = []
+    for v in values:
+        if not isinstance(v, int):
+            raise TypeError(what)
+        if not 0 <= v <= MAX_TURN:
+            raise OverflowError("turn counts must lie in [0, 2**56]")
+        out.append(v)
+    return out
+
+
+def frontier(held: Sequence[int], /) -> int:
+    """Lowest seq not held: ``min(held[k] * n + k)`` over the ``n`` senders (1..64 of them)."""
+    vals = _turns(held, "held must be a sequence of ints")
+    n = len(vals)
+    if n == 0:
+        raise ValueError("frontier of no senders")
+    if n > 64:
+        raise ValueError("at most 64 senders")
+    return min(h * n + k for k, h in enumerate(vals))
+
+
+def turns_needed(my_index: int, seen: Sequence[int], /) -> int:
+    """Turns sender ``my_index`` must have covered so that the latest turn seen from every other
+    sender can be delivered (see :func:`derecho_async.core.ordering.turns_needed`)."""
+    vals = _turns(seen, "seen must be a sequence of ints")
+    need = 0
+    for j, t in enumerate(vals):
+        if j == my_index or t == 0:
+            continue
+        mine = t if my_index < j else t - 1
+        if mine > need:
+            need = mine
+    return need
+
+
+def scan_slots(
+    buf: Buffer,
+    base: int,
+    window: int,
+    slot_bytes: int,
+    lo: int,
+    hi: int,
+    turn: int,
+    max_payload: int,
+    /,
+) -> tuple[list[SlotRecord], int, str | None]:
+    """Copy out and validate the slot records ``lo .. hi-1`` of a sender's ring.
+
+    The ring is ``window`` slots of ``slot_bytes`` at byte ``base`` of ``buf``; record ``r`` is
+    in slot ``r % window``. ``turn`` is the first turn the next record must start at. Returns
+    the records that were valid, in order, the turn after them, and the reason the next record
+    was refused (None when all were valid). Arguments that do not describe a ring inside
+    ``buf`` raise ValueError (a local bug, not remote data).
+    """
+    base = _u64(base, "base")
+    window = _u64(window, "window")
+    slot_bytes = _u64(slot_bytes, "slot_bytes")
+    lo = _u64(lo, "lo")
+    hi = _u64(hi, "hi")
+    turn = _u64(turn, "turn")
+    max_payload = _u64(max_payload, "max_payload")
+    n = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
+    if (
+        window < 1
+        or slot_bytes < SLOT_HEADER
+        or slot_bytes % WORD
+        or base % WORD
+        or window > n // slot_bytes
+        or base > n - window * slot_bytes
+    ):
+        raise ValueError("slot ring does not fit the buffer")
+    if hi < lo or hi - lo > window:
+        raise ValueError("records to scan must be 0..window")
+    if turn > MAX_TURN:
+        raise ValueError("turn must lie in [0, 2**56]")
+    records: list[SlotRecord] = []
+    unpack = _SLOT.unpack_from
+    for rec_no in range(lo, hi):
+        off = base + (rec_no % window) * slot_bytes
+        first, kind_turns, nbytes, msg_no = unpack(buf, off)
+        kind = kind_turns & 0xFF
+        n_turns = kind_turns >> 8
+        payload: bytes | None = None
+        if first != turn:
+            return records, turn, f"record {rec_no} starts at turn {first}, expected {turn}"
+        if kind == KIND_MESSAGE:
+            if n_turns != 1 or nbytes > max_payload or nbytes > slot_bytes - SLOT_HEADER:
+                return records, turn, f"bad message record ({n_turns} turns, {nbytes} B)"
+            start = off + SLOT_HEADER
+            payload = bytes(buf[start : start + nbytes])
+        elif kind == KIND_DESCRIPTOR:
+            if n_turns != 1:
+                return records, turn, "descriptor record must cover one turn"
+        elif kind == KIND_NULL:
+            if not 1 <= n_turns <= MAX_NULL_TURNS:
+                return records, turn, f"null record of {n_turns} turns"
+        else:
+            return records, turn, f"unknown record kind {kind}"
+        if n_turns > MAX_TURN - turn:
+            return records, turn, "turn count passed 2**56"
+        records.append((first, kind, n_turns, nbytes, msg_no, payload))
+        turn += n_turns
+    return records, turn, None
+
+
+def _ring_read(data: Buffer, cap: int, pos: int, n: int) -> bytes:
+    i = pos % cap
+    if i + n <= cap:
+        return bytes(data[i : i + n])
+    return bytes(data[i:]) + bytes(data[: n - (cap - i)])
+
+
+def ring_scan(
+    data: Buffer, tail: int, head: int, budget: int, /
+) -> tuple[list[RingRecord], int, str | None]:
+    """Parse and validate up to ``budget`` records of a shm ring between ``tail`` and ``head``.
+
+    ``data`` is the ring's data area, used circularly (stream position ``p`` is byte
+    ``p % len(data)``). A record is a header (u32 type, u32 flags = 0, u64 a, u64 b, u64 length)
+    and ``length`` payload bytes, padded to 8. Returns the valid records (type, a, b, payload),
+    the stream position after them, and the reason the next record was refused (None when the
+    scan stopped at ``head`` or at ``budget``). A ``tail .. head`` range that is not inside the
+    ring raises ValueError (the caller validates the published head first).
+    """
+    tail = _u64(tail, "tail")
+    head = _u64(head, "head")
+    budget = _u64(budget, "budget")
+    cap = len(data) if not isinstance(data, memoryview) else data.nbytes
+    if cap == 0 or cap % WORD or head < tail or head - tail > cap or tail % WORD or head % WORD:
+        raise ValueError("published range does not fit the ring")
+    records: list[RingRecord] = []
+    count = 0
+    while tail != head and count < budget:
+        avail = head - tail
+        if avail < RING_HEADER:
+            return records, tail, f"{avail} bytes left, less than a record header"
+        typ, flags, a, b, length = _RING.unpack(_ring_read(data, cap, tail, RING_HEADER))
+        if flags:
+            return records, tail, f"record flags {flags:#x} are not zero"
+        padded = (length + 7) & ~7
+        if padded > avail - RING_HEADER:
+            return records, tail, f"record of {length} bytes overruns published data"
+        if typ == R_PUSH:
+            if a >= _U63 or b >= _U63:
+                return records, tail, f"push view {a} / offset {b} out of range"
+        elif typ != R_MSG:
+            return records, tail, f"unknown record type {typ}"
+        payload = _ring_read(data, cap, tail + RING_HEADER, length) if length else b""
+        records.append((typ, a, b, payload))
+        tail += RING_HEADER + padded
+        count += 1
+    return records, tail, None

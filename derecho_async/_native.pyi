@@ -1,0 +1,31 @@
+"""Type stub of the C extension ``derecho_async._native`` (source: native/_native.c).
+
+Its pure-Python twin, :mod:`derecho_async._hotpath_pure`, documents every function; the two
+have the same API, results and error messages.
+"""
+
+from collections.abc import Sequence
+from typing import Final
+
+IMPLEMENTATION: Final[str]
+
+def load_u64(buf: bytes | bytearray | memoryview, offset: int, /) -> int: ...
+def store_u64(buf: bytearray | memoryview, offset: int, value: int, /) -> None: ...
+def fence() -> None: ...
+def min_u64(buf: bytes | bytearray | memoryview, offsets: Sequence[int], start: int, /) -> int: ...
+def frontier(held: Sequence[int], /) -> int: ...
+def turns_needed(my_index: int, seen: Sequence[int], /) -> int: ...
+def scan_slots(
+    buf: bytes | bytearray | memoryview,
+    base: int,
+    window: int,
+    slot_bytes: int,
+    lo: int,
+    hi: int,
+    turn: int,
+    max_payload: int,
+    /,
+) -> tuple[list[tuple[int, int, int, int, int, bytes | None]], int, str | None]: ...
+def ring_scan(
+    data: bytes | bytearray | memoryview, tail: int, head: int, budget: int, /
+) -> tuple[list[tuple[int, int, int, bytes]], int, str | None]: ...

@@ -1,0 +1,594 @@
+/*
+ * derecho_async._native: the hot loops of derecho_async in C (CPython C API, no other
+ * dependency). Its pure-Python twin is derecho_async/_hotpath_pure.py; both have the same API,
+ * the same results and the same error messages, and derecho_async/hotpath.py picks one.
+ *
+ * Every offset, length and count that comes from shared memory or the network is checked
+ * against the buffer it indexes before it is used: a hostile peer can make these functions
+ * report an error, never read or write outside a buffer.
+ *
+ * Words are little-endian u64. An aligned word is loaded with acquire and stored with release
+ * ordering (one instruction on x86-64 and aarch64); an unaligned one is copied bytewise between
+ * fences.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define LE64(x) __builtin_bswap64(x)
+#else
+#define LE64(x) (x)
+#endif
+
+#define WORD 8
+#define SLOT_HEADER 32          /* first_turn, kind | n_turns << 8, nbytes, msg_no */
+#define KIND_MESSAGE 1
+#define KIND_DESCRIPTOR 2
+#define KIND_NULL 3
+#define MAX_NULL_TURNS ((uint64_t)1 << 40)
+#define MAX_TURN ((uint64_t)1 << 56)
+#define RING_HEADER 32          /* u32 type, u32 flags, u64 a, u64 b, u64 length */
+#define R_PUSH 1
+#define R_MSG 2
+#define U63 ((uint64_t)1 << 63)
+
+static inline uint64_t
+load_word(const unsigned char *p)
+{
+    uint64_t v;
+    if (((uintptr_t)p & 7) == 0) {
+        v = __atomic_load_n((const uint64_t *)p, __ATOMIC_ACQUIRE);
+    }
+    else {
+        memcpy(&v, p, 8);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    }
+    return LE64(v);
+}
+
+static inline void
+store_word(unsigned char *p, uint64_t v)
+{
+    v = LE64(v);
+    if (((uintptr_t)p & 7) == 0) {
+        __atomic_store_n((uint64_t *)p, v, __ATOMIC_RELEASE);
+    }
+    else {
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        memcpy(p, &v, 8);
+    }
+}
+
+/* plain (unordered) little-endian reads of record fields, after an acquire of the counter */
+static inline uint64_t
+get_u64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return LE64(v);
+}
+
+static inline uint32_t
+get_u32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+}
+
+/* offset argument: an int in [0, len - 8] */
+static int
+word_offset(PyObject *obj, Py_ssize_t len, Py_ssize_t *out)
+{
+    Py_ssize_t off = PyLong_AsSsize_t(obj);
+    if (off == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_IndexError, "word offset out of range");
+        }
+        return -1;
+    }
+    if (off < 0 || len < WORD || off > len - WORD) {
+        PyErr_Format(PyExc_IndexError, "word at offset %zd is outside a buffer of %zd bytes",
+                     off, len);
+        return -1;
+    }
+    *out = off;
+    return 0;
+}
+
+static int
+arg_u64(PyObject *obj, const char *name, uint64_t *out)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError) ||
+            PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s must be an int in [0, 2**64)", name);
+        }
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------ words */
+
+static PyObject *
+native_load_u64(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "load_u64(buf, offset) takes 2 arguments");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t off;
+    PyObject *result = NULL;
+    if (word_offset(args[1], view.len, &off) == 0)
+        result = PyLong_FromUnsignedLongLong(load_word((const unsigned char *)view.buf + off));
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *
+native_store_u64(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "store_u64(buf, offset, value) takes 3 arguments");
+        return NULL;
+    }
+    if (!PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "value must be an int");
+        return NULL;
+    }
+    unsigned long long value = PyLong_AsUnsignedLongLong(args[2]);
+    if (value == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_OverflowError, "value outside [0, 2**64)");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_BufferError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "buffer is not writable");
+        }
+        return NULL;
+    }
+    Py_ssize_t off;
+    int rc = word_offset(args[1], view.len, &off);
+    if (rc == 0)
+        store_word((unsigned char *)view.buf + off, (uint64_t)value);
+    PyBuffer_Release(&view);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+native_fence(PyObject *self, PyObject *unused)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+native_min_u64(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "min_u64(buf, offsets, start) takes 3 arguments");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[1], "offsets must be a sequence of ints");
+    if (seq == NULL)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    uint64_t best;
+    if (arg_u64(args[2], "start", &best) < 0)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t off;
+        if (word_offset(items[i], view.len, &off) < 0)
+            goto done;
+        uint64_t v = load_word((const unsigned char *)view.buf + off);
+        if (v < best)
+            best = v;
+    }
+    result = PyLong_FromUnsignedLongLong(best);
+done:
+    PyBuffer_Release(&view);
+    Py_DECREF(seq);
+    return result;
+}
+
+/* ------------------------------------------------------------------------ ordering maths */
+
+/* held/seen values as u64; a value that does not fit raises OverflowError */
+static int
+u64_items(PyObject *arg, const char *what, PyObject **seq_out, uint64_t **vals_out,
+          Py_ssize_t *n_out)
+{
+    PyObject *seq = PySequence_Fast(arg, what);
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    uint64_t *vals = PyMem_Malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
+    if (vals == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyLong_Check(items[i])) {
+            PyErr_Format(PyExc_TypeError, "%s", what);
+            goto fail;
+        }
+        unsigned long long v = PyLong_AsUnsignedLongLong(items[i]);
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_OverflowError, "turn counts must lie in [0, 2**56]");
+            goto fail;
+        }
+        if (v > MAX_TURN) {
+            PyErr_SetString(PyExc_OverflowError, "turn counts must lie in [0, 2**56]");
+            goto fail;
+        }
+        vals[i] = v;
+    }
+    *seq_out = seq;
+    *vals_out = vals;
+    *n_out = n;
+    return 0;
+fail:
+    PyMem_Free(vals);
+    Py_DECREF(seq);
+    return -1;
+}
+
+static PyObject *
+native_frontier(PyObject *self, PyObject *held)
+{
+    PyObject *seq;
+    uint64_t *vals;
+    Py_ssize_t n;
+    if (u64_items(held, "held must be a sequence of ints", &seq, &vals, &n) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    if (n == 0) {
+        PyErr_SetString(PyExc_ValueError, "frontier of no senders");
+    }
+    else if (n > 64) {
+        PyErr_SetString(PyExc_ValueError, "at most 64 senders");
+    }
+    else {
+        /* held <= 2**56 and n <= 64: h * n + k < 2**63, no overflow */
+        uint64_t best = UINT64_MAX;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            uint64_t s = vals[k] * (uint64_t)n + (uint64_t)k;
+            if (s < best)
+                best = s;
+        }
+        result = PyLong_FromUnsignedLongLong(best);
+    }
+    PyMem_Free(vals);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyObject *
+native_turns_needed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "turns_needed(my_index, seen) takes 2 arguments");
+        return NULL;
+    }
+    Py_ssize_t me = PyLong_AsSsize_t(args[0]);
+    if (me == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *seq;
+    uint64_t *vals;
+    Py_ssize_t n;
+    if (u64_items(args[1], "seen must be a sequence of ints", &seq, &vals, &n) < 0)
+        return NULL;
+    uint64_t need = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        uint64_t t = vals[j];
+        if (j == me || t == 0)
+            continue;
+        uint64_t mine = me < j ? t : t - 1;
+        if (mine > need)
+            need = mine;
+    }
+    PyMem_Free(vals);
+    Py_DECREF(seq);
+    return PyLong_FromUnsignedLongLong(need);
+}
+
+/* ------------------------------------------------------------------------ slot scan */
+
+/* scan_slots(buf, base, window, slot_bytes, lo, hi, turn, max_payload)
+ *   -> (records, turn, error) */
+static PyObject *
+native_scan_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "scan_slots(buf, base, window, slot_bytes, lo, hi, turn, max_payload) "
+                        "takes 8 arguments");
+        return NULL;
+    }
+    uint64_t base, window, slot_bytes, lo, hi, turn, max_payload;
+    if (arg_u64(args[1], "base", &base) < 0 || arg_u64(args[2], "window", &window) < 0 ||
+        arg_u64(args[3], "slot_bytes", &slot_bytes) < 0 || arg_u64(args[4], "lo", &lo) < 0 ||
+        arg_u64(args[5], "hi", &hi) < 0 || arg_u64(args[6], "turn", &turn) < 0 ||
+        arg_u64(args[7], "max_payload", &max_payload) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *records = NULL, *error = NULL, *result = NULL;
+    uint64_t len = (uint64_t)view.len;
+    if (window < 1 || slot_bytes < SLOT_HEADER || slot_bytes % WORD || base % WORD ||
+        window > len / slot_bytes || base > len - window * slot_bytes) {
+        PyErr_SetString(PyExc_ValueError, "slot ring does not fit the buffer");
+        goto done;
+    }
+    if (hi < lo || hi - lo > window) {
+        PyErr_SetString(PyExc_ValueError, "records to scan must be 0..window");
+        goto done;
+    }
+    if (turn > MAX_TURN) {
+        PyErr_SetString(PyExc_ValueError, "turn must lie in [0, 2**56]");
+        goto done;
+    }
+    records = PyList_New(0);
+    if (records == NULL)
+        goto done;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    for (uint64_t rec_no = lo; rec_no < hi; rec_no++) {
+        const unsigned char *slot = buf + base + (rec_no % window) * slot_bytes;
+        uint64_t first = get_u64(slot);
+        uint64_t kind_turns = get_u64(slot + 8);
+        uint64_t nbytes = get_u64(slot + 16);
+        uint64_t msg_no = get_u64(slot + 24);
+        uint64_t kind = kind_turns & 0xFF;
+        uint64_t n_turns = kind_turns >> 8;
+        PyObject *payload = NULL;
+        if (first != turn) {
+            error = PyUnicode_FromFormat("record %llu starts at turn %llu, expected %llu",
+                                         (unsigned long long)rec_no, (unsigned long long)first,
+                                         (unsigned long long)turn);
+            break;
+        }
+        if (kind == KIND_MESSAGE) {
+            if (n_turns != 1 || nbytes > max_payload || nbytes > slot_bytes - SLOT_HEADER) {
+                error = PyUnicode_FromFormat("bad message record (%llu turns, %llu B)",
+                                             (unsigned long long)n_turns,
+                                             (unsigned long long)nbytes);
+                break;
+            }
+            payload = PyBytes_FromStringAndSize((const char *)slot + SLOT_HEADER,
+                                                (Py_ssize_t)nbytes);
+            if (payload == NULL)
+                goto fail;
+        }
+        else if (kind == KIND_DESCRIPTOR) {
+            if (n_turns != 1) {
+                error = PyUnicode_FromString("descriptor record must cover one turn");
+                break;
+            }
+        }
+        else if (kind == KIND_NULL) {
+            if (n_turns < 1 || n_turns > MAX_NULL_TURNS) {
+                error = PyUnicode_FromFormat("null record of %llu turns",
+                                             (unsigned long long)n_turns);
+                break;
+            }
+        }
+        else {
+            error = PyUnicode_FromFormat("unknown record kind %llu", (unsigned long long)kind);
+            break;
+        }
+        if (n_turns > MAX_TURN - turn) {
+            Py_XDECREF(payload);
+            error = PyUnicode_FromString("turn count passed 2**56");
+            break;
+        }
+        PyObject *rec = Py_BuildValue("(KKKKKN)", (unsigned long long)first,
+                                      (unsigned long long)kind, (unsigned long long)n_turns,
+                                      (unsigned long long)nbytes, (unsigned long long)msg_no,
+                                      payload ? payload : Py_NewRef(Py_None));
+        if (rec == NULL)
+            goto fail;
+        int rc = PyList_Append(records, rec);
+        Py_DECREF(rec);
+        if (rc < 0)
+            goto fail;
+        turn += n_turns;
+    }
+    if (error == NULL && PyErr_Occurred())
+        goto fail;
+    if (error == NULL)
+        error = Py_NewRef(Py_None);
+    result = Py_BuildValue("(NKN)", records, (unsigned long long)turn, error);
+    records = error = NULL;
+    goto done;
+fail:
+    Py_XDECREF(records);
+    Py_XDECREF(error);
+    records = error = NULL;
+done:
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* ------------------------------------------------------------------------ ring scan */
+
+static void
+ring_copy(unsigned char *dst, const unsigned char *data, uint64_t cap, uint64_t pos, uint64_t n)
+{
+    uint64_t i = pos % cap;
+    uint64_t first = n < cap - i ? n : cap - i;
+    memcpy(dst, data + i, (size_t)first);
+    if (n > first)
+        memcpy(dst + first, data, (size_t)(n - first));
+}
+
+/* ring_scan(data, tail, head, budget) -> (records, tail, error) */
+static PyObject *
+native_ring_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "ring_scan(data, tail, head, budget) takes 4 arguments");
+        return NULL;
+    }
+    uint64_t tail, head, budget;
+    if (arg_u64(args[1], "tail", &tail) < 0 || arg_u64(args[2], "head", &head) < 0 ||
+        arg_u64(args[3], "budget", &budget) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *records = NULL, *error = NULL, *result = NULL;
+    uint64_t cap = (uint64_t)view.len;
+    if (cap == 0 || cap % WORD || head < tail || head - tail > cap || tail % WORD ||
+        head % WORD) {
+        PyErr_SetString(PyExc_ValueError, "published range does not fit the ring");
+        goto done;
+    }
+    records = PyList_New(0);
+    if (records == NULL)
+        goto done;
+    const unsigned char *data = (const unsigned char *)view.buf;
+    uint64_t count = 0;
+    while (tail != head && count < budget) {
+        uint64_t avail = head - tail;
+        if (avail < RING_HEADER) {
+            error = PyUnicode_FromFormat("%llu bytes left, less than a record header",
+                                         (unsigned long long)avail);
+            break;
+        }
+        unsigned char hdr[RING_HEADER];
+        ring_copy(hdr, data, cap, tail, RING_HEADER);
+        uint32_t typ = get_u32(hdr);
+        uint32_t flags = get_u32(hdr + 4);
+        uint64_t a = get_u64(hdr + 8);
+        uint64_t b = get_u64(hdr + 16);
+        uint64_t length = get_u64(hdr + 24);
+        if (flags) {
+            error = PyUnicode_FromFormat("record flags 0x%x are not zero", (unsigned int)flags);
+            break;
+        }
+        if (length > avail - RING_HEADER ||
+            ((length + 7) & ~(uint64_t)7) > avail - RING_HEADER) {
+            error = PyUnicode_FromFormat("record of %llu bytes overruns published data",
+                                         (unsigned long long)length);
+            break;
+        }
+        uint64_t size = RING_HEADER + ((length + 7) & ~(uint64_t)7);
+        if (typ == R_PUSH) {
+            if (a >= U63 || b >= U63) {
+                error = PyUnicode_FromFormat("push view %llu / offset %llu out of range",
+                                             (unsigned long long)a, (unsigned long long)b);
+                break;
+            }
+        }
+        else if (typ != R_MSG) {
+            error = PyUnicode_FromFormat("unknown record type %u", (unsigned int)typ);
+            break;
+        }
+        PyObject *payload = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
+        if (payload == NULL)
+            goto fail;
+        if (length)
+            ring_copy((unsigned char *)PyBytes_AS_STRING(payload), data, cap,
+                      tail + RING_HEADER, length);
+        PyObject *rec = Py_BuildValue("(IKKN)", (unsigned int)typ, (unsigned long long)a,
+                                      (unsigned long long)b, payload);
+        if (rec == NULL)
+            goto fail;
+        int rc = PyList_Append(records, rec);
+        Py_DECREF(rec);
+        if (rc < 0)
+            goto fail;
+        tail += size;
+        count++;
+    }
+    if (error == NULL && PyErr_Occurred())
+        goto fail;
+    if (error == NULL)
+        error = Py_NewRef(Py_None);
+    result = Py_BuildValue("(NKN)", records, (unsigned long long)tail, error);
+    records = error = NULL;
+    goto done;
+fail:
+    Py_XDECREF(records);
+    Py_XDECREF(error);
+done:
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* ------------------------------------------------------------------------ module */
+
+static PyMethodDef native_methods[] = {
+    {"load_u64", (PyCFunction)(void (*)(void))native_load_u64, METH_FASTCALL,
+     "load_u64(buf, offset) -> int: the little-endian u64 at offset, loaded with acquire."},
+    {"store_u64", (PyCFunction)(void (*)(void))native_store_u64, METH_FASTCALL,
+     "store_u64(buf, offset, value): store a u64 at offset with release ordering."},
+    {"fence", native_fence, METH_NOARGS, "fence(): a full (sequentially consistent) fence."},
+    {"min_u64", (PyCFunction)(void (*)(void))native_min_u64, METH_FASTCALL,
+     "min_u64(buf, offsets, start) -> int: min of start and the words at offsets."},
+    {"frontier", native_frontier, METH_O,
+     "frontier(held) -> int: lowest seq not held, min over k of held[k] * n + k."},
+    {"turns_needed", (PyCFunction)(void (*)(void))native_turns_needed, METH_FASTCALL,
+     "turns_needed(my_index, seen) -> int: turns an idle sender must cover."},
+    {"scan_slots", (PyCFunction)(void (*)(void))native_scan_slots, METH_FASTCALL,
+     "scan_slots(buf, base, window, slot_bytes, lo, hi, turn, max_payload) -> "
+     "(records, turn, error): copy out and validate slot records lo..hi-1."},
+    {"ring_scan", (PyCFunction)(void (*)(void))native_ring_scan, METH_FASTCALL,
+     "ring_scan(data, tail, head, budget) -> (records, tail, error): parse and validate "
+     "up to budget shm ring records between tail and head."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    "derecho_async._native",
+    "Hot loops of derecho_async in C; see derecho_async/hotpath.py.",
+    -1,
+    native_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    PyObject *m = PyModule_Create(&native_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddStringConstant(m, "IMPLEMENTATION", "native") < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,360 @@
+"""The native hot path (derecho_async._native) against its pure-Python twin.
+
+Every function of the C extension is run on the same Hypothesis-generated inputs as the pure
+twin, and must return the same value or raise the same exception with the same message. The
+inputs include hostile buffer contents (bad record headers, lengths past the data, offsets
+outside the buffer), which the C code must refuse exactly as the twin does.
+
+A separate test fails when the normal install did not build the extension, so a build that
+silently fell back to pure Python cannot pass CI (set DERECHO_ASYNC_ALLOW_NO_NATIVE=1 to run the
+suite on a machine without a C compiler).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from derecho_async import _hotpath_pure as pure
+from derecho_async import hotpath
+
+native: ModuleType | None
+try:
+    from derecho_async import _native as native
+except ImportError:  # pragma: no cover - only on installs without a compiler
+    native = None
+
+needs_native = pytest.mark.skipif(native is None, reason="derecho_async._native is not built")
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+U64 = 1 << 64
+ints = st.one_of(
+    st.integers(-3, 300),
+    st.integers(0, U64 + 3),
+    st.sampled_from([U64 - 1, U64, 1 << 56, (1 << 56) + 1, 1 << 63, -1]),
+)
+
+
+def outcome(fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn(*args)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+
+
+def same(name: str, *args: Any) -> tuple[str, Any]:
+    assert native is not None
+    want = outcome(getattr(pure, name), *args)
+    got = outcome(getattr(native, name), *args)
+    assert got == want, f"{name}{args!r}: native {got!r}, pure {want!r}"
+    return want
+
+
+# -- installation and selection ---------------------------------------------------------------
+
+
+def test_the_normal_install_built_the_native_module() -> None:
+    if os.environ.get("DERECHO_ASYNC_ALLOW_NO_NATIVE", "") not in ("", "0"):
+        pytest.skip("DERECHO_ASYNC_ALLOW_NO_NATIVE is set")
+    spec = importlib.util.find_spec("derecho_async._native")
+    assert spec is not None, (
+        "derecho_async._native was not built by the install (is a C compiler available?)"
+    )
+    assert native is not None and native.IMPLEMENTATION == "native"
+
+
+def _selected(env_value: str | None) -> str:
+    env = dict(os.environ)
+    env.pop("DERECHO_ASYNC_PURE_PYTHON", None)
+    if env_value is not None:
+        env["DERECHO_ASYNC_PURE_PYTHON"] = env_value
+    out = subprocess.run(
+        [sys.executable, "-c", "from derecho_async import hotpath; print(hotpath.IMPLEMENTATION)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+@needs_native
+def test_selection_follows_the_environment() -> None:
+    assert _selected(None) == "native"
+    assert _selected("0") == "native"
+    assert _selected("1") == "pure"
+    assert ("pure" if hotpath.REQUESTED_PURE else "native") == hotpath.IMPLEMENTATION
+
+
+def test_both_twins_have_the_same_api() -> None:
+    names = set(hotpath.__all__) - {"REQUESTED_PURE"}
+    for name in names:
+        assert hasattr(pure, name), name
+        if native is not None:
+            assert hasattr(native, name), name
+    if native is not None:
+        public = {n for n in dir(native) if not n.startswith("_")}
+        assert public == names
+
+
+# -- words ------------------------------------------------------------------------------------
+
+
+@needs_native
+@SETTINGS
+@given(st.binary(max_size=80), st.integers(-20, 100))
+def test_load_u64(data: bytes, offset: int) -> None:
+    kind, value = same("load_u64", data, offset)
+    if kind == "ok":
+        assert value == int.from_bytes(data[offset : offset + 8], "little")
+    same("load_u64", memoryview(bytearray(data)), offset)
+
+
+@needs_native
+@SETTINGS
+@given(st.binary(max_size=80), st.integers(-20, 100), ints)
+def test_store_u64(data: bytes, offset: int, value: int) -> None:
+    assert native is not None
+    a, b = bytearray(data), bytearray(data)
+    want = outcome(pure.store_u64, a, offset, value)
+    got = outcome(native.store_u64, b, offset, value)
+    assert got == want
+    assert a == b
+    if want[0] == "ok":
+        assert pure.load_u64(a, offset) == value
+
+
+@needs_native
+def test_store_refuses_read_only_buffers_and_fence_runs() -> None:
+    assert native is not None
+    assert same("store_u64", b"\0" * 16, 0, 1) == ("TypeError", "buffer is not writable")
+    native.fence()
+    pure.fence()
+
+
+@needs_native
+@SETTINGS
+@given(st.binary(max_size=96), st.lists(st.integers(-10, 100), max_size=8), ints)
+def test_min_u64(data: bytes, offsets: list[int], start: int) -> None:
+    kind, value = same("min_u64", data, offsets, start)
+    if kind == "ok":
+        words = [int.from_bytes(data[o : o + 8], "little") for o in offsets]
+        assert value == min([start, *words])
+
+
+# -- ordering maths ---------------------------------------------------------------------------
+
+turn_lists = st.lists(
+    st.one_of(st.integers(0, 1000), st.integers(-2, (1 << 56) + 2)), min_size=0, max_size=70
+)
+
+
+@needs_native
+@SETTINGS
+@given(turn_lists)
+def test_frontier(held: list[int]) -> None:
+    from derecho_async.core.ordering import frontier as reference
+
+    kind, value = same("frontier", held)
+    if kind == "ok":
+        assert value == reference(held)
+
+
+@needs_native
+@SETTINGS
+@given(st.integers(-2, 70), turn_lists)
+def test_turns_needed(my_index: int, seen: list[int]) -> None:
+    from derecho_async.core.ordering import turns_needed as reference
+
+    kind, value = same("turns_needed", my_index, seen)
+    if kind == "ok":
+        assert value == reference(my_index, seen)
+
+
+# -- slot scan --------------------------------------------------------------------------------
+
+field = st.one_of(st.integers(0, 12), st.integers(0, U64 - 1))
+kinds = st.one_of(st.sampled_from([1, 2, 3]), st.integers(0, 255))
+n_turns = st.one_of(st.just(1), st.integers(0, 5), st.sampled_from([1 << 40, (1 << 40) + 1]))
+
+
+@st.composite
+def slot_rings(draw: st.DrawFn) -> tuple[bytes, tuple[int, ...]]:
+    window = draw(st.integers(1, 5))
+    slot_bytes = 32 + 8 * draw(st.integers(0, 4))
+    base = 8 * draw(st.integers(0, 3))
+    buf = bytearray(base + window * slot_bytes + 8 * draw(st.integers(0, 2)))
+    turn = draw(st.one_of(st.integers(0, 4), st.just((1 << 56) - 2)))
+    lo = draw(st.integers(0, 20))
+    hi = lo + draw(st.integers(0, window + 1))
+    t = turn
+    for rec_no in range(lo, min(hi, lo + window)):
+        off = base + (rec_no % window) * slot_bytes
+        valid = draw(st.booleans()) or draw(st.booleans())
+        kind = draw(st.sampled_from([1, 2, 3])) if valid else draw(kinds)
+        turns = 1 if valid and kind != 3 else draw(n_turns)
+        nbytes = draw(st.integers(0, slot_bytes - 32)) if valid else draw(field)
+        first = t if valid else draw(st.one_of(st.just(t), field))
+        msg_no = draw(field)
+        struct.pack_into("<4Q", buf, off, first, (kind | turns << 8) % U64, nbytes, msg_no)
+        body = draw(st.binary(min_size=slot_bytes - 32, max_size=slot_bytes - 32))
+        buf[off + 32 : off + slot_bytes] = body
+        t += max(turns, 0)
+    max_payload = draw(st.integers(0, 40))
+    if draw(st.integers(0, 9)) == 0:  # occasionally arguments that do not describe a ring
+        base = draw(st.integers(0, len(buf) + 16))
+        slot_bytes = draw(st.integers(0, 64))
+        window = draw(st.integers(0, 6))
+    return bytes(buf), (base, window, slot_bytes, lo, hi, turn, max_payload)
+
+
+@needs_native
+@SETTINGS
+@given(slot_rings())
+def test_scan_slots(ring: tuple[bytes, tuple[int, ...]]) -> None:
+    buf, args = ring
+    kind, value = same("scan_slots", buf, *args)
+    same("scan_slots", memoryview(bytearray(buf)), *args)
+    if kind == "ok":
+        records, _turn, error = value
+        lo, hi = args[3], args[4]
+        assert len(records) <= hi - lo
+        assert (error is None) == (len(records) == hi - lo)
+
+
+# -- ring scan --------------------------------------------------------------------------------
+
+
+@st.composite
+def rings(draw: st.DrawFn) -> tuple[bytearray, int, int, int]:
+    cap = 8 * draw(st.integers(4, 40))
+    data = bytearray(draw(st.binary(min_size=cap, max_size=cap)))
+    tail = 8 * draw(st.integers(0, 3 * cap // 8))
+    pos = tail
+    for _ in range(draw(st.integers(0, 5))):
+        length = draw(st.integers(0, 40))
+        padded = (length + 7) & ~7
+        if pos + 32 + padded - tail > cap:
+            break
+        good = draw(st.booleans()) or draw(st.booleans())
+        typ = draw(st.sampled_from([1, 2])) if good else draw(st.integers(0, 4))
+        flags = 0 if good else draw(st.sampled_from([0, 1, 0x80000000]))
+        a = draw(st.integers(0, 5)) if good else draw(field)
+        b = draw(st.integers(0, 5)) if good else draw(field)
+        hdr = struct.pack("<IIQQQ", typ, flags, a, b, length if good else draw(field))
+        for i, byte in enumerate(hdr + draw(st.binary(min_size=padded, max_size=padded))):
+            data[(pos + i) % cap] = byte
+        pos += 32 + padded
+    head = pos if draw(st.integers(0, 5)) else tail + 8 * draw(st.integers(0, cap // 8 + 1))
+    budget = draw(st.one_of(st.just(1024), st.integers(0, 6)))
+    return data, tail, head, budget
+
+
+@needs_native
+@SETTINGS
+@given(rings())
+def test_ring_scan(ring: tuple[bytearray, int, int, int]) -> None:
+    data, tail, head, budget = ring
+    kind, value = same("ring_scan", data, tail, head, budget)
+    same("ring_scan", memoryview(data), tail, head, budget)
+    if kind == "ok":
+        records, new_tail, error = value
+        assert tail <= new_tail <= head
+        assert len(records) <= budget
+        if error is None:
+            assert new_tail == head or len(records) == budget
+
+
+@needs_native
+def test_ring_scan_refuses_examples() -> None:
+    cap = 64
+    data = bytearray(cap)
+    struct.pack_into("<IIQQQ", data, 0, 1, 0, 1, 2, 1000)
+    assert same("ring_scan", data, 0, 40, 10)[1] == (
+        [],
+        0,
+        "record of 1000 bytes overruns published data",
+    )
+    struct.pack_into("<IIQQQ", data, 0, 9, 0, 1, 2, 0)
+    assert same("ring_scan", data, 0, 32, 10)[1] == ([], 0, "unknown record type 9")
+    struct.pack_into("<IIQQQ", data, 0, 1, 3, 1, 2, 0)
+    assert same("ring_scan", data, 0, 32, 10)[1] == ([], 0, "record flags 0x3 are not zero")
+    struct.pack_into("<IIQQQ", data, 0, 1, 0, 1 << 63, 2, 0)
+    assert same("ring_scan", data, 0, 32, 10)[1][2] == f"push view {1 << 63} / offset 2 out of range"
+    assert same("ring_scan", data, 0, 72, 10)[0] == "ValueError"
+
+
+# -- words shared between processes -----------------------------------------------------------
+
+_A, _B = 0x00000000000000FF, 0x0000000000000100  # differ in two bytes: a torn word is neither
+
+
+def _read_words(path: str, impl: str, seconds: float, q: Any) -> None:
+    import mmap
+    import time
+
+    mod = importlib.import_module(f"derecho_async.{impl}")
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 4096)
+    words = memoryview(mm)
+    torn = reads = 0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(1000):
+            v = mod.load_u64(words, 64)
+            if v != _A and v != _B:
+                torn += 1
+        reads += 1000
+    words.release()
+    mm.close()
+    q.put((torn, reads))
+
+
+@pytest.mark.parametrize("impl", ["_hotpath_pure", "_native"])
+def test_a_word_stored_by_one_process_is_never_seen_torn_by_another(
+    impl: str, tmp_path: Any
+) -> None:
+    """A ring counter is stored by one process and loaded by another: each load must see a
+    whole word (struct's little-endian packer, which stores byte by byte, fails this)."""
+    import mmap
+    import multiprocessing
+    import time
+
+    if impl == "_native" and native is None:
+        pytest.skip("derecho_async._native is not built")
+    mod = importlib.import_module(f"derecho_async.{impl}")
+    path = str(tmp_path / "word")
+    with open(path, "w+b") as f:
+        f.truncate(4096)
+        mm = mmap.mmap(f.fileno(), 4096)
+    words = memoryview(mm)
+    mod.store_u64(words, 64, _A)
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    reader = ctx.Process(target=_read_words, args=(path, impl, 0.6, q))
+    reader.start()
+    try:
+        end = time.perf_counter() + 8.0
+        while reader.is_alive() and time.perf_counter() < end:
+            for _ in range(500):
+                mod.store_u64(words, 64, _B)
+                mod.store_u64(words, 64, _A)
+        torn, reads = q.get(timeout=10)
+    finally:
+        reader.join(5)
+        if reader.is_alive():
+            reader.kill()
+        words.release()
+        mm.close()
+    assert reads > 0
+    assert torn == 0, f"{torn} of {reads} loads saw a torn word"
