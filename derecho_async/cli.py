@@ -346,14 +346,26 @@ def cmd_member(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from derecho_async.transport.shm import SHM_DIR
+    from derecho_async.transport.shm import _PREFIX, SHM_DIR
 
-    names = sorted(f for f in os.listdir(SHM_DIR) if f.startswith("da-"))
-    if not names:
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for name in sorted(os.listdir(SHM_DIR)):
+        if not name.startswith(_PREFIX):
+            continue
+        group = name[len(_PREFIX):].split(".", 1)[0]
+        try:
+            size = os.stat(os.path.join(SHM_DIR, name)).st_size
+        except FileNotFoundError:  # removed while we looked
+            continue
+        groups.setdefault(group, []).append((name, size))
+    if not groups:
         print("no derecho_async shared-memory segments on this host")
         return 0
-    for name in names:
-        print(name)
+    for group, segs in groups.items():
+        total = sum(size for _, size in segs)
+        print(f"group {group}: {len(segs)} segments, {total / (1 << 20):.1f} MiB")
+        for name, size in segs:
+            print(f"  {name}  {size} bytes")
     return 0
 
 

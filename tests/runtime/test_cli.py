@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import derecho_async as da
 from derecho_async.transport.shm import ShmTransport
@@ -71,3 +74,23 @@ def test_the_readme_example_runs() -> None:
     assert r.stdout.count("answered by [0, 1, 2]") == 3
     logs = set(re.findall(r"log (\[[^\]]*\])", r.stdout))
     assert len(logs) == 1  # the same first three entries, in the same order, everywhere
+
+
+def test_status_lists_a_groups_shared_memory_segments(capsys: pytest.CaptureFixture[str]) -> None:
+    from multiprocessing import shared_memory
+
+    from derecho_async.cli import main
+    from derecho_async.transport.shm import _PREFIX
+
+    group = f"statustest{os.getpid()}"
+    seg = shared_memory.SharedMemory(name=f"{_PREFIX}{group}.0.1", create=True, size=8192)
+    try:
+        assert main(["status"]) == 0
+        out = capsys.readouterr().out
+        assert f"group {group}: 1 segments" in out
+        assert f"{_PREFIX}{group}.0.1" in out
+    finally:
+        seg.close()
+        seg.unlink()
+    assert main(["status"]) == 0
+    assert group not in capsys.readouterr().out
