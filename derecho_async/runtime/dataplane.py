@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -381,6 +382,8 @@ class RecvBuffers:
         self.min_bytes = min_bytes
         self.keep_bytes = keep_bytes
         self._free: dict[int, list[Any]] = {}
+        # finalizers run in whichever thread drops the last view (a CUDA callback thread too)
+        self._lock = threading.Lock()
         self.kept = 0  # bytes of free buffers held
         self.created = 0  # mappings made (statistics, tests)
 
@@ -396,11 +399,12 @@ class RecvBuffers:
         # size classes an eighth of a power of two apart: at most 12.5% over what is asked
         step = 1 << max(12, (nbytes - 1).bit_length() - 3)
         size = (nbytes + step - 1) // step * step
-        free = self._free.get(size)
-        if free:
-            mm = free.pop()
-            self.kept -= size
-        else:
+        with self._lock:
+            free = self._free.get(size)
+            mm = free.pop() if free else None
+            if mm is not None:
+                self.kept -= size
+        if mm is None:
             flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20)
             flags |= getattr(mmap, "MAP_POPULATE", 0)
             mm = mmap.mmap(-1, size, flags=flags)
@@ -410,9 +414,10 @@ class RecvBuffers:
         return base
 
     def _give_back(self, size: int, mm: Any) -> None:
-        if self.kept + size <= self.keep_bytes:
-            self._free.setdefault(size, []).append(mm)
-            self.kept += size
+        with self._lock:
+            if self.kept + size <= self.keep_bytes:
+                self._free.setdefault(size, []).append(mm)
+                self.kept += size
 
 
 def read_flat(
