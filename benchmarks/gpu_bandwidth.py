@@ -56,11 +56,29 @@ def _in_flight(size: int) -> int:
 
 
 async def bench_member(config: da.Config) -> None:
+
+
+    sizes = [int(s) for s in os.environ["DA_BENCH_SIZES"].split(",")]
+    profile_dir = os.environ.get("DA_BENCH_PROFILE")
+    if profile_dir:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            await _bench_member(config, sizes)
+        finally:
+            prof.disable()
+            prof.dump_stats(f"{profile_dir}/member{config.member_id}.prof")
+    else:
+        await _bench_member(config, sizes)
+
+
+async def _bench_member(config: da.Config, sizes: list[int]) -> None:
     import asyncio
 
     import cupy
 
-    sizes = [int(s) for s in os.environ["DA_BENCH_SIZES"].split(",")]
     async with da.Group(config, actors=[Sink]) as group:
         sink = group.subgroup(Sink)
         if config.member_id != 0:
@@ -149,7 +167,13 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+",
                         default=["4K", "64K", "1M", "16M", "64M", "256M", "1G"])
     parser.add_argument("--out", default=".")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="profile every member (cProfile) and print the top entries of "
+                        "members 0 and 1")
     args = parser.parse_args()
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+        os.environ["DA_BENCH_PROFILE"] = os.path.abspath(args.profile)
     sizes = [_parse_size(s) for s in args.sizes]
     raw = {size: raw_copy_gbps(size) for size in sizes}
     rows: list[tuple[int, int, float, float]] = []
@@ -176,6 +200,14 @@ def main() -> None:
                   f"{staged:>9.2f} {staged / raw[size]:>6.3f}", flush=True)
         if n == args.members[0]:
             latencies = r["latency"]
+    if args.profile:
+        import pstats
+
+        for m in (0, 1):
+            path = Path(args.profile) / f"member{m}.prof"
+            if path.exists():
+                print(f"\nprofile of member {m} ({args.members[-1]} members; own time)")
+                pstats.Stats(str(path)).sort_stats("tottime").print_stats(18)
     print(f"\nsmall-message latency, closed loop, {args.members[0]} members (µs)")
     for mode, lat in latencies.items():
         lat = sorted(lat)

@@ -19,7 +19,8 @@ and length within the segment, event index, dtype, element count). For each arra
 takes a region of its *own* pool, makes its stream wait on the sender's event, and issues a
 device-to-device copy (a peer copy when the sender's GPU is another one), then records a local
 event. Completion is noticed without blocking the loop: while copies complete the loop polls the
-events (``call_soon``, for up to 2 ms after the last completion); past that, one host-function
+events (``call_soon``, for up to 2 ms after the last completion, or what
+``DERECHO_ASYNC_GPU_BUSY_POLL_US`` says); past that, one host-function
 callback on the stream wakes the loop when the queued work is done (a callback per copy would
 stall the stream whenever the loop holds the GIL). The loop then rebuilds arrays of the same kind (CuPy
 arrays, torch tensors through DLPack) over the copied regions and lands the message: only then
@@ -46,6 +47,7 @@ import asyncio
 import bisect
 import collections
 import logging
+import os
 import threading
 import time
 import weakref
@@ -82,7 +84,19 @@ _EVENT_BATCH = 64
 _CUDA_MEMCPY_DEFAULT = 4
 _IPC_LAZY_PEER_ACCESS = 1
 _EVENT_FLAGS = 0x2 | 0x4  # cudaEventDisableTiming | cudaEventInterprocess
-_BUSY_POLL_S = 0.002  # spin on completions this long after the last one, then sleep
+
+def _busy_poll_s() -> float:
+    """How long to spin on completions after the last one before sleeping (seconds): 2 ms, or
+    ``DERECHO_ASYNC_GPU_BUSY_POLL_US`` microseconds (0: never spin, always wake by callback)."""
+    raw = os.environ.get("DERECHO_ASYNC_GPU_BUSY_POLL_US", "")
+    try:
+        us = float(raw) if raw else 2000.0
+    except ValueError:
+        us = -1.0
+    if not 0.0 <= us <= 1e6:
+        log.warning("ignoring DERECHO_ASYNC_GPU_BUSY_POLL_US=%r: not 0 to 1e6", raw)
+        us = 2000.0
+    return us / 1e6
 
 
 def gpu_available() -> bool:
@@ -349,6 +363,7 @@ class IpcPlane:
         self._spare_events: list[int] = []
         self._poll_handle: asyncio.Handle | None = None
         self._busy_since = 0.0
+        self._busy_poll_s = _busy_poll_s()
         self._host_wakeup_armed = False
         self._grow_events()
 
@@ -662,7 +677,7 @@ class IpcPlane:
             return
         loop = self._loop or asyncio.get_running_loop()
         self._loop = loop
-        if time.monotonic() - self._busy_since < _BUSY_POLL_S:
+        if time.monotonic() - self._busy_since < self._busy_poll_s:
             self._poll_handle = loop.call_soon(self._on_poll)
         elif not self._host_wakeup_armed:
             # a long copy: stop spinning, let the stream wake us once all queued work is done

@@ -159,8 +159,11 @@ async def killed_mid_transfer(config: da.Config) -> None:
             calls = []
             for i in range(8):
                 x = cupy.full((size,), float(i + 1), dtype=cupy.float32)
+                if i < 2:  # these two complete everywhere before the stream that dies
+                    await chk.put(x, f"v-{i}", float(i + 1))
+                    continue
                 calls.append(asyncio.ensure_future(chk.put(x, f"v-{i}", float(i + 1))))
-                if i == 3:
+                if i == 5:
                     await asyncio.sleep(0)  # let descriptors go out, then die mid-stream
                     os.kill(os.getpid(), signal.SIGKILL)
             await asyncio.sleep(60)

@@ -88,4 +88,6 @@ def test_sender_sigkilled_mid_transfer_leaves_survivors_consistent(
                for m in range(members - 1)]
     assert len({r["digest"] for r in results}) == 1, "survivors delivered different sequences"
     assert all(r["bad"] == 0 for r in results), "a delivered array held the wrong bytes"
-    print("victim messages delivered:", results[0]["victim_msgs"], "of 8")
+    # the two calls it completed before the stream are delivered; the rest all-or-nothing
+    assert 2 <= results[0]["victim_msgs"] <= 6
+    print("victim messages delivered:", results[0]["victim_msgs"], "of the 6 it sent")
