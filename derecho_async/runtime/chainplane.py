@@ -16,8 +16,12 @@ Frames (channel messages)::
     [BLOCK, view_id, origin, msg_no, index, count, total, head, block]
 
 ``head`` is non-empty in block 0 only: msgpack ``[chain, meta, block_size]``. A receiver checks
-every header before using it: block 0 opens an assembly (the chain is distinct ids, holds this
-member but not the origin, and the frame came from this member's predecessor; the meta's layout
+every header before using it: block 0 opens an assembly (the chain is distinct ids in the order
+every sender uses, members of the view with the origin, holds this member but not the origin,
+and the frame came from this member's predecessor, so no member can inject a message of another
+origin ahead of itself in that origin's chain; relays are trusted with what they forward, as in
+any chain; the view is at most one ahead of the installed one; at most ``_MAX_ASSEMBLIES`` are
+open per origin, and the receive buffer is taken only once all of this checked out; the meta's layout
 is exactly ``total`` bytes; ``count`` and every block length follow from ``total`` and
 ``block_size``); every later block must come from the same predecessor, in order, with the same
 ``count`` and ``total``. Anything else is a :class:`ProtocolViolation` (the driver drops the
@@ -69,7 +73,8 @@ _PACE_BYTES = 4 << 20
 _MIN_BLOCK = 4096
 _MAX_BLOCK = 64 << 20
 _MAX_CHAIN = 4096
-_MAX_ASSEMBLIES = 256  # messages being assembled at once, over all senders
+_MAX_ASSEMBLIES = 1024  # messages of one origin being assembled at once
+_MAX_TOTAL = (1 << 30) + (64 << 20)  # a payload's flat bytes: 1 GiB of data plus its layout
 
 
 def chain_order(sender: int, targets: tuple[int, ...]) -> list[int]:
@@ -85,6 +90,7 @@ class _Assembly:
     block_size: int
     count: int
     total: int
+    chain: tuple[int, ...]
     next: int = 0
     parts: list[bytes] = field(default_factory=list)  # plain payloads: joined at the end
     buf: Any = None  # calls: a uint8 array from RecvBuffers, blocks copied in place
@@ -116,6 +122,8 @@ class ChainPlane:
         self._pumps: set[asyncio.Task[None]] = set()
         self.buffers = RecvBuffers()
         self._view_id = -1
+        self._members: frozenset[int] = frozenset()
+        self._open_per_origin: dict[int, int] = {}
 
     # -- sending -------------------------------------------------------------------------------
     def start(self, key: Key, payload: object, targets: tuple[int, ...]) -> bool:
@@ -188,8 +196,17 @@ class ChainPlane:
     def on_event(self, event: object) -> None:
         if isinstance(event, ViewInstalled):
             self._view_id = vid = event.view.view_id
+            self._members = frozenset(event.view.members)
             for key in [k for k in self.assemblies if k[0] < vid]:
-                del self.assemblies[key]
+                self._forget(key)
+
+    def _forget(self, key: Key) -> None:
+        del self.assemblies[key]
+        left = self._open_per_origin[key[1]] - 1
+        if left:
+            self._open_per_origin[key[1]] = left
+        else:
+            del self._open_per_origin[key[1]]
 
     # -- receiving -----------------------------------------------------------------------------
     def receive(self, sender: int, msg: list[Any], raw: bytes) -> None:
@@ -199,11 +216,22 @@ class ChainPlane:
         if index == 0:
             if st is not None:
                 raise ProtocolViolation(f"block 0 of {key} arrived twice")
+            if view_id > self._view_id + 1:
+                raise ProtocolViolation(f"block of view {view_id} in view {self._view_id}")
             st = self._open(sender, origin, count, total, head)
+            if view_id == self._view_id and not ({origin, *st.chain} <= self._members):
+                raise ProtocolViolation(f"block chain {st.chain} of {origin} outside the view")
             if view_id < self._view_id:
                 st = None  # a message of an old view: nobody needs it any more
-            elif len(self.assemblies) >= _MAX_ASSEMBLIES:
-                raise ProtocolViolation(f"more than {_MAX_ASSEMBLIES} large messages at once")
+            elif self._open_per_origin.get(origin, 0) >= _MAX_ASSEMBLIES:
+                raise ProtocolViolation(
+                    f"more than {_MAX_ASSEMBLIES} large messages of {origin} at once"
+                )
+            elif not st.layout.plain:
+                try:  # only now, with every header checked
+                    st.buf = self.buffers.take(total)
+                except (OSError, MemoryError, OverflowError) as exc:
+                    raise ProtocolViolation(f"no buffer for {total} bytes: {exc!r}") from exc
         else:
             if st is None:
                 if view_id < self._view_id:
@@ -224,6 +252,7 @@ class ChainPlane:
             raise ProtocolViolation(f"block {index} of {key} has {len(block)} bytes, not {want}")
         if index == 0:
             self.assemblies[key] = st
+            self._open_per_origin[origin] = self._open_per_origin.get(origin, 0) + 1
         if st.successor is not None:
             self._send(st.successor, raw)
         if st.buf is not None:
@@ -233,7 +262,7 @@ class ChainPlane:
             st.parts.append(block)
         st.next = index + 1
         if st.next == st.count:
-            del self.assemblies[key]
+            self._forget(key)
             if st.buf is not None:
                 payload = read_flat(st.layout, None, owned=st.buf)
             else:
@@ -256,8 +285,13 @@ class ChainPlane:
             or len(set(chain)) != len(chain)
             or origin in chain
             or self.member_id not in chain
+            or chain != chain_order(origin, tuple(chain))
         ):
+            # the order is the one every sender uses, so a member can only ever be fed by the
+            # member just before it in its origin's chain
             raise ProtocolViolation(f"bad block chain {chain!r:.200}")
+        if type(total) is not int or not 0 < total <= _MAX_TOTAL:
+            raise ProtocolViolation(f"block head announces {total!r} bytes")
         if type(bs) is not int or not _MIN_BLOCK <= bs <= _MAX_BLOCK:
             raise ProtocolViolation(f"bad block size {bs!r}")
         layout = flat_layout(meta, limit=total)
@@ -270,13 +304,11 @@ class ChainPlane:
         if sender != predecessor:
             raise ProtocolViolation(f"block 0 from {sender}, the chain says {predecessor}")
         successor = chain[pos + 1] if pos + 1 < len(chain) else None
-        st = _Assembly(predecessor, successor, layout, bs, count, total)
-        if not layout.plain:
-            st.buf = self.buffers.take(total)
-        return st
+        return _Assembly(predecessor, successor, layout, bs, count, total, tuple(chain))
 
     def close(self) -> None:
         self.assemblies.clear()
+        self._open_per_origin.clear()
         for task in self._pumps:
             task.cancel()
         self._pumps.clear()

@@ -324,6 +324,12 @@ def _block_frames(chain_targets: tuple[int, ...], nbytes: int) -> list[list[Any]
 def test_hostile_blocks_are_protocol_violations() -> None:
     import msgpack
 
+    from derecho_async.core import View, ViewInstalled
+
+    def in_view(plane: ChainPlane) -> ChainPlane:
+        plane.on_event(ViewInstalled(View(2, (0, 1, 2, 3)), (), (), True))
+        return plane
+
     good = _block_frames((1, 2), 10_000)  # 3 blocks of 4096, 4096, 1808
     assert [b[4] for b in good] == [0, 1, 2] and len(good[2][8]) == 1808
     head = msgpack.unpackb(good[0][7])
@@ -356,11 +362,16 @@ def test_hostile_blocks_are_protocol_violations() -> None:
         ("block 0 twice", 0, [good[0], good[0]]),
         ("later block with a head", 0, [good[0], [*good[1][:7], good[0][7], good[1][8]]]),
         ("later block changes the total", 0, [good[0], [*good[1][:6], 10_001, *good[1][7:]]]),
+        ("chain not in its origin's order", 3, [b0(origin=0, head=with_head([3, 1, 2], head[1], 4096))]),
+        ("another member's message injected", 3, [b0(origin=0, head=with_head([3, 1], head[1], 4096))]),
+        ("chain member outside the view", 0, [b0(head=with_head([1, 7], head[1], 4096))]),
+        ("a view far ahead", 0, [b0(view=9)]),
+        ("a huge total", 0, [b0(total=1 << 40, count=(1 << 40) // 4096)]),
     ]
     for why, frm, frames in cases:
         landed: list[object] = []
         relayed: list[int] = []
-        plane = ChainPlane(1, lambda to, f, r=relayed: r.append(to), lambda k, p, ld=landed: ld.append(p))
+        plane = in_view(ChainPlane(1, lambda to, f, r=relayed: r.append(to), lambda k, p, ld=landed: ld.append(p)))
         with pytest.raises(da.ProtocolViolation):
             for f in frames:
                 plane.receive(frm, f, b"raw")
@@ -369,7 +380,7 @@ def test_hostile_blocks_are_protocol_violations() -> None:
     # the genuine frames: member 1 relays each to 2 and lands the payload
     landed = []
     relayed = []
-    plane = ChainPlane(1, lambda to, f: relayed.append(to), lambda k, p: landed.append(p))
+    plane = in_view(ChainPlane(1, lambda to, f: relayed.append(to), lambda k, p: landed.append(p)))
     for f in good:
         plane.receive(0, f, b"raw")
     assert relayed == [2, 2, 2] and landed == [b"\x07" * 10_000]
@@ -377,11 +388,11 @@ def test_hostile_blocks_are_protocol_violations() -> None:
     single = _block_frames((1, 2, 3), 4096)
     assert [msgpack.unpackb(f[7])[0] for f in single] == [[1], [2], [3]]
     one: list[object] = []
-    plane = ChainPlane(2, lambda to, f: relayed.append(to), lambda k, p: one.append(p))
+    plane = in_view(ChainPlane(2, lambda to, f: relayed.append(to), lambda k, p: one.append(p)))
     plane.receive(0, single[1], b"raw")
     assert one == [b"\x07" * 4096]
     tail: list[object] = []
-    last = ChainPlane(2, lambda to, f: relayed.append(to), lambda k, p: tail.append(p))
+    last = in_view(ChainPlane(2, lambda to, f: relayed.append(to), lambda k, p: tail.append(p)))
     with pytest.raises(da.ProtocolViolation):
         last.receive(0, good[0], b"raw")  # 2's predecessor is 1, not the origin
     for f in good:
