@@ -49,7 +49,7 @@ from derecho_async.errors import (
     UsageError,
 )
 from derecho_async.runtime import envelope as env
-from derecho_async.runtime.dataplane import OutOfBand
+from derecho_async.runtime.dataplane import MAX_ARRAYS, OutOfBand
 from derecho_async.runtime.driver import Driver
 from derecho_async.runtime.runner import SerialRunner
 from derecho_async.transport.base import Transport
@@ -381,6 +381,9 @@ class Group:
         call = codec.encode_call(f"{spec.name}.{method}", args, kwargs, buffers=arrays)
         core = driver.core
         assert core is not None
+        if len(arrays) > MAX_ARRAYS:
+            raise UsageError(f"an ordered call carries at most {MAX_ARRAYS} arrays, not "
+                             f"{len(arrays)}: pack them into fewer")
         if arrays:  # arrays travel out of band, on the data plane
             oob = OutOfBand(call, tuple(arrays))
             msg_no = core.submit(spec.name, oob, nbytes=oob.nbytes)
@@ -559,8 +562,28 @@ class Group:
         driver = self._driver
         if driver is None or self._closed is not None:
             return
+        send = driver.transport.send
         for caller, items in outbox.items():
-            driver.transport.send(caller, env.encode(env.REPLIES, items))
+            # items is [msg_no, ok, body, ...]: one frame per caller, split where the bodies
+            # add up to _REPLIES_BYTES, so a batch of large results never makes one huge frame
+            start, size = 0, 0
+            for i in range(2, len(items), 3):
+                size += len(items[i])  # type: ignore[arg-type]
+                if size >= _REPLIES_BYTES or i + 1 == len(items):
+                    self._send_replies(send, caller, items[start : i + 1])
+                    start, size = i + 1, 0
+
+    def _send_replies(self, send: Callable[[int, bytes], None], caller: int,
+                      items: list[object]) -> None:
+        try:
+            send(caller, env.encode(env.REPLIES, items))
+        except (UsageError, ValueError, OverflowError) as exc:  # e.g. a result over the frame limit
+            log.warning("member %d: replies to %d could not be sent (%s): sending errors",
+                        self.member_id, caller, exc)
+            failed: list[object] = []
+            for i in range(0, len(items), 3):
+                failed += [items[i], False, _encode_error(exc)]
+            send(caller, env.encode(env.REPLIES, failed))
 
     def _on_view(self, ev: ViewInstalled) -> None:
         if ev.state is not None:
@@ -647,6 +670,7 @@ class Group:
 
 
 _NIL = b"\xc0"  # msgpack None: the result of most handlers
+_REPLIES_BYTES = 16 << 20  # result bytes in one REPLIES frame, at most (about)
 
 
 def _encode_error(exc: object) -> bytes:

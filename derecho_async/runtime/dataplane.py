@@ -37,6 +37,7 @@ from derecho_async.codec import DTYPES
 from derecho_async.errors import ProtocolViolation
 
 __all__ = [
+    "MAX_ARRAYS",
     "ArrayInfo",
     "FlatLayout",
     "HostStagingPlane",
@@ -52,7 +53,8 @@ __all__ = [
 
 log = logging.getLogger("derecho_async.dataplane")
 
-_MAX_ARRAYS = 4096
+MAX_ARRAYS = 4096  # arrays in one call (a ProtocolViolation beyond: check before sending)
+_MAX_ARRAYS = MAX_ARRAYS
 _PLAIN = 0
 _CALL = 1
 
@@ -241,7 +243,9 @@ class HostStagingPlane:
             if not (isinstance(spec, list) and len(spec) == 4):
                 raise ProtocolViolation("array spec must be [lib, dtype, shape, bytes]")
             lib, dtype, shape, raw = spec
-            if lib not in ("numpy", "cupy", "torch", "cuda") or dtype not in DTYPES:
+            if not (isinstance(lib, str) and isinstance(dtype, str)) or (
+                lib not in ("numpy", "cupy", "torch", "cuda") or dtype not in DTYPES
+            ):
                 raise ProtocolViolation(f"array of lib {lib!r} dtype {dtype!r}")
             if not isinstance(shape, list) or len(shape) > 32 or not all(
                 type(n) is int and 0 <= n < 1 << 62 for n in shape
@@ -383,7 +387,7 @@ class RecvBuffers:
         self.keep_bytes = keep_bytes
         self._free: dict[int, list[Any]] = {}
         # finalizers run in whichever thread drops the last view (a CUDA callback thread too)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered when a collection under it runs one
         self.kept = 0  # bytes of free buffers held
         self.created = 0  # mappings made (statistics, tests)
 

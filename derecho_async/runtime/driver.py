@@ -161,8 +161,12 @@ class Driver:
                        targets: tuple[int, ...]) -> None:
         """Move one large payload: the first plane that takes it, else host staging."""
         for plane in self.planes:
-            if plane.start(key, payload, targets):
-                return
+            try:
+                if plane.start(key, payload, targets):
+                    return
+            except Exception:  # the step must not fail (it would run again): next plane
+                log.exception("member %d: %s could not take %s", self.member_id,
+                              type(plane).__name__, key)
         self.dataplane.start(key, payload, targets)
 
     def _staging_receive(self, sender: int, msg: list[Any], raw: bytes) -> None:
@@ -260,6 +264,11 @@ class Driver:
                         # its message could never land: nothing would be stable again
                         self.on_failure(sender, f"protocol violation on the data plane: {exc}")
                         raise
+                    except Exception as exc:  # e.g. out of memory for its buffer: same outcome
+                        log.exception("member %d: a data frame from %d failed", self.member_id,
+                                      sender)
+                        self.on_failure(sender, f"data frame failed here: {exc!r}")
+                        return
         except ProtocolViolation as exc:
             log.warning("member %d: dropped a message from %d: %s", self.member_id, sender, exc)
             return

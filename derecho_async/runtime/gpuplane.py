@@ -48,7 +48,6 @@ import bisect
 import collections
 import logging
 import os
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -257,7 +256,9 @@ class Descriptor:
             if not (isinstance(spec, list) and len(spec) in (5, 6)):
                 raise ProtocolViolation("array spec has the wrong number of fields")
             lib, dtype, shape = spec[0], spec[1], spec[2]
-            if lib not in ("numpy", "cupy", "torch", "cuda") or dtype not in DTYPES:
+            if not (isinstance(lib, str) and isinstance(dtype, str)) or (
+                lib not in ("numpy", "cupy", "torch", "cuda") or dtype not in DTYPES
+            ):
                 raise ProtocolViolation(f"array of lib {lib!r} dtype {dtype!r}")
             if not (isinstance(shape, list) and len(shape) <= 32
                     and all(type(n) is int and 0 <= n < 1 << 48 for n in shape)):
@@ -355,7 +356,6 @@ class IpcPlane:
         self._view_members: tuple[int, ...] = ()
         self._outgoing: dict[tuple[int, int, int], _Outgoing] = {}
         self._reclaim: collections.deque[tuple[int, int]] = collections.deque()
-        self._reclaim_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         # copies in flight, oldest first: (local event recorded after them, what to do then)
@@ -399,16 +399,21 @@ class IpcPlane:
         return i, off
 
     def _queue_reclaim(self, seg: int, off: int) -> None:
-        # May run in any thread, CUDA callbacks included: only queue it.
-        with self._reclaim_lock:
-            self._reclaim.append((seg, off))
+        # May run in any thread (CUDA callbacks too) and inside a garbage collection that
+        # reclaim() itself set off: only queue it (deque.append is atomic; no lock to re-enter).
+        self._reclaim.append((seg, off))
 
     def reclaim(self) -> None:
         """Return the regions of garbage-collected arrays to the pool (on the loop)."""
-        with self._reclaim_lock:
-            items = list(self._reclaim)
-            self._reclaim.clear()
-        for seg, off in items:
+        while True:
+            try:
+                seg, off = self._reclaim.popleft()
+            except IndexError:
+                return
+            self._segments[seg].alloc.free(off)
+
+    def _free_regions(self, regions: list[tuple[int, int]]) -> None:
+        for seg, off in regions:
             self._segments[seg].alloc.free(off)
 
     def stats(self) -> dict[str, int]:
@@ -456,11 +461,11 @@ class IpcPlane:
         self._view_members = members
         for key in [k for k in self._outgoing if k[0] < view_id]:
             self.release(key)
+        for m in [m for m in self._announced_to if m not in members]:
+            del self._announced_to[m]  # one that comes back gets the announcement again
         departed = [p for p in self._peers if p not in members]
         if departed:
             peers = [self._peers.pop(p) for p in departed]
-            for p in departed:
-                self._announced_to.pop(p, None)
             self._after_stream(lambda: self._close_peers(peers))
         self._announce_all()
 
@@ -638,9 +643,9 @@ class IpcPlane:
                                    spec.nbytes, _CUDA_MEMCPY_DEFAULT, stream.ptr)
                 placed.append((spec, seg, off))
         except Exception as exc:
-            for p in placed:
-                if isinstance(p, tuple):
-                    self._segments[p[1]].alloc.free(p[2])
+            regions = [(p[1], p[2]) for p in placed if isinstance(p, tuple)]
+            if regions:  # copies into them may be queued: free them once the stream is past
+                self._after_stream(lambda: self._free_regions(regions))
             if isinstance(exc, ProtocolViolation):
                 raise
             # e.g. the exporter is gone, or is not on this host: this message cannot land here

@@ -152,7 +152,10 @@ def attach_pool_segment(group: str, owner: int, index: int) -> PoolSegment:
         size = st.st_size
         if not HDR + MIN_CAPACITY <= size <= HDR + MAX_CAPACITY:
             raise BadPoolSegment(f"{path} has a bad size {size}")
-        mm = mmap.mmap(fd, size, flags=_MAP_FLAGS)
+        try:
+            mm = mmap.mmap(fd, size, flags=_MAP_FLAGS)
+        except (OSError, ValueError) as exc:
+            raise BadPoolSegment(f"cannot map {path}: {exc}") from exc
     finally:
         os.close(fd)
     words = memoryview(mm)[:HDR].cast("Q")

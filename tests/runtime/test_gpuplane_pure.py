@@ -86,6 +86,7 @@ def _raw(specs: list[object], event: int = 0, call: object = b"c") -> bytes:
     (_raw([["cupy", "float32", [4], 0, -256, 16]]), "outside segment"),
     (_raw([["cupy", "float32", [4], 0, 0, 15]]), "outside segment"),
     (_raw([["cupy", "object", [4], 0, 0, 16]]), "dtype"),
+    (_raw([["cupy", ["f4"], [4], 0, 0, 16]]), "dtype"),
     (_raw([["pickle", "float32", [4], 0, 0, 16]]), "lib"),
     (_raw([["cupy", "float32", [-1], 0, 0, 16]]), "shape"),
     (_raw([["cupy", "float32", [4], 0, 0, 16]], event=3), "unknown event"),

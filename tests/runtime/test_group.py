@@ -55,6 +55,10 @@ class Counter(da.Actor):
         self.n = 0
 
     @da.ordered
+    def blob(self, n: int) -> bytes:
+        return bytes([n % 256]) * (3 << 20)
+
+    @da.ordered
     def add(self, k: int) -> int:
         self.n += k
         return self.n
@@ -224,6 +228,9 @@ async def test_misuse_gets_clear_errors() -> None:
             gs[0].subgroup(Log).nope  # noqa: B018
         with pytest.raises(TypeError, match="cannot encode"):
             await gs[0].subgroup(Log).append(object())
+        np = pytest.importorskip("numpy")
+        with pytest.raises(da.UsageError, match="at most 4096 arrays"):
+            await gs[0].subgroup(Log).append([np.zeros(1) for _ in range(4097)])
     finally:
         await close(gs)
     with pytest.raises(da.GroupClosed):
@@ -241,3 +248,17 @@ async def test_join_times_out_with_a_clear_error_when_nobody_answers() -> None:
     )
     with pytest.raises(da.GroupClosed, match="not admitted"):
         await da.Group.join(c, actors=[Log], timeout=0.3)
+
+
+async def test_many_large_results_of_one_step_all_come_back() -> None:
+    # 3 MiB results from 2 members, 12 calls at once: the replies of a step are batched per
+    # caller, and the batch is split (about 16 MiB a frame) instead of growing without bound
+    _, gs = await start(3)
+    try:
+        counter = gs[0].subgroup(Counter)
+        replies = await asyncio.gather(*(counter.blob(i) for i in range(12)))
+        for i, r in enumerate(replies):
+            assert set(r) == {0, 1, 2}
+            assert all(v == bytes([i]) * (3 << 20) for v in r.values())
+    finally:
+        await close(gs)
