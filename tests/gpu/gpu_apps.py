@@ -174,12 +174,18 @@ async def killed_mid_transfer(config: da.Config) -> None:
             if loop.time() > deadline:
                 raise TimeoutError("the victim was never removed")
             await asyncio.sleep(0.01)
-        after = [await chk.put(cupy.full((1024,), 7.0, dtype=cupy.float32), f"s{me}-{j}", 7.0)
-                 for j in range(5)]
+        after = [
+            await asyncio.wait_for(  # a survivor that cannot finish fails, it does not hang
+                chk.put(cupy.full((1024,), 7.0, dtype=cupy.float32), f"s{me}-{j}", 7.0), 60
+            )
+            for j in range(5)
+        ]
         assert all(all(r.values_ok()) for r in after)
         survivors = [m for m in members if m != victim]
         # every survivor's five calls, whatever of the victim's stream was delivered before
         while sum(1 for t, _ in local.seen if t.startswith("s")) < 5 * len(survivors):
+            if loop.time() > deadline + 60:
+                raise TimeoutError(f"member {me} saw {len(local.seen)} messages")
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)
         digest = hashlib.sha256(json.dumps(local.seen).encode()).hexdigest()

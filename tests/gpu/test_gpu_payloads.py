@@ -43,7 +43,7 @@ def test_cupy_and_torch_payloads_arrive_as_device_arrays_in_total_order(
 
     monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
     monkeypatch.setenv("DA_GPU_COUNT", "20")
-    codes = da.launch_local(members, gpu_apps.sends_device_arrays, group=f"gpu{os.getpid()}",
+    codes = da.launch_local(members, gpu_apps.sends_device_arrays, group=f"gpu{os.getpid()}-{members}",
                             timeout=180)
     assert codes == [0] * members
     results = [json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(members)]
@@ -82,7 +82,7 @@ def test_sender_sigkilled_mid_transfer_leaves_survivors_consistent(
 
     monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
     codes = da.launch_local(members, gpu_apps.killed_mid_transfer,
-                            group=f"gpukill{os.getpid()}", timeout=180)
+                            group=f"gpukill{os.getpid()}-{members}", timeout=120)
     assert codes[:-1] == [0] * (members - 1) and codes[-1] == -9, codes
     results = [json.loads((tmp_path / f"member{m}.json").read_text())
                for m in range(members - 1)]
