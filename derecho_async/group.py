@@ -415,9 +415,15 @@ class Group:
         if call.expected is None:
             self._early_replies.setdefault(msg_no, {})[member] = value
             return
-        if member in call.expected:
-            call.results.setdefault(member, value)
-            self._complete(msg_no)
+        if member in call.expected:  # then as _complete(msg_no), without a second lookup
+            results = call.results
+            if member not in results:
+                results[member] = value
+            if call.expected <= results.keys():
+                del self._pending[msg_no]
+                fut = call.future
+                if not fut.done():
+                    fut.set_result(Replies(results, call.version))
 
     def _expected_repliers(self, subgroup: str) -> frozenset[int]:
         members = self._repliers.get(subgroup)
@@ -641,11 +647,15 @@ class Group:
             assert isinstance(items, list)
             if len(items) % 3:
                 raise ProtocolViolation("a batch of replies is not (msg_no, ok, result) triples")
-            for i in range(0, len(items), 3):
-                msg_no, ok, body = items[i : i + 3]
+            it = iter(items)
+            record = self._record_reply
+            for msg_no, ok, body in zip(it, it, it, strict=False):  # len % 3 == 0
                 if type(msg_no) is not int or type(ok) is not bool or type(body) is not bytes:
                     raise ProtocolViolation("malformed reply in a batch of replies")
-                self._record_reply(msg_no, sender, _decode_result(sender, ok, body))
+                if ok and body == _NIL:  # None, the usual result: what _decode_result gives
+                    record(msg_no, sender, None)
+                else:
+                    record(msg_no, sender, _decode_result(sender, ok, body))
         elif kind == env.REPLY:
             _, _sub, msg_no, ok, body = msg
             assert isinstance(msg_no, int) and isinstance(body, bytes)

@@ -350,26 +350,29 @@ class ShardState:
         shard = self.info.shard
         view_id = self.view_id
         own = self.own_undelivered
+        pending = self.pending
+        sender_ids = self.sender_ids
+        my_index = self.my_index
+        append = events.append
         while d < limit:
             turn, k = divmod(d, n)
-            pend = self.pending[k]
+            pend = pending[k]
             if not pend:
                 raise AssertionError(f"seq {d} is not held (sender index {k})")
             rec = pend[0]
-            if turn >= rec.first_turn + rec.n_turns:
+            end = rec.first_turn + rec.n_turns
+            if turn >= end:
                 raise AssertionError(f"seq {d}: record bookkeeping out of step")
             if rec.kind == KIND_NULL:
-                if turn == rec.first_turn + rec.n_turns - 1:
+                if turn == end - 1:
                     pend.popleft()
                 d += 1
                 continue
             if not rec.landed:
                 raise AssertionError(f"seq {d} delivered before its bytes landed")
             pend.popleft()
-            events.append(
-                Delivered(sub, shard, view_id, d, self.sender_ids[k], rec.msg_no, rec.payload)
-            )
-            if k == self.my_index and own and own[0][0] == d:
+            append(Delivered(sub, shard, view_id, d, sender_ids[k], rec.msg_no, rec.payload))
+            if k == my_index and own and own[0][0] == d:
                 own.popleft()
             d += 1
         self.delivered = d
