@@ -748,7 +748,7 @@ def _decode_call_fast(
     method, args, kwargs = envelope
     if type(args) is not list or type(kwargs) is not dict:
         return None
-    if not _valid_method(method):
+    if not (type(method) is str and method in _VALID_METHODS) and not _valid_method(method):
         return None
     scalars = _SCALAR_TYPES
     np: Any = None

@@ -512,6 +512,8 @@ class Group:
                 if out is None:
                     out = self._outbox[sender] = []
                 out += (ev.msg_no, True, _NIL)
+            elif sender == me:
+                self._record_reply(ev.msg_no, me, result)  # as _reply does
             else:
                 self._reply(ev, True, result)
 

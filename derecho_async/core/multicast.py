@@ -354,6 +354,7 @@ class ShardState:
         sender_ids = self.sender_ids
         my_index = self.my_index
         append = events.append
+        new = tuple.__new__  # Delivered(...) without its Python-level __new__ frame
         while d < limit:
             turn, k = divmod(d, n)
             pend = pending[k]
@@ -371,7 +372,9 @@ class ShardState:
             if not rec.landed:
                 raise AssertionError(f"seq {d} delivered before its bytes landed")
             pend.popleft()
-            append(Delivered(sub, shard, view_id, d, sender_ids[k], rec.msg_no, rec.payload))
+            append(
+                new(Delivered, (sub, shard, view_id, d, sender_ids[k], rec.msg_no, rec.payload))
+            )
             if k == my_index and own and own[0][0] == d:
                 own.popleft()
             d += 1
