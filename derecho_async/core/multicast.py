@@ -263,8 +263,23 @@ class ShardState:
                 self.turns_seen[k],
                 self.max_payload,
             )
-            for rec in records:
-                self._take_record(k, rec, landed_early, awaiting, expects)
+            # Messages (the usual record) are queued here exactly as _take_record would.
+            pend = self.pending[k]
+            unheld = self.unheld[k]
+            turns_seen = self.turns_seen
+            turns_held = self.turns_held
+            for raw in records:
+                if raw[1] != KIND_MESSAGE:
+                    self._take_record(k, raw, landed_early, awaiting, expects)
+                    continue
+                first, kind, n_turns, nbytes, msg_no, payload = raw
+                rec = Record(first, 1, kind, msg_no, nbytes, payload, True)
+                turns_seen[k] += n_turns
+                pend.append(rec)
+                if not unheld:
+                    turns_held[k] += n_turns
+                else:
+                    unheld.append(rec)
             self.records_read[k] = read + len(records)
             if error is not None:
                 raise ProtocolViolation(error, self.sender_ids[k])
