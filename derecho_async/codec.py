@@ -422,6 +422,8 @@ def encode_call(
     return _pack([method, items, named])
 
 
+_unpackb: Final = msgpack.unpackb  # its max_*_len limits default to the input's length
+
 _VALID_METHODS: dict[str, bool] = {}
 _VALID_METHODS_MAX = 4096  # names remembered as valid (a peer cannot grow this without bound)
 
@@ -702,16 +704,41 @@ def decode(
     return _decode_value(data, buffers, max_size)
 
 
+class _HasExt(Exception):
+    """Raised by :func:`_no_ext` to leave the plain decode of a message holding an ext record."""
+
+
+def _no_ext(code: int, payload: bytes) -> object:
+    raise _HasExt
+
+
+_NOTHING_RESOLVED: Final[set[int]] = set()  # never written: no buffer is resolved without ext
+
+
 def _decode_call_fast(
     data: bytes, buffers: list[object] | tuple[object, ...] | None
 ) -> tuple[str, tuple[object, ...], dict[str, object]] | None:
     """The usual call, checked with less work: a well-formed envelope whose kwargs keys are
     identifiers. Arguments get exactly the checks of the general path (scalars by type, the
     rest by :func:`_check_tree` at their depth), and so raise the same errors. None means "not
-    the usual shape": the general path then decodes it and reports what is wrong."""
-    decoder = _Decoder(buffers)
+    the usual shape": the general path then decodes it and reports what is wrong.
+
+    A first attempt unpacks without a :class:`_Decoder` (no per-call object): most calls hold
+    no ext record (tuple, array, buffer reference). The first ext record met abandons it and
+    the message is unpacked again with a decoder, exactly as before; without one, the decoder
+    would not have been called and the outcome is the same."""
+    resolved = _NOTHING_RESOLVED
     try:
-        envelope = decoder.unpack(data)
+        envelope = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_no_ext)
+    except _HasExt:
+        decoder = _Decoder(buffers)
+        resolved = decoder.resolved
+        try:
+            envelope = decoder.unpack(data)
+        except DerechoError:
+            raise
+        except Exception as e:
+            raise ProtocolViolation(f"malformed message: {type(e).__name__}: {e}") from e
     except DerechoError:
         raise
     except Exception as e:
@@ -719,20 +746,23 @@ def _decode_call_fast(
     if type(envelope) is not list or len(envelope) != 3:
         return None
     method, args, kwargs = envelope
-    if type(args) is not list or type(kwargs) is not dict or not _valid_method(method):
+    if type(args) is not list or type(kwargs) is not dict:
+        return None
+    if not (type(method) is str and method in _VALID_METHODS) and not _valid_method(method):
         return None
     scalars = _SCALAR_TYPES
     np: Any = None
     for a in args:
         if type(a) not in scalars:
             np = np or _numpy_module()
-            _check_tree(a, 2, np, decoder.resolved)
-    for k, v in kwargs.items():
-        if type(k) is not str or not k.isidentifier():
-            return None
-        if type(v) not in scalars:
-            np = np or _numpy_module()
-            _check_tree(v, 2, np, decoder.resolved)
+            _check_tree(a, 2, np, resolved)
+    if kwargs:
+        for k, v in kwargs.items():
+            if type(k) is not str or not k.isidentifier():
+                return None
+            if type(v) not in scalars:
+                np = np or _numpy_module()
+                _check_tree(v, 2, np, resolved)
     return method, tuple(args), kwargs
 
 

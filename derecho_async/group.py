@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import CoroutineType, TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import msgpack  # type: ignore[import-untyped]
@@ -234,9 +234,12 @@ class Group:
         for name, spec in self._specs.items():
             self._actors[name] = spec.cls()
             self._runners[name] = SerialRunner()
-        # subgroup -> (spec, runner, actor): one lookup per delivered call
-        self._hosted = {
-            name: (spec, self._runners[name], self._actors[name])
+        # subgroup -> (spec, runner, actor, {call name: bound ordered method}): one lookup per
+        # delivered call; the map caches the names already checked against the spec.
+        self._hosted: dict[
+            str, tuple[ActorSpec, SerialRunner, Actor, dict[str, Callable[..., object]]]
+        ] = {
+            name: (spec, self._runners[name], self._actors[name], {})
             for name, spec in self._specs.items()
         }
         names = tuple(self._specs) or ("default",)
@@ -415,9 +418,15 @@ class Group:
         if call.expected is None:
             self._early_replies.setdefault(msg_no, {})[member] = value
             return
-        if member in call.expected:
-            call.results.setdefault(member, value)
-            self._complete(msg_no)
+        if member in call.expected:  # then as _complete(msg_no), without a second lookup
+            results = call.results
+            if member not in results:
+                results[member] = value
+            if call.expected <= results.keys():
+                del self._pending[msg_no]
+                fut = call.future
+                if not fut.done():
+                    fut.set_result(Replies(results, call.version))
 
     def _expected_repliers(self, subgroup: str) -> frozenset[int]:
         members = self._repliers.get(subgroup)
@@ -427,38 +436,89 @@ class Group:
             self._repliers[subgroup] = members
         return members
 
-    def _on_delivered(self, ev: Delivered) -> None:
-        if ev.sender == self._me:
-            call = self._pending.get(ev.msg_no)
-            if call is not None:
-                call.expected = self._expected_repliers(ev.subgroup)
-                call.version = (ev.view_id, ev.seq)
-                early = self._early_replies.pop(ev.msg_no, None)
-                if early:
-                    for m, v in early.items():
-                        if m in call.expected:
-                            call.results.setdefault(m, v)
-        hosted = self._hosted.get(ev.subgroup)
-        if hosted is None:
-            return
-        spec, runner, actor = hosted
-        payload = ev.payload
-        try:
-            if type(payload) is bytes:
-                name, args, kwargs = codec.decode_call(payload)
-            elif isinstance(payload, OutOfBand):
-                name, args, kwargs = codec.decode_call(payload.call, buffers=list(payload.arrays))
+    def _on_own_delivered(self, ev: Delivered) -> None:
+        """One of my ordered calls is delivered: its repliers and version are now known."""
+        call = self._pending.get(ev.msg_no)
+        if call is not None:
+            call.expected = self._expected_repliers(ev.subgroup)
+            call.version = (ev.view_id, ev.seq)
+            early = self._early_replies.pop(ev.msg_no, None)
+            if early:
+                for m, v in early.items():
+                    if m in call.expected:
+                        call.results.setdefault(m, v)
+
+    @staticmethod
+    def _ordered_method(
+        spec: ActorSpec, actor: Actor, methods: dict[str, Callable[..., object]], name: str
+    ) -> Callable[..., object]:
+        """The bound ordered method a call named ``name`` runs (checked once per name)."""
+        actor_name, _, method = name.partition(".")
+        if actor_name != spec.name or method not in spec.ordered:
+            raise ProtocolViolation(f"no ordered method {name!r}")
+        fn: Callable[..., object] = getattr(actor, method)
+        methods[name] = fn
+        return fn
+
+    def on_delivered(self, events: list[Delivered]) -> None:
+        """Run the ordered calls of a run of deliveries, in order (Host.on_delivered).
+
+        The usual call (a free runner, a plain handler returning None, a caller elsewhere) is
+        run and its reply batched here, without the runner's queue or a callback per message;
+        the rest takes the general path (:meth:`SerialRunner.submit_call`, :meth:`_reply`)."""
+        self._batching = True
+        me = self._me
+        hosted_of = self._hosted
+        decode_call = codec.decode_call
+        for ev in events:
+            sender = ev.sender
+            if sender == me:
+                self._on_own_delivered(ev)
+            hosted = hosted_of.get(ev.subgroup)
+            if hosted is None:
+                continue
+            spec, runner, actor, methods = hosted
+            payload = ev.payload
+            try:
+                if type(payload) is bytes:
+                    name, args, kwargs = decode_call(payload)
+                elif isinstance(payload, OutOfBand):
+                    name, args, kwargs = decode_call(payload.call, buffers=list(payload.arrays))
+                else:
+                    raise ProtocolViolation("ordered call payload is not bytes")
+                fn = methods.get(name)
+                if fn is None:
+                    fn = self._ordered_method(spec, actor, methods, name)
+            except (ProtocolViolation, DerechoError) as exc:
+                log.warning("member %d: undeliverable call from %d: %s", me, sender, exc)
+                self._reply(ev, False, exc)
+                continue
+            if not runner.idle():
+                runner.submit_call(fn, args, kwargs, functools.partial(self._reply, ev))
+                continue
+            # A free runner would run it on the spot: do so here (as SerialRunner._run).
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as exc:
+                self._reply(ev, False, exc)
+                continue
+            if type(result) is CoroutineType:
+                runner.step_coroutine(result, functools.partial(self._reply, ev))
+            elif (
+                result is None
+                and sender != me
+                and self._batching
+                and self._closed is None
+                and self._driver is not None
+            ):
+                out = self._outbox.get(sender)
+                if out is None:
+                    out = self._outbox[sender] = []
+                out += (ev.msg_no, True, _NIL)
+            elif sender == me:
+                self._record_reply(ev.msg_no, me, result)  # as _reply does
             else:
-                raise ProtocolViolation("ordered call payload is not bytes")
-            actor_name, _, method = name.partition(".")
-            if actor_name != spec.name or method not in spec.ordered:
-                raise ProtocolViolation(f"no ordered method {name!r}")
-            fn = getattr(actor, method)
-        except (ProtocolViolation, DerechoError) as exc:
-            log.warning("member %d: undeliverable call from %d: %s", self.member_id, ev.sender, exc)
-            self._reply(ev, False, exc)
-            return
-        runner.submit_call(fn, args, kwargs, functools.partial(self._reply, ev))
+                self._reply(ev, True, result)
 
     def _reply(self, ev: Delivered, ok: bool, value: object) -> None:
         if ev.sender == self._me:
@@ -535,7 +595,7 @@ class Group:
     def on_event(self, event: Event) -> None:
         self._batching = True
         if isinstance(event, Delivered):
-            self._on_delivered(event)
+            self.on_delivered([event])
         elif isinstance(event, ViewInstalled):
             self._on_view(event)
         elif isinstance(event, SendFailed):
@@ -612,11 +672,15 @@ class Group:
             assert isinstance(items, list)
             if len(items) % 3:
                 raise ProtocolViolation("a batch of replies is not (msg_no, ok, result) triples")
-            for i in range(0, len(items), 3):
-                msg_no, ok, body = items[i : i + 3]
+            it = iter(items)
+            record = self._record_reply
+            for msg_no, ok, body in zip(it, it, it, strict=False):  # len % 3 == 0
                 if type(msg_no) is not int or type(ok) is not bool or type(body) is not bytes:
                     raise ProtocolViolation("malformed reply in a batch of replies")
-                self._record_reply(msg_no, sender, _decode_result(sender, ok, body))
+                if ok and body == _NIL:  # None, the usual result: what _decode_result gives
+                    record(msg_no, sender, None)
+                else:
+                    record(msg_no, sender, _decode_result(sender, ok, body))
         elif kind == env.REPLY:
             _, _sub, msg_no, ok, body = msg
             assert isinstance(msg_no, int) and isinstance(body, bytes)

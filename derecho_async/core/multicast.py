@@ -263,8 +263,23 @@ class ShardState:
                 self.turns_seen[k],
                 self.max_payload,
             )
-            for rec in records:
-                self._take_record(k, rec, landed_early, awaiting, expects)
+            # Messages (the usual record) are queued here exactly as _take_record would.
+            pend = self.pending[k]
+            unheld = self.unheld[k]
+            turns_seen = self.turns_seen
+            turns_held = self.turns_held
+            for raw in records:
+                if raw[1] != KIND_MESSAGE:
+                    self._take_record(k, raw, landed_early, awaiting, expects)
+                    continue
+                first, kind, n_turns, nbytes, msg_no, payload = raw
+                rec = Record(first, 1, kind, msg_no, nbytes, payload, True)
+                turns_seen[k] += n_turns
+                pend.append(rec)
+                if not unheld:
+                    turns_held[k] += n_turns
+                else:
+                    unheld.append(rec)
             self.records_read[k] = read + len(records)
             if error is not None:
                 raise ProtocolViolation(error, self.sender_ids[k])
@@ -350,26 +365,32 @@ class ShardState:
         shard = self.info.shard
         view_id = self.view_id
         own = self.own_undelivered
+        pending = self.pending
+        sender_ids = self.sender_ids
+        my_index = self.my_index
+        append = events.append
+        new = tuple.__new__  # Delivered(...) without its Python-level __new__ frame
         while d < limit:
             turn, k = divmod(d, n)
-            pend = self.pending[k]
+            pend = pending[k]
             if not pend:
                 raise AssertionError(f"seq {d} is not held (sender index {k})")
             rec = pend[0]
-            if turn >= rec.first_turn + rec.n_turns:
+            end = rec.first_turn + rec.n_turns
+            if turn >= end:
                 raise AssertionError(f"seq {d}: record bookkeeping out of step")
             if rec.kind == KIND_NULL:
-                if turn == rec.first_turn + rec.n_turns - 1:
+                if turn == end - 1:
                     pend.popleft()
                 d += 1
                 continue
             if not rec.landed:
                 raise AssertionError(f"seq {d} delivered before its bytes landed")
             pend.popleft()
-            events.append(
-                Delivered(sub, shard, view_id, d, self.sender_ids[k], rec.msg_no, rec.payload)
+            append(
+                new(Delivered, (sub, shard, view_id, d, sender_ids[k], rec.msg_no, rec.payload))
             )
-            if k == self.my_index and own and own[0][0] == d:
+            if k == my_index and own and own[0][0] == d:
                 own.popleft()
             d += 1
         self.delivered = d

@@ -79,6 +79,10 @@ class Host(Protocol):
 
     def on_event(self, event: Event) -> None: ...
 
+    def on_delivered(self, events: list[Delivered]) -> None:
+        """A run of consecutive Delivered events of one step, in order (one call, not one
+        ``on_event`` per message)."""
+
     def on_app_message(self, sender: int, msg: list[object]) -> None: ...
 
     def snapshot(self) -> bytes: ...
@@ -317,32 +321,36 @@ class Driver:
         self.kick()  # more work: yield to the loop, then continue
 
     def _execute(self, core: Member, ready: Ready) -> None:
-        for event in ready.events:
-            if isinstance(event, ViewInstalled):
-                self.transport.set_view(
-                    event.view.view_id, event.view.members, core.schema.row_bytes
-                )
-                for m in event.view.members:
-                    if m != self.member_id:
-                        self.transport.add_peer(m, self.config.peers.get(m))
-                if self.first_view is not None and not self.first_view.done():
-                    self.first_view.set_result(event.view)
-            elif isinstance(event, (Partitioned, Evicted, Left)) and (
-                self.first_view is not None and not self.first_view.done()
-            ):
-                self.first_view.set_exception(RuntimeError(type(event).__name__))
-            self.host.on_event(event)
-            if self.planes:
+        events = ready.events
+        if events:
+            host = self.host
+            run: list[Delivered] = []
+            for event in events:
                 if type(event) is Delivered:
-                    if event.sender == self.member_id:
-                        key = (event.view_id, event.sender, event.msg_no)
-                        for plane in self.planes:
-                            plane.on_own_delivered(key)
-                else:
-                    for plane in self.planes:
-                        plane.on_event(event)
-        if ready.events:
-            self.host.flush()  # one batch of replies per step, before the step's pushes
+                    run.append(event)
+                    continue
+                if run:
+                    self._report_delivered(run)
+                    run = []
+                if isinstance(event, ViewInstalled):
+                    self.transport.set_view(
+                        event.view.view_id, event.view.members, core.schema.row_bytes
+                    )
+                    for m in event.view.members:
+                        if m != self.member_id:
+                            self.transport.add_peer(m, self.config.peers.get(m))
+                    if self.first_view is not None and not self.first_view.done():
+                        self.first_view.set_result(event.view)
+                elif isinstance(event, (Partitioned, Evicted, Left)) and (
+                    self.first_view is not None and not self.first_view.done()
+                ):
+                    self.first_view.set_exception(RuntimeError(type(event).__name__))
+                host.on_event(event)
+                for plane in self.planes:
+                    plane.on_event(event)
+            if run:
+                self._report_delivered(run)
+            host.flush()  # one batch of replies per step, before the step's pushes
         transport = self.transport
         for p in ready.pushes:
             transport.push(p.view_id, p.offset, p.data, p.targets)
@@ -355,6 +363,18 @@ class Driver:
             self.start_transfer((t.key.view_id, t.key.sender, t.key.msg_no), t.payload, t.targets)
         for v in ready.violations:
             log.warning("member %d: protocol violation: %s", self.member_id, v)
+
+    def _report_delivered(self, run: list[Delivered]) -> None:
+        """Hand a run of deliveries to the host, then tell the planes which were mine."""
+        self.host.on_delivered(run)
+        planes = self.planes
+        if planes:
+            me = self.member_id
+            for event in run:
+                if event.sender == me:
+                    key = (event.view_id, me, event.msg_no)
+                    for plane in planes:
+                        plane.on_own_delivered(key)
 
     # -- bootstrap -----------------------------------------------------------------------------
     def _on_core_message(self, sender: int, raw: object) -> None:

@@ -73,6 +73,11 @@ class SerialRunner:
     def busy(self) -> bool:
         return self._busy
 
+    def idle(self) -> bool:
+        """Nothing runs or waits: a caller may run a handler on the spot itself, as
+        :meth:`submit_call` would, and hand a coroutine it returns to :meth:`step_coroutine`."""
+        return not self._busy and not self._queue
+
     def submit(self, call: Callable[[], object], done: Done) -> None:
         """Queue ``call`` (a plain call or one returning a coroutine); ``done`` gets its result."""
         self.submit_call(call, _NO_ARGS, _NO_KWARGS, done)
@@ -112,9 +117,14 @@ class SerialRunner:
         except Exception as exc:
             done(False, exc)
             return False
-        if not isinstance(result, CoroutineType):
+        if type(result) is not CoroutineType:
             done(True, result)
             return False
+        return self.step_coroutine(result, done)
+
+    def step_coroutine(self, result: CoroutineType[Any, Any, Any], done: Done) -> bool:
+        """Step a coroutine a free runner's caller just made by calling a handler itself (see
+        :meth:`idle`): as :meth:`submit_call` would; True if it suspended."""
         try:
             first = result.send(None)
         except StopIteration as stop:
