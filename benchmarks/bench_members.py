@@ -30,15 +30,15 @@ import os
 import queue as queue_mod
 import secrets
 import signal
-import socket
 import sys
 import tempfile
 import time
 from typing import Any
 
 import derecho_async as da
+from derecho_async.launch import free_ports
 
-__all__ = ["BenchSink", "GroupRun", "RunFailed", "free_ports", "percentile"]
+__all__ = ["BenchSink", "GroupRun", "RunFailed", "percentile"]
 
 Phase = dict[str, Any]
 
@@ -227,18 +227,6 @@ def member_entry(
         q.put(("error", config.member_id, f"{type(exc).__name__}: {exc}"))
         raise
 
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free tcp ports on the loopback interface (bound, then released)."""
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 class GroupRun:

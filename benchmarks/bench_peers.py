@@ -97,7 +97,7 @@ def _zmq_pub(port: int, q: Any, ready: Any, count: int, size: int, subs: int) ->
 
 def zmq_pubsub(count: int, size: int, subscribers: int = 2, timeout: float = 120.0) -> float:
     """Messages/s of the slowest subscriber (each receives all ``count`` messages)."""
-    from bench_members import free_ports
+    from derecho_async.launch import free_ports
 
     ctx = multiprocessing.get_context("spawn")
     q: Any = ctx.Queue()
@@ -201,7 +201,7 @@ def syncobj_commits(
     count: int, size: int, nodes: int = 3, window: int = 1000, timeout: float = 180.0
 ) -> float:
     """Commits/s of one writer (the Raft leader) to a ``nodes``-member PySyncObj cluster."""
-    from bench_members import free_ports
+    from derecho_async.launch import free_ports
 
     ctx = multiprocessing.get_context("spawn")
     q: Any = ctx.Queue()

@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any
 
+from derecho_async.launch import free_ports
+
 __all__ = ["main"]
 
 
@@ -87,7 +89,7 @@ class _Run:
             "suspect_after_ms": suspect_after_ms,
         }
         if transport in ("tcp", "rdma"):
-            ports = _free_ports(members)
+            ports = free_ports(members)
             base["peers"] = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
             base["secret"] = secrets.token_hex(16)
         self.base = base
@@ -160,19 +162,6 @@ class _Run:
 
         ShmTransport.cleanup_group(self.group)
 
-
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _table(rows: list[list[str]]) -> str:

@@ -18,9 +18,24 @@ from typing import Any
 
 from derecho_async.config import Config
 
-__all__ = ["launch_local", "run_member"]
+__all__ = ["free_ports", "launch_local", "run_member"]
 
 Main = Callable[[Config], Coroutine[Any, Any, Any]]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free tcp ports on the loopback interface (bound together, then released:
+    free when asked, for tcp ``listen`` addresses of local members)."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def run_member(main: Main, fields: dict[str, Any], use_uvloop: bool = True) -> None:

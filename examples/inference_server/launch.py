@@ -25,7 +25,6 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,19 +33,10 @@ from typing import Any
 
 import aiohttp
 
+from derecho_async.launch import free_ports
+
 SERVER = Path(__file__).with_name("server.py")
 
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on the loopback interface (free when asked)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Replicas:

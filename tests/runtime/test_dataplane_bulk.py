@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import derecho_async as da
-from derecho_async.cli import _free_ports
+from derecho_async.launch import free_ports
 from derecho_async.runtime.chainplane import ChainPlane
 from derecho_async.runtime.shmplane import ShmPlane
 from derecho_async.transport.shm import ShmTransport
@@ -49,7 +49,7 @@ def _configs(transport: str, n: int) -> list[da.Config]:
     name = f"bulk{os.getpid()}x{next(_ids)}"
     extra: dict[str, Any] = {}
     if transport == "tcp":
-        ports = _free_ports(n)
+        ports = free_ports(n)
         extra["peers"] = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
         extra["secret"] = secrets.token_hex(8)
     out = []

@@ -110,9 +110,9 @@ def test_a_new_process_joins_a_running_group_and_receives_the_state(transport: s
         _wait(run, lambda: len(run.reports) == 3, 60)
         fields = dict(run.base, member_id=7)
         if transport == "tcp":
-            from derecho_async.cli import _free_ports
+            from derecho_async.launch import free_ports
 
-            fields["listen"] = f"127.0.0.1:{_free_ports(1)[0]}"
+            fields["listen"] = f"127.0.0.1:{free_ports(1)[0]}"
         p = run.ctx.Process(target=_joiner, args=(fields, run.q))
         p.start()
         got: list[tuple[object, ...]] = []

@@ -11,7 +11,7 @@ import struct
 import pytest
 
 import derecho_async as da
-from derecho_async.cli import _free_ports
+from derecho_async.launch import free_ports
 from derecho_async.transport import tcp
 from derecho_async.workload import ReplicatedLog
 
@@ -19,7 +19,7 @@ SECRET = "correct horse battery staple"
 
 
 async def _tcp_group(n: int) -> list[da.Group]:
-    ports = _free_ports(n)
+    ports = free_ports(n)
     peers = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
     configs = [
         da.Config(

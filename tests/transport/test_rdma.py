@@ -19,7 +19,6 @@ import queue as queue_mod
 import random
 import secrets
 import signal
-import socket
 import sys
 import time
 import types
@@ -35,6 +34,7 @@ from member_process import ROW, expected_from
 from transport_support import SECRET, Cluster, Recorder, new_group
 
 from derecho_async.errors import ConfigError, DerechoError
+from derecho_async.launch import free_ports
 from derecho_async.transport import verbs
 from derecho_async.transport.rdma import (
     CHAN,
@@ -1442,15 +1442,6 @@ async def test_sigkilled_rdma_member_is_reported() -> None:
 # -- a group over transport="rdma", one member SIGKILLed --------------------------------------
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
 
 @pytest.mark.rdma
 @needs_device
@@ -1460,7 +1451,7 @@ def test_group_over_rdma_survives_a_sigkilled_member() -> None:
     members, count, victim = 3, 300, 2
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
-    ports = _free_ports(members)
+    ports = free_ports(members)
     base: dict[str, Any] = {
         "group": f"rdma-{os.getpid()}-{secrets.token_hex(3)}",
         "initial_members": members,
@@ -1540,7 +1531,7 @@ def test_a_process_joins_a_running_rdma_group_and_gets_state_and_ordered_traffic
         while len(run.reports) < 3 and not run.errors and time.monotonic() < deadline:
             run.poll(0.2)
         assert len(run.reports) == 3, f"founders: {run.progress} {run.errors}"
-        fields = dict(run.base, member_id=7, listen=f"127.0.0.1:{_free_ports(1)[0]}")
+        fields = dict(run.base, member_id=7, listen=f"127.0.0.1:{free_ports(1)[0]}")
         p = run.ctx.Process(target=rdma_group.joiner, args=(fields, run.q, 2 << 20))
         p.start()
         deadline = time.monotonic() + 120
