@@ -116,8 +116,9 @@ def _doorbell_name(group: str, member: int) -> str:
     return f"\0dasync/{os.getuid()}/{group}/{member}"
 
 
-def _group_segments(group: str) -> Iterator[tuple[str, int, int]]:
-    """(path, sender, receiver) of every segment file of ``group``."""
+def _group_files(group: str) -> Iterator[tuple[str, str, str]]:
+    """(path, owner, rest) of every ``<prefix><group>.<owner>.<rest>`` file, owner a member id
+    in digits (the rest is for the caller to check)."""
     prefix = f"{_PREFIX}{group}."
     try:
         names = os.listdir(SHM_DIR)
@@ -127,9 +128,15 @@ def _group_segments(group: str) -> Iterator[tuple[str, int, int]]:
         if not name.startswith(prefix):
             continue
         parts = name[len(prefix) :].split(".")
-        if len(parts) != 2 or not all(p.isdigit() and len(p) <= 19 for p in parts):
-            continue
-        yield os.path.join(SHM_DIR, name), int(parts[0]), int(parts[1])
+        if len(parts) == 2 and parts[0].isdigit() and len(parts[0]) <= 19:
+            yield os.path.join(SHM_DIR, name), parts[0], parts[1]
+
+
+def _group_segments(group: str) -> Iterator[tuple[str, int, int]]:
+    """(path, sender, receiver) of every ring segment file of ``group``."""
+    for path, sender, receiver in _group_files(group):
+        if receiver.isdigit() and len(receiver) <= 19:
+            yield path, int(sender), int(receiver)
 
 
 def _unlink(path: str) -> bool:

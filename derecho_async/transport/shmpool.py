@@ -33,6 +33,7 @@ from derecho_async.transport.shm import (
     _PREFIX,
     SHM_DIR,
     _check_group,
+    _group_files,
     _is_alive,
     _open_segment,
     _unlink,
@@ -69,21 +70,10 @@ def pool_path(group: str, owner: int, index: int) -> str:
 
 def pool_segments(group: str) -> Iterator[tuple[str, int, int]]:
     """(path, owner, index) of every pool segment file of ``group``."""
-    prefix = f"{_PREFIX}{group}."
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return
-    for name in names:
-        if not name.startswith(prefix):
-            continue
-        parts = name[len(prefix) :].split(".")
-        if len(parts) != 2 or not parts[0].isdigit() or len(parts[0]) > 19:
-            continue
-        idx = parts[1].removeprefix("pool")
-        if idx == parts[1] or not idx.isdigit() or len(idx) > 6:
-            continue
-        yield os.path.join(SHM_DIR, name), int(parts[0]), int(idx)
+    for path, owner, rest in _group_files(group):
+        idx = rest.removeprefix("pool")
+        if idx != rest and idx.isdigit() and len(idx) <= 6:
+            yield path, int(owner), int(idx)
 
 
 class PoolSegment:
