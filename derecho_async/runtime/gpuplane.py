@@ -47,6 +47,7 @@ import asyncio
 import bisect
 import collections
 import logging
+import math
 import os
 import time
 import weakref
@@ -60,7 +61,7 @@ from derecho_async.codec import DTYPES
 from derecho_async.core import ViewInstalled
 from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
-from derecho_async.runtime.dataplane import OutOfBand, array_info
+from derecho_async.runtime.dataplane import ArrayInfo, OutOfBand, array_info
 
 __all__ = [
     "ALIGN",
@@ -263,10 +264,7 @@ class Descriptor:
             if not (isinstance(shape, list) and len(shape) <= 32
                     and all(type(n) is int and 0 <= n < 1 << 48 for n in shape)):
                 raise ProtocolViolation(f"bad array shape {shape!r}")
-            count = 1
-            for n in shape:
-                count *= n
-            nbytes = count * _itemsize(dtype)
+            nbytes = math.prod(shape) * _itemsize(dtype)
             if len(spec) == 5:
                 if spec[3] != -1 or not isinstance(spec[4], bytes) or len(spec[4]) != nbytes:
                     raise ProtocolViolation("inline array must be [lib, dtype, shape, -1, bytes]")
@@ -433,7 +431,7 @@ class IpcPlane:
         """An owned CuPy array over pool region (seg, off); freed back when collected."""
         cp = self._cp
         s = self._segments[seg]
-        nbytes = max(1, _itemsize(dtype) * _count(shape))
+        nbytes = max(1, _itemsize(dtype) * math.prod(shape))
         owner = _RegionOwner()
         weakref.finalize(owner, self._queue_reclaim, seg, off)
         mem = cp.cuda.UnownedMemory(s.ptr + off, nbytes, owner, self.device)
@@ -444,7 +442,7 @@ class IpcPlane:
         shp = (shape,) if isinstance(shape, int) else tuple(shape)
         if str(self._cp.dtype(dtype)) not in DTYPES:
             raise TypeError(f"dtype {dtype!r} cannot travel")
-        seg, off = self._alloc(max(1, _itemsize(str(self._cp.dtype(dtype))) * _count(shp)))
+        seg, off = self._alloc(max(1, _itemsize(str(self._cp.dtype(dtype))) * math.prod(shp)))
         return self._array_over(seg, off, shp, str(self._cp.dtype(dtype)))
 
     def _locate(self, ptr: int, nbytes: int) -> tuple[int, int] | None:
@@ -525,13 +523,12 @@ class IpcPlane:
     def start(self, key: tuple[int, int, int], payload: object,
               targets: tuple[int, ...]) -> bool:
         """Take ``payload`` if it holds device arrays and every target announced a pool."""
-        if not (
-            isinstance(payload, OutOfBand)
-            and all(self.peer_ready(m) for m in targets)
-            and any(array_info(a).is_gpu for a in payload.arrays)
-        ):
+        if not isinstance(payload, OutOfBand) or not all(self.peer_ready(m) for m in targets):
             return False
-        self.send(key, payload, targets)
+        infos = [array_info(a) for a in payload.arrays]
+        if not any(info.is_gpu for info in infos):
+            return False
+        self.send(key, payload, targets, infos)
         return True
 
     def receive(self, sender: int, msg: list[Any], raw: bytes) -> None:
@@ -552,9 +549,10 @@ class IpcPlane:
             self.on_view(event.view.view_id, event.view.members)
 
     # -- sending ---------------------------------------------------------------------------
-    def send(self, key: tuple[int, int, int], payload: OutOfBand,
-             targets: tuple[int, ...]) -> None:
-        """Stage ``payload``'s device arrays in the pool and send descriptors to ``targets``."""
+    def send(self, key: tuple[int, int, int], payload: OutOfBand, targets: tuple[int, ...],
+             infos: list[ArrayInfo]) -> None:
+        """Stage ``payload``'s device arrays (described by ``infos``) in the pool and send
+        descriptors to ``targets``."""
         cp = self._cp
         self.reclaim()
         stream = self._stream
@@ -564,8 +562,7 @@ class IpcPlane:
         regions: list[tuple[int, int]] = []
         specs: list[ArraySpec] = []
         keep: list[object] = []
-        for a in payload.arrays:
-            info = array_info(a)
+        for a, info in zip(payload.arrays, infos, strict=True):
             if not info.is_gpu:
                 import numpy as np
 
@@ -743,9 +740,3 @@ class _RegionOwner:
 
     __slots__ = ("__weakref__",)
 
-
-def _count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
