@@ -229,6 +229,10 @@ def member_entry(
 
 
 
+#: Config fields applied to every member of every GroupRun (set from command-line options)
+CONFIG_OVERRIDES: dict[str, Any] = {}
+
+
 class GroupRun:
     """One benchmark group: start ``members`` processes on ``plan``, collect, clean up."""
 
@@ -255,6 +259,7 @@ class GroupRun:
         }
         if max_payload is not None:
             self.fields["max_payload"] = max_payload
+        self.fields.update(CONFIG_OVERRIDES)
         if transport == "tcp":
             ports = free_ports(members)
             self.fields["peers"] = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}

@@ -634,7 +634,16 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated tables to run: 1 throughput, 2 latency, 3 sizes and large "
         "payloads, 4 scaling, 5 idle CPU (default: all)",
     )
+    parser.add_argument(
+        "--spin-us",
+        type=float,
+        default=None,
+        help="Config.spin_us of every derecho_async member (default: the automatic choice: "
+        "200 on 8 or more cores, else 0)",
+    )
     args = parser.parse_args(argv)
+    if args.spin_us is not None:
+        bm.CONFIG_OVERRIDES["spin_us"] = args.spin_us
     tables = {t.strip() for t in args.tables.split(",") if t.strip()}
     if tables - {"1", "2", "3", "4", "5"}:
         parser.error(f"--tables: choose from 1,2,3,4,5, not {args.tables!r}")

@@ -143,11 +143,11 @@ def raw_copy_gbps(size: int) -> float:
     return size / statistics.median(times) / 1e9
 
 
-def run(members: int, sizes: list[int]) -> dict[str, Any]:
+def run(members: int, sizes: list[int], spin_us: float | None) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp()) / "result.json"
     os.environ.update(DA_BENCH_SIZES=",".join(map(str, sizes)), DA_BENCH_OUT=str(out))
     codes = da.launch_local(members, bench_member, group=f"gbw{os.getpid()}-{members}",
-                            timeout=900, max_payload=8192, gpu_pool_mb=1024)
+                            timeout=900, max_payload=8192, gpu_pool_mb=1024, spin_us=spin_us)
     if codes[0] != 0 or not out.exists():
         return {"error": f"exit codes {codes}"}
     result: dict[str, Any] = json.loads(out.read_text())
@@ -170,6 +170,8 @@ def main() -> None:
     parser.add_argument("--profile", metavar="DIR",
                         help="profile every member (cProfile) and print the top entries of "
                         "members 0 and 1")
+    parser.add_argument("--spin-us", type=float, default=None,
+                        help="Config.spin_us of the members (default: automatic)")
     args = parser.parse_args()
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
@@ -179,12 +181,12 @@ def main() -> None:
     rows: list[tuple[int, int, float, float]] = []
     print(f"# {' '.join(sys.argv)}  (cores: {os.cpu_count()})")
     print("GB/s per receiver; ratio = delivered / raw copy of the same size; aggregate = "
-          "receivers x delivered / raw")
+          "receivers x delivered / raw; msgs/s = ordered calls per second, in place")
     print(f"{'members':>7} {'size':>6} {'reps':>5} {'raw copy':>9} {'in place':>9} {'ratio':>6} "
-          f"{'aggr':>6} {'staged':>9} {'ratio':>6}")
+          f"{'aggr':>6} {'staged':>9} {'ratio':>6} {'msgs/s':>8}")
     latencies: dict[str, list[float]] = {}
     for n in args.members:
-        r = run(n, sizes)
+        r = run(n, sizes, args.spin_us)
         if "error" in r:
             print(f"{n:>7} failed: {r['error']}", flush=True)
             continue
@@ -197,7 +199,8 @@ def main() -> None:
             rows.append((n, size, inplace, staged))
             print(f"{n:>7} {_fmt(size):>6} {reps:>5} {raw[size]:>9.1f} {inplace:>9.2f} "
                   f"{inplace / raw[size]:>6.3f} {inplace * (n - 1) / raw[size]:>6.3f} "
-                  f"{staged:>9.2f} {staged / raw[size]:>6.3f}", flush=True)
+                  f"{staged:>9.2f} {staged / raw[size]:>6.3f} {reps / row['inplace']:>8.0f}",
+                  flush=True)
         if n == args.members[0]:
             latencies = r["latency"]
     if args.profile:

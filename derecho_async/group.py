@@ -16,6 +16,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -120,7 +121,10 @@ def _make_transport(config: Config) -> Transport:
     if config.transport == "shm":
         from derecho_async.transport.shm import ShmTransport
 
-        return ShmTransport(config.group, config.member_id)
+        spin = config.spin_us
+        if spin is None:
+            spin = 200.0 if (os.cpu_count() or 1) >= 8 else 0.0
+        return ShmTransport(config.group, config.member_id, spin_us=spin)
     if config.transport == "tcp":
         import ssl
 

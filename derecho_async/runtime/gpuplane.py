@@ -16,21 +16,27 @@ encoded call, the event's index, and per array its kind, dtype, shape and (segme
 
 Receiving: the descriptor is validated against what the sender announced (segment index, offset
 and length within the segment, event index, dtype, element count). For each array the receiver
-takes a region of its *own* pool, makes its stream wait on the sender's event, and issues a
-device-to-device copy (a peer copy when the sender's GPU is another one), then records a local
-event. Completion is noticed without blocking the loop: while copies complete the loop polls the
+takes a region of its *own* pool, makes the stream it keeps for that sender wait on the sender's
+event, and issues a device-to-device copy (a peer copy when the sender's GPU is another one), then
+records a local event. One *non-blocking* stream per sender: a sender that dies leaves an event
+that may never complete, and a wait on it must stall only that sender's copies (which the view
+change trims anyway), not other senders' copies nor the application's work on the default stream.
+Completion is noticed without blocking the loop: while copies complete the loop polls the
 events (``call_soon``, for up to 2 ms after the last completion, or what
-``DERECHO_ASYNC_GPU_BUSY_POLL_US`` says); past that, one host-function
-callback on the stream wakes the loop when the queued work is done (a callback per copy would
-stall the stream whenever the loop holds the GIL). The loop then rebuilds arrays of the same kind (CuPy
+``DERECHO_ASYNC_GPU_BUSY_POLL_US`` says); past that, one host-function callback per busy stream
+wakes the loop when its queued work is done (a callback per copy would stall the stream whenever
+the loop holds the GIL). The loop then rebuilds arrays of the same kind (CuPy
 arrays, torch tensors through DLPack) over the copied regions and lands the message: only then
 does the core count it received, so a GPU message is stable only once its bytes are everywhere.
 
 Freeing. A receiver's region belongs to the delivered array; it returns to the pool when the array
 is garbage-collected (a finalizer queues it; the event loop reclaims it, because a finalizer may
-run inside a CUDA callback where CUDA calls are not allowed). The plane's stream is a *blocking*
-stream, so the copies into a reclaimed region are ordered after work the application queued on
-the default stream. A sender's staging region and event are reclaimed when the message is
+run inside a CUDA callback where CUDA calls are not allowed). Before a copy into memory that was
+reclaimed since that stream's last fence, the receiving stream waits on an event recorded on the
+application's current stream (its last use of the array is queued there) and, after a view change
+freed staging regions, on the sending stream. The sending stream is a *blocking* stream, so
+staging copies are ordered after work the application queued on the default stream; it never
+waits on another process's event, so it cannot stall. A sender's staging region and event are reclaimed when the message is
 delivered at the sender (delivery means stable, so every receiver's copy has completed) or when a
 later view is installed (a copy still in flight from an older view lands for a view the core no
 longer accepts, and is dropped).
@@ -38,7 +44,8 @@ longer accepts, and is dropped).
 A sender that dies mid-transfer: its receivers' copies read memory the driver keeps mapped until
 they close the handle; the message either landed everywhere it was counted or is trimmed by the
 view change (the core's all-or-nothing rule), and the dead member's handles are closed once the
-plane's stream has drained.
+stream kept for it has drained (never, if it stalled on the dead member's event: a bounded leak
+of what was in flight from that member).
 """
 
 from __future__ import annotations
@@ -308,6 +315,12 @@ class _Peer:
     announced: PoolAnnouncement | None = None
     mapped: dict[int, int] = field(default_factory=dict)  # segment index -> local pointer
     events: dict[int, int] = field(default_factory=dict)  # event index -> local event
+    stream: Any = None  # this sender's copies run here (non-blocking; made on first use)
+    # copies in flight, oldest first: (local event recorded after them, then, regions copied into)
+    inflight: collections.deque[tuple[int, Callable[[], None], list[tuple[int, int]]]] = field(
+        default_factory=collections.deque)
+    fenced: tuple[int, int] = (0, 0)  # (reclaimed, released) counts at this stream's last fence
+    wakeup_armed: bool = False
 
 
 @dataclass(slots=True)
@@ -356,13 +369,14 @@ class IpcPlane:
         self._reclaim: collections.deque[tuple[int, int]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-        # copies in flight, oldest first: (local event recorded after them, what to do then)
-        self._inflight: collections.deque[tuple[int, Callable[[], None]]] = collections.deque()
+        self._busy: dict[int, _Peer] = {}  # peers with copies in flight
+        self._reclaimed = 0  # regions that arrays gave back (their last use: the app's stream)
+        self._released = 0  # staging regions freed by a view change (last use: the send stream)
+        self._fence_event = int(self._rt.eventCreateWithFlags(0x2))  # cudaEventDisableTiming
         self._spare_events: list[int] = []
         self._poll_handle: asyncio.Handle | None = None
         self._busy_since = 0.0
         self._busy_poll_s = _busy_poll_s()
-        self._host_wakeup_armed = False
         self._grow_events()
 
     # -- pool ------------------------------------------------------------------------------
@@ -409,6 +423,7 @@ class IpcPlane:
             except IndexError:
                 return
             self._segments[seg].alloc.free(off)
+            self._reclaimed += 1
 
     def _free_regions(self, regions: list[tuple[int, int]]) -> None:
         for seg, off in regions:
@@ -457,15 +472,35 @@ class IpcPlane:
         reclaim what older views' sends held."""
         self._loop = asyncio.get_running_loop()
         self._view_members = members
-        for key in [k for k in self._outgoing if k[0] < view_id]:
+        old = [k for k in self._outgoing if k[0] < view_id]
+        for key in old:
             self.release(key)
+        if old:
+            self._released += 1  # receivers' copies out of these may still be queued
         for m in [m for m in self._announced_to if m not in members]:
             del self._announced_to[m]  # one that comes back gets the announcement again
-        departed = [p for p in self._peers if p not in members]
-        if departed:
-            peers = [self._peers.pop(p) for p in departed]
-            self._after_stream(lambda: self._close_peers(peers))
+        for m in [p for p in self._peers if p not in members]:
+            self._drop_peer(m)
         self._announce_all()
+
+    def _drop_peer(self, member: int) -> None:
+        """Forget a departed peer: once its stream has drained, free the regions its copies
+        were writing and close its handles (never, if the stream stalled on its dead event)."""
+        peer = self._peers.pop(member)
+        self._busy.pop(member, None)
+        regions = [r for _, _, rs in peer.inflight for r in rs]
+        events = [ev for ev, _, _ in peer.inflight]
+        peer.inflight.clear()
+
+        def drained() -> None:
+            self._free_regions(regions)
+            self._spare_events.extend(events)
+            self._close_peers([peer])
+
+        if peer.stream is None:
+            drained()
+        else:
+            self._after_stream(drained, peer.stream)
 
     def _announce_all(self) -> None:
         if not self._view_members:
@@ -509,15 +544,15 @@ class IpcPlane:
                 except Exception as exc:
                     log.debug("destroying a peer event: %r", exc)
 
-    def _after_stream(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the loop once everything queued on the plane's stream has finished."""
+    def _after_stream(self, fn: Callable[[], None], stream: Any) -> None:
+        """Run ``fn`` on the loop once everything queued on ``stream`` has finished."""
         loop = self._loop or asyncio.get_running_loop()
 
         def on_host(_arg: object) -> None:  # a CUDA thread: no CUDA calls here
             if not loop.is_closed():
                 loop.call_soon_threadsafe(fn)
 
-        self._stream.launch_host_func(on_host, None)
+        stream.launch_host_func(on_host, None)
 
     # -- the Plane protocol ----------------------------------------------------------------
     def start(self, key: tuple[int, int, int], payload: object,
@@ -612,8 +647,8 @@ class IpcPlane:
         peer = self._peers.get(sender)
         desc = Descriptor.decode(raw, peer.announced if peer is not None else None)
         self.reclaim()
-        stream = self._stream
         rt = self._rt
+        stream: Any = None
         waited = False
         placed: list[tuple[ArraySpec, int, int] | ArraySpec] = []
         try:
@@ -623,6 +658,7 @@ class IpcPlane:
                     continue
                 assert peer is not None and peer.announced is not None
                 if not waited:
+                    stream = self._stream_for(peer)
                     ev = peer.events.get(desc.event)
                     if ev is None:
                         ev = int(rt.ipcOpenEventHandle(peer.announced.events[desc.event]))
@@ -642,36 +678,63 @@ class IpcPlane:
         except Exception as exc:
             regions = [(p[1], p[2]) for p in placed if isinstance(p, tuple)]
             if regions:  # copies into them may be queued: free them once the stream is past
-                self._after_stream(lambda: self._free_regions(regions))
+                self._after_stream(lambda: self._free_regions(regions), stream)
             if isinstance(exc, ProtocolViolation):
                 raise
             # e.g. the exporter is gone, or is not on this host: this message cannot land here
             raise ProtocolViolation(f"cannot map member {sender}'s device memory: {exc!r}") from exc
-        self._track(lambda: self._finish(key, desc.call, placed))
+        if stream is None:  # no device arrays: nothing to wait for
+            self._finish(key, desc.call, placed)
+            return
+        assert peer is not None
+        regions = [(p[1], p[2]) for p in placed if isinstance(p, tuple)]
+        self._track(sender, peer, lambda: self._finish(key, desc.call, placed), regions)
+
+    def _stream_for(self, peer: _Peer) -> Any:
+        """The stream of ``peer``'s copies, fenced after the last use of reclaimed memory."""
+        stream = peer.stream
+        if stream is None:
+            stream = peer.stream = self._cp.cuda.Stream(non_blocking=True)
+        if peer.fenced != (self._reclaimed, self._released):
+            rt = self._rt
+            if peer.fenced[0] != self._reclaimed:
+                rt.eventRecord(self._fence_event, self._cp.cuda.get_current_stream().ptr)
+                rt.streamWaitEvent(stream.ptr, self._fence_event, 0)
+            if peer.fenced[1] != self._released:
+                rt.eventRecord(self._fence_event, self._stream.ptr)
+                rt.streamWaitEvent(stream.ptr, self._fence_event, 0)
+            peer.fenced = (self._reclaimed, self._released)
+        return stream
 
     # -- completions: polled while busy, a host-function wake-up when idle ----------------------
-    def _track(self, done: Callable[[], None]) -> None:
+    def _track(self, sender: int, peer: _Peer, done: Callable[[], None],
+               regions: list[tuple[int, int]]) -> None:
         ev = self._spare_events.pop() if self._spare_events else int(
             self._rt.eventCreateWithFlags(0x2)  # cudaEventDisableTiming
         )
-        self._rt.eventRecord(ev, self._stream.ptr)
-        if not self._inflight:
+        self._rt.eventRecord(ev, peer.stream.ptr)
+        if not self._busy:
             self._busy_since = time.monotonic()
-        self._inflight.append((ev, done))
+        peer.inflight.append((ev, done, regions))
+        self._busy[sender] = peer
         self._arm()
 
     def poll(self) -> None:
         """Finish every tracked copy that has completed (called from the event loop)."""
-        rt = self._rt
-        while self._inflight:
-            ev, done = self._inflight[0]
-            if rt.eventQuery(ev) != 0:  # cudaErrorNotReady
-                break
-            self._inflight.popleft()
-            self._spare_events.append(ev)
-            self._busy_since = time.monotonic()
-            done()
-        if self._inflight:
+        query = self._rt.eventQuery
+        for sender, peer in list(self._busy.items()):
+            q = peer.inflight
+            while q:
+                ev, done, _ = q[0]
+                if query(ev) != 0:  # cudaErrorNotReady
+                    break
+                q.popleft()
+                self._spare_events.append(ev)
+                self._busy_since = time.monotonic()
+                done()
+            if not q:
+                self._busy.pop(sender, None)
+        if self._busy:
             self._arm()
 
     def _arm(self) -> None:
@@ -681,16 +744,18 @@ class IpcPlane:
         self._loop = loop
         if time.monotonic() - self._busy_since < self._busy_poll_s:
             self._poll_handle = loop.call_soon(self._on_poll)
-        elif not self._host_wakeup_armed:
-            # a long copy: stop spinning, let the stream wake us once all queued work is done
-            self._host_wakeup_armed = True
+            return
+        # long copies: stop spinning, let each busy stream wake us once its queued work is done
+        for peer in self._busy.values():
+            if not peer.wakeup_armed:
+                peer.wakeup_armed = True
 
-            def woken() -> None:
-                self._host_wakeup_armed = False
-                self._busy_since = time.monotonic()
-                self.poll()
+                def woken(peer: _Peer = peer) -> None:
+                    peer.wakeup_armed = False
+                    self._busy_since = time.monotonic()
+                    self.poll()
 
-            self._after_stream(woken)
+                self._after_stream(woken, peer.stream)
 
     def _on_poll(self) -> None:
         self._poll_handle = None
@@ -726,13 +791,16 @@ class IpcPlane:
         self._closed = True
         if self._poll_handle is not None:
             self._poll_handle.cancel()
-        peers = list(self._peers.values())
-        self._peers.clear()
         try:
             self._stream.synchronize()
         except Exception as exc:
             log.debug("synchronizing the plane's stream at close: %r", exc)
-        self._close_peers(peers)
+        # a peer's stream may have stalled on a dead member's event: close only idle ones
+        idle = [p for p in self._peers.values()
+                if p.stream is None or self._rt.streamQuery(p.stream.ptr) == 0]
+        self._peers.clear()
+        self._busy.clear()
+        self._close_peers(idle)
 
 
 class _RegionOwner:

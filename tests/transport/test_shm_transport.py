@@ -123,6 +123,32 @@ async def test_ring_written_before_the_consumer_started_is_delivered() -> None:
         await t1.close()
 
 
+@pytest.mark.parametrize("spin_us", [0.0, 1e6])
+async def test_spinning_consumer_needs_no_doorbell(spin_us: float) -> None:
+    """With ``spin_us`` the consumer keeps polling after an arrival (a record published without
+    a doorbell still arrives at once, well before the 50 ms sweep); without it, it sleeps and
+    says so in the ring, so producers ring its doorbell."""
+    group = new_group()
+    r = Recorder()
+    t = ShmTransport(group, 1, spin_us=spin_us)
+    await t.start(r)
+    fake = FakeProducer(group, 0, 1)
+    try:
+        fake.record(R_MSG, 5, 0, b"first")
+        fake.publish()
+        await r.wait_for(lambda: r.messages(0) == [b"first"])
+        await asyncio.sleep(0.005)
+        assert fake.ring.words[shm_mod._W_CSLEEP] == (0 if spin_us else 1)
+        if spin_us:
+            fake.record(R_MSG, 6, 0, b"second")
+            fake.ring.words[shm_mod._W_HEAD] = fake.head  # published, no doorbell
+            await asyncio.wait_for(r.wait_for(lambda: len(r.messages(0)) == 2), 0.03)
+            assert r.messages(0) == [b"first", b"second"]
+    finally:
+        fake.close()
+        await t.close()
+
+
 async def test_start_removes_segments_of_dead_producers() -> None:
     group = new_group()
     dead = FakeProducer(group, 5, 6, alive=False)
@@ -145,6 +171,9 @@ async def test_configuration_and_usage_errors() -> None:
         ShmTransport("", 0)
     with pytest.raises(ConfigError):
         ShmTransport(group, 0, ring_bytes=1000)
+    for spin in (-1.0, float("nan"), True, "5"):
+        with pytest.raises(ConfigError, match="spin_us"):
+            ShmTransport(group, 0, spin_us=spin)  # type: ignore[arg-type]
     with pytest.raises(UsageError):
         ShmTransport(group, -1)
     with pytest.raises(ConfigError):
