@@ -51,8 +51,8 @@ def _reps(size: int) -> int:
 
 def _in_flight(size: int) -> int:
     """Calls outstanding at once: enough to overlap one call's overheads with another's copy,
-    few enough that the receivers' pools stay small (2 GiB of payload in flight at most)."""
-    return max(2, min(64, (2 << 30) // size))
+    few enough that the receivers' pools stay small (4 GiB of payload in flight at most)."""
+    return max(4, min(64, (4 << 30) // size))
 
 
 async def bench_member(config: da.Config) -> None:
@@ -110,6 +110,17 @@ async def _bench_member(config: da.Config, sizes: list[int]) -> None:
                 del x
             results["bandwidth"].append(row)
             print(f"member 0: {size} bytes done", file=sys.stderr, flush=True)
+        host = b"x" * 4096
+        gate = asyncio.Semaphore(64)
+
+        async def one_host() -> None:
+            async with gate:
+                await sink.take_bytes(host)
+
+        await asyncio.gather(*(one_host() for _ in range(100)))
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one_host() for _ in range(2000)))
+        results["host_rate"] = 2000 / (time.perf_counter() - t0)
         for mode in ("gpu", "host"):
             x = cupy.ones(1024, dtype=cupy.float32)
             host = b"x" * 4096
@@ -201,6 +212,8 @@ def main() -> None:
                   f"{inplace / raw[size]:>6.3f} {inplace * (n - 1) / raw[size]:>6.3f} "
                   f"{staged:>9.2f} {staged / raw[size]:>6.3f} {reps / row['inplace']:>8.0f}",
                   flush=True)
+        print(f"{n:>7} host 4 KB bytes, same pipeline (64 outstanding): "
+              f"{r['host_rate']:.0f} msgs/s (the protocol's own message rate)", flush=True)
         if n == args.members[0]:
             latencies = r["latency"]
     if args.profile:

@@ -12,7 +12,12 @@ sender's pool (allocated with :meth:`IpcPlane.device_buffer`) is sent in place (
 other array is copied into a fresh pool region on the plane's stream. The plane then records one
 of its interprocess events on that stream and sends each receiver a small descriptor frame: the
 encoded call, the event's index, and per array its kind, dtype, shape and (segment, offset)
-(host arrays in the same call ride inline). Nothing waits on the GPU on the event loop.
+(host arrays in the same call ride inline). Nothing waits on the GPU on the event loop. When every
+array goes in place and the application's current stream has nothing queued (``cudaStreamQuery``,
+a host-side check), the arrays are final: the descriptor names no event (-1) and the sender's GPU
+context does no work for the message at all. This matters because processes sharing a GPU without
+MPS are time-sliced: measured on an H200, handing work from one process's context to another's
+costs about 150 µs each way (``benchmarks/cuda_call_costs.py``), far more than the calls.
 
 Receiving: the descriptor is validated against what the sender announced (segment index, offset
 and length within the segment, event index, dtype, element count). For each array the receiver
@@ -290,7 +295,7 @@ class Descriptor:
                 )
             device_arrays = True
             specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, seg, off))
-        if device_arrays and (announced is None or not 0 <= event < len(announced.events)):
+        if device_arrays and (announced is None or not -1 <= event < len(announced.events)):
             raise ProtocolViolation(f"device descriptor names unknown event {event!r}")
         return cls(call, event, tuple(specs))
 
@@ -589,14 +594,12 @@ class IpcPlane:
         """Stage ``payload``'s device arrays (described by ``infos``) in the pool and send
         descriptors to ``targets``."""
         cp = self._cp
+        rt = self._rt
         self.reclaim()
         stream = self._stream
         current = cp.cuda.get_current_stream()
-        if current.ptr != 0 and current.ptr != stream.ptr:
-            stream.wait_event(current.record())
-        regions: list[tuple[int, int]] = []
-        specs: list[ArraySpec] = []
-        keep: list[object] = []
+        specs: list[ArraySpec | None] = []
+        device: list[tuple[int, Any, str, tuple[int, int] | None]] = []  # (spec index, ...)
         for a, info in zip(payload.arrays, infos, strict=True):
             if not info.is_gpu:
                 import numpy as np
@@ -607,28 +610,40 @@ class IpcPlane:
                 continue
             arr = cp.asarray(a)  # CuPy and torch through __cuda_array_interface__, no copy
             if not arr.flags.c_contiguous:
-                arr = cp.ascontiguousarray(arr)
+                arr = cp.ascontiguousarray(arr)  # queued on the current stream
             lib = "torch" if info.lib == "torch" else "cupy"
-            dtype = str(arr.dtype)
             nbytes = int(arr.nbytes)
             place = self._locate(int(arr.data.ptr), nbytes) if nbytes else None
-            if place is None:
-                seg, off = self._alloc(nbytes)
-                regions.append((seg, off))
-                if nbytes:
-                    self._rt.memcpyAsync(self._segments[seg].ptr + off, int(arr.data.ptr),
-                                         nbytes, _CUDA_MEMCPY_DEFAULT, stream.ptr)
-            else:
-                seg, off = place
-            keep.append(arr)
-            specs.append(ArraySpec(lib, dtype, tuple(arr.shape), nbytes, seg, off))
-        if not self._free_events:
-            self._grow_events()
-            self._announce_all()
-        ev = self._free_events.pop()
-        self._rt.eventRecord(self._events[ev], stream.ptr)
-        self._outgoing[key] = _Outgoing(regions, ev, tuple(keep))
-        body = Descriptor(payload.call, ev, tuple(specs)).encode()
+            device.append((len(specs), arr, lib, place))
+            specs.append(None)
+        regions: list[tuple[int, int]] = []
+        ev = -1
+        if any(place is None for _, _, _, place in device) or rt.streamQuery(current.ptr) != 0:
+            # Staging copies, or the application's stream may still be writing an array sent in
+            # place: order the copies after it and let receivers wait on an event. (Otherwise
+            # the arrays are final already, and receivers copy at once: no work of this
+            # process's GPU context stands between the receivers' copies.)
+            if current.ptr != 0 and current.ptr != stream.ptr:
+                stream.wait_event(current.record())
+            for j, (i, arr, lib, place) in enumerate(device):
+                if place is None:
+                    nbytes = int(arr.nbytes)
+                    seg, off = self._alloc(nbytes)
+                    regions.append((seg, off))
+                    if nbytes:
+                        rt.memcpyAsync(self._segments[seg].ptr + off, int(arr.data.ptr),
+                                       nbytes, _CUDA_MEMCPY_DEFAULT, stream.ptr)
+                    device[j] = (i, arr, lib, (seg, off))
+            if not self._free_events:
+                self._grow_events()
+                self._announce_all()
+            ev = self._free_events.pop()
+            rt.eventRecord(self._events[ev], stream.ptr)
+        for i, arr, lib, place in device:
+            assert place is not None
+            specs[i] = ArraySpec(lib, str(arr.dtype), tuple(arr.shape), int(arr.nbytes), *place)
+        self._outgoing[key] = _Outgoing(regions, ev, tuple(arr for _, arr, _, _ in device))
+        body = Descriptor(payload.call, ev, tuple(s for s in specs if s is not None)).encode()
         for dst in targets:
             self._send_descriptor(dst, key, body)
 
@@ -639,7 +654,8 @@ class IpcPlane:
             return
         for seg, off in out.regions:
             self._segments[seg].alloc.free(off)
-        self._free_events.append(out.event)
+        if out.event >= 0:
+            self._free_events.append(out.event)
 
     # -- receiving -------------------------------------------------------------------------
     def receive_descriptor(self, sender: int, key: tuple[int, int, int], raw: bytes) -> None:
@@ -659,11 +675,12 @@ class IpcPlane:
                 assert peer is not None and peer.announced is not None
                 if not waited:
                     stream = self._stream_for(peer)
-                    ev = peer.events.get(desc.event)
-                    if ev is None:
-                        ev = int(rt.ipcOpenEventHandle(peer.announced.events[desc.event]))
-                        peer.events[desc.event] = ev
-                    rt.streamWaitEvent(stream.ptr, ev, 0)
+                    if desc.event >= 0:  # -1: the sender's arrays were final when it sent
+                        ev = peer.events.get(desc.event)
+                        if ev is None:
+                            ev = int(rt.ipcOpenEventHandle(peer.announced.events[desc.event]))
+                            peer.events[desc.event] = ev
+                        rt.streamWaitEvent(stream.ptr, ev, 0)
                     waited = True
                 base = peer.mapped.get(spec.segment)
                 if base is None:

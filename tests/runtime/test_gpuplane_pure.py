@@ -90,12 +90,18 @@ def _raw(specs: list[object], event: int = 0, call: object = b"c") -> bytes:
     (_raw([["pickle", "float32", [4], 0, 0, 16]]), "lib"),
     (_raw([["cupy", "float32", [-1], 0, 0, 16]]), "shape"),
     (_raw([["cupy", "float32", [4], 0, 0, 16]], event=3), "unknown event"),
+    (_raw([["cupy", "float32", [4], 0, 0, 16]], event=-2), "unknown event"),
     (_raw([["numpy", "float32", [4], -1, b"short"]]), "inline"),
     (_raw([["cupy", "float32", [4]]]), "number of fields"),
 ])
 def test_hostile_descriptors_are_protocol_violations(raw: bytes, why: str) -> None:
     with pytest.raises(ProtocolViolation, match=why):
         Descriptor.decode(raw, ANN)
+
+
+def test_a_descriptor_may_name_no_event_when_the_arrays_were_final() -> None:
+    desc = Descriptor.decode(_raw([["cupy", "float32", [4], 0, 0, 16]], event=-1), ANN)
+    assert desc.event == -1 and desc.arrays[0].segment == 0
 
 
 def test_device_arrays_from_a_member_without_a_pool_are_refused() -> None:
