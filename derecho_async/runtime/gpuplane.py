@@ -28,9 +28,11 @@ that may never complete, and a wait on it must stall only that sender's copies (
 change trims anyway), not other senders' copies nor the application's work on the default stream.
 Completion is noticed without blocking the loop: while copies complete the loop polls the
 events (``call_soon``, for up to 2 ms after the last completion, or what
-``DERECHO_ASYNC_GPU_BUSY_POLL_US`` says); past that, one host-function callback per busy stream
-wakes the loop when its queued work is done (a callback per copy would stall the stream whenever
-the loop holds the GIL). The loop then rebuilds arrays of the same kind (CuPy
+``DERECHO_ASYNC_GPU_BUSY_POLL_US`` says); past that, the loop records a blocking-sync event on
+each busy stream and hands it to that sender's *waiter thread*, which sleeps in
+``cudaEventSynchronize`` (the GIL released) and wakes the loop. Not a CUDA host-function callback:
+one stalls its stream until it gets the GIL, and a CUDA call that the loop makes while holding
+the GIL and that waits for that stream would never return. The loop then rebuilds arrays of the same kind (CuPy
 arrays, torch tensors through DLPack) over the copied regions and lands the message: only then
 does the core count it received, so a GPU message is stable only once its bytes are everywhere.
 
@@ -61,6 +63,8 @@ import collections
 import logging
 import math
 import os
+import queue
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -96,6 +100,7 @@ _EVENT_BATCH = 64
 _CUDA_MEMCPY_DEFAULT = 4
 _IPC_LAZY_PEER_ACCESS = 1
 _EVENT_FLAGS = 0x2 | 0x4  # cudaEventDisableTiming | cudaEventInterprocess
+_WAKE_EVENT_FLAGS = 0x1 | 0x2  # cudaEventBlockingSync | cudaEventDisableTiming: a sleeping wait
 
 def _busy_poll_s() -> float:
     """How long to spin on completions after the last one before sleeping (seconds): 2 ms, or
@@ -326,6 +331,7 @@ class _Peer:
         default_factory=collections.deque)
     fenced: tuple[int, int] = (0, 0)  # (reclaimed, released) counts at this stream's last fence
     wakeup_armed: bool = False
+    waiter: _Waiter | None = None  # made on first need
 
 
 @dataclass(slots=True)
@@ -505,7 +511,9 @@ class IpcPlane:
         if peer.stream is None:
             drained()
         else:
-            self._after_stream(drained, peer.stream)
+            self._after_stream(drained, peer)
+        if peer.waiter is not None:
+            peer.waiter.stop()  # after the drain above (a stalled stream keeps it waiting)
 
     def _announce_all(self) -> None:
         if not self._view_members:
@@ -549,15 +557,14 @@ class IpcPlane:
                 except Exception as exc:
                     log.debug("destroying a peer event: %r", exc)
 
-    def _after_stream(self, fn: Callable[[], None], stream: Any) -> None:
-        """Run ``fn`` on the loop once everything queued on ``stream`` has finished."""
+    def _after_stream(self, fn: Callable[[], None], peer: _Peer) -> None:
+        """Run ``fn`` on the loop once everything now queued on ``peer``'s stream has finished."""
         loop = self._loop or asyncio.get_running_loop()
-
-        def on_host(_arg: object) -> None:  # a CUDA thread: no CUDA calls here
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(fn)
-
-        stream.launch_host_func(on_host, None)
+        if peer.waiter is None:
+            peer.waiter = _Waiter(self._rt, self.device, loop)
+        ev = int(self._rt.eventCreateWithFlags(_WAKE_EVENT_FLAGS))
+        self._rt.eventRecord(ev, peer.stream.ptr)
+        peer.waiter.wait(ev, fn)
 
     # -- the Plane protocol ----------------------------------------------------------------
     def start(self, key: tuple[int, int, int], payload: object,
@@ -695,7 +702,8 @@ class IpcPlane:
         except Exception as exc:
             regions = [(p[1], p[2]) for p in placed if isinstance(p, tuple)]
             if regions:  # copies into them may be queued: free them once the stream is past
-                self._after_stream(lambda: self._free_regions(regions), stream)
+                assert peer is not None
+                self._after_stream(lambda: self._free_regions(regions), peer)
             if isinstance(exc, ProtocolViolation):
                 raise
             # e.g. the exporter is gone, or is not on this host: this message cannot land here
@@ -723,7 +731,7 @@ class IpcPlane:
             peer.fenced = (self._reclaimed, self._released)
         return stream
 
-    # -- completions: polled while busy, a host-function wake-up when idle ----------------------
+    # -- completions: polled while busy, a waiter thread's wake-up when idle --------------------
     def _track(self, sender: int, peer: _Peer, done: Callable[[], None],
                regions: list[tuple[int, int]]) -> None:
         ev = self._spare_events.pop() if self._spare_events else int(
@@ -772,7 +780,7 @@ class IpcPlane:
                     self._busy_since = time.monotonic()
                     self.poll()
 
-                self._after_stream(woken, peer.stream)
+                self._after_stream(woken, peer)
 
     def _on_poll(self) -> None:
         self._poll_handle = None
@@ -815,9 +823,53 @@ class IpcPlane:
         # a peer's stream may have stalled on a dead member's event: close only idle ones
         idle = [p for p in self._peers.values()
                 if p.stream is None or self._rt.streamQuery(p.stream.ptr) == 0]
+        for p in self._peers.values():
+            if p.waiter is not None:
+                p.waiter.stop()
         self._peers.clear()
         self._busy.clear()
         self._close_peers(idle)
+
+
+class _Waiter:
+    """A daemon thread that waits for one sender's stream events, then calls back on the loop.
+
+    It sleeps in ``cudaEventSynchronize`` (CuPy releases the GIL there) on blocking-sync events,
+    so it costs no CPU while it waits. A stream stalled on a dead sender's event keeps it waiting
+    for good: one parked thread per such sender, never a stalled loop.
+    """
+
+    def __init__(self, rt: Any, device: int, loop: asyncio.AbstractEventLoop) -> None:
+        self._rt = rt
+        self._device = device
+        self._loop = loop
+        self._queue: queue.SimpleQueue[tuple[int, Callable[[], None]] | None] = (
+            queue.SimpleQueue())
+        threading.Thread(target=self._run, name="derecho-gpu-waiter", daemon=True).start()
+
+    def wait(self, event: int, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the loop once ``event`` (owned by the waiter from now on) completes."""
+        self._queue.put((event, fn))
+
+    def stop(self) -> None:
+        """End the thread after the waits already queued."""
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        import cupy
+
+        cupy.cuda.Device(self._device).use()
+        while (item := self._queue.get()) is not None:
+            event, fn = item
+            try:
+                self._rt.eventSynchronize(event)
+                self._rt.eventDestroy(event)
+            except Exception as exc:  # a broken context: wake the loop anyway
+                log.debug("waiting on a copy's event: %r", exc)
+            try:
+                self._loop.call_soon_threadsafe(fn)
+            except RuntimeError:  # the loop is closed: nobody to tell
+                return
 
 
 class _RegionOwner:
