@@ -48,6 +48,20 @@ def _peer(conn: Connection, mem_handle: bytes, ev_handle: bytes, mode: str,
     dst = cp.empty(1024, dtype=cp.float32)
     stream = cp.cuda.Stream(non_blocking=True)
     done = rt.eventCreateWithFlags(0x2)
+    if mode == "idle-peer":  # the exporter waits idle; time copies out of its buffer alone
+        conn.recv_bytes()
+        times = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            rt.memcpyAsync(dst.data.ptr, base, 4096, 4, stream.ptr)
+            rt.eventRecord(done, stream.ptr)
+            while rt.eventQuery(done) != 0:
+                pass
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        conn.send_bytes(f"{times[len(times) // 2] * 1e6} {times[int(len(times) * .99)] * 1e6}"
+                        .encode())
+        return
     for _ in range(rounds):
         conn.recv_bytes()
         if mode != "none":
@@ -62,7 +76,9 @@ def _peer(conn: Connection, mem_handle: bytes, ev_handle: bytes, mode: str,
 
 def handoff_us(mode: str, rounds: int = 400) -> tuple[float, float]:
     """p50 and p99 round trip (µs) of the two-process hand-off in ``mode``: 'none' (pipe only),
-    'sync' (copy, no event wait), 'event' (the plane's way: wait on the interprocess event)."""
+    'sync' (copy, no event wait), 'event' (the plane's way: wait on the interprocess event);
+    'idle-peer': the second process's copies out of the first's buffer while the first idles
+    (no hand-off: each copy timed alone)."""
     import cupy as cp
 
     rt = cp.cuda.runtime
@@ -75,6 +91,11 @@ def handoff_us(mode: str, rounds: int = 400) -> tuple[float, float]:
     child = ctx.Process(target=_peer, args=(theirs, bytes(rt.ipcGetMemHandle(buf.data.ptr)),
                                             bytes(rt.ipcGetEventHandle(ev)), mode, rounds + 20))
     child.start()
+    if mode == "idle-peer":
+        conn.send_bytes(b"x")
+        p50, p99 = (float(v) for v in conn.recv_bytes().split())
+        child.join()
+        return p50, p99
     times = []
     for i in range(rounds + 20):
         t0 = time.perf_counter()
@@ -166,7 +187,8 @@ def main() -> None:
         print(f"{name:<36} {us:>8.2f}", flush=True)
     print("\nhand-off between two processes, round trip over a pipe (µs)")
     for mode, what in (("none", "pipe only"), ("sync", "4 KB copy, sender synchronizes"),
-                       ("event", "4 KB copy after an interprocess event wait")):
+                       ("event", "4 KB copy after an interprocess event wait"),
+                       ("idle-peer", "4 KB copies out of an idle peer, one by one")):
         p50, p99 = handoff_us(mode)
         print(f"{what:<44} p50 {p50:>7.1f}  p99 {p99:>7.1f}", flush=True)
 
