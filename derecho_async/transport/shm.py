@@ -31,9 +31,11 @@
 # name get ECONNREFUSED". Datagrams carry (kind, member, incarnation) and are only hints; those
 # from other uids are ignored (SO_PASSCRED). A producer rings only if the consumer published
 # ``sleeping``; the consumer sets ``sleeping`` only after a pass found every ring empty, then
-# re-checks. With ``spin_us`` > 0 the consumer first keeps polling (through the event loop, so
-# other callbacks run) for that long after the last arrival: a doorbell costs a syscall on each
-# side and an epoll wake-up, which is most of a hop's latency on a machine with idle cores.
+# re-checks. With ``spin_us`` > 0 and dense traffic (the last two arrivals within five spin
+# windows) the consumer first keeps polling (through the event loop, so other callbacks run) for
+# that long after the last arrival: a doorbell costs a syscall on each side and an epoll wake-up,
+# which is most of a hop's latency on a machine with idle cores. Sparse arrivals (an idle group's
+# heartbeats) never spin.
 # Both sides use a full fence between their store and the other side's load (an
 # uncontended lock round trip is a locked RMW instruction on x86-64), and a slow sweep timer
 # (50 ms backing off to 1 s) re-polls rings and retries doorbells as a safety net, so a lost
@@ -344,6 +346,7 @@ class ShmTransport(Transport):
             raise ConfigError("spin_us", "a number of microseconds from 0 to 1e6", spin_us)
         self._spin_s = float(spin_us) / 1e6
         self._last_arrival = 0.0
+        self._dense = False  # the last two arrivals came within 5 spin windows
         self.group = _check_group(group)
         if isinstance(ring_bytes, bool) or not isinstance(ring_bytes, int):
             raise ConfigError("ring_bytes", "an int from 64 KiB to 1 GiB", ring_bytes)
@@ -813,10 +816,13 @@ class ShmTransport(Transport):
             progress |= self._consume(inl)
         if progress:
             if self._spin_s:
-                self._last_arrival = time.monotonic()
+                now = time.monotonic()
+                # spin only in dense traffic: an idle group's heartbeats must not buy a spin each
+                self._dense = now - self._last_arrival < 5 * self._spin_s
+                self._last_arrival = now
             self._schedule_poll()
             return
-        if self._spin_s and time.monotonic() - self._last_arrival < self._spin_s:
+        if self._dense and time.monotonic() - self._last_arrival < self._spin_s:
             self._schedule_poll()  # keep polling a little: the next record is likely close
             return
         self._sleeping = True

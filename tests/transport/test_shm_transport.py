@@ -123,27 +123,47 @@ async def test_ring_written_before_the_consumer_started_is_delivered() -> None:
         await t1.close()
 
 
+async def test_spinning_consumer_sleeps_between_sparse_arrivals() -> None:
+    """Heartbeat-like traffic (arrivals further apart than five spin windows) buys no spin."""
+    group = new_group()
+    r = Recorder()
+    t = ShmTransport(group, 1, spin_us=2000.0)
+    await t.start(r)
+    fake = FakeProducer(group, 0, 1)
+    try:
+        for n, word in enumerate((b"one", b"two")):
+            fake.record(R_MSG, 3, 0, word)
+            fake.publish()
+            await r.wait_for(lambda n=n: len(r.messages(0)) == n + 1)
+            await asyncio.sleep(0.015)  # > 5 x 2 ms
+        assert fake.ring.words[shm_mod._W_CSLEEP] == 1
+    finally:
+        fake.close()
+        await t.close()
+
+
 @pytest.mark.parametrize("spin_us", [0.0, 1e6])
 async def test_spinning_consumer_needs_no_doorbell(spin_us: float) -> None:
-    """With ``spin_us`` the consumer keeps polling after an arrival (a record published without
-    a doorbell still arrives at once, well before the 50 ms sweep); without it, it sleeps and
-    says so in the ring, so producers ring its doorbell."""
+    """With ``spin_us`` the consumer keeps polling after an arrival in dense traffic (a record
+    published without a doorbell still arrives at once, well before the 50 ms sweep); without
+    it, it sleeps and says so in the ring, so producers ring its doorbell."""
     group = new_group()
     r = Recorder()
     t = ShmTransport(group, 1, spin_us=spin_us)
     await t.start(r)
     fake = FakeProducer(group, 0, 1)
     try:
-        fake.record(R_MSG, 5, 0, b"first")
-        fake.publish()
-        await r.wait_for(lambda: r.messages(0) == [b"first"])
+        for n, word in enumerate((b"first", b"second")):  # two arrivals: dense traffic
+            fake.record(R_MSG, len(word), 0, word)
+            fake.publish()
+            await r.wait_for(lambda n=n: len(r.messages(0)) == n + 1)
         await asyncio.sleep(0.005)
         assert fake.ring.words[shm_mod._W_CSLEEP] == (0 if spin_us else 1)
         if spin_us:
-            fake.record(R_MSG, 6, 0, b"second")
+            fake.record(R_MSG, 5, 0, b"third")
             fake.ring.words[shm_mod._W_HEAD] = fake.head  # published, no doorbell
-            await asyncio.wait_for(r.wait_for(lambda: len(r.messages(0)) == 2), 0.03)
-            assert r.messages(0) == [b"first", b"second"]
+            await asyncio.wait_for(r.wait_for(lambda: len(r.messages(0)) == 3), 0.03)
+            assert r.messages(0) == [b"first", b"second", b"third"]
     finally:
         fake.close()
         await t.close()
