@@ -306,9 +306,8 @@ class Descriptor:
 
 
 def _itemsize(dtype: str) -> int:
-    import numpy as np
-
-    return int(np.dtype(dtype).itemsize)
+    """Bytes per element of a dtype that may travel (codec.DTYPES maps each to its size)."""
+    return DTYPES[dtype]
 
 
 # -- the plane (needs CuPy and a device) -------------------------------------------------------
