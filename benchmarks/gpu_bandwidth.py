@@ -11,7 +11,8 @@ pool. The time from the first send until every member has replied to the last ca
 delivered bandwidth per receiver. In the same command the parent times a raw CuPy device-to-device
 copy of the same size (CUDA events). All receivers copy out of the same GPU's memory at once, so
 the table also gives the aggregate (receivers x per-receiver) beside the raw copy. A second table
-compares the closed-loop latency of a small GPU message with a host message of the same size.
+compares the closed-loop latency of a small GPU message (staged, and in place from a buffer whose
+writes have finished) with a host message of the same size.
 The table is printed and a PNG plot of bandwidth against size is written to DIR.
 """
 
@@ -121,13 +122,18 @@ async def _bench_member(config: da.Config, sizes: list[int]) -> None:
         t0 = time.perf_counter()
         await asyncio.gather(*(one_host() for _ in range(2000)))
         results["host_rate"] = 2000 / (time.perf_counter() - t0)
-        for mode in ("gpu", "host"):
-            x = cupy.ones(1024, dtype=cupy.float32)
+        for mode in ("gpu staged", "gpu in place", "host"):
+            if mode == "gpu in place":
+                x = group.device_buffer((1024,), "float32")
+                x.fill(1.0)
+                cupy.cuda.Device().synchronize()
+            else:
+                x = cupy.ones(1024, dtype=cupy.float32)
             host = b"x" * 4096
             lat = []
             for i in range(220):
                 s = time.perf_counter()
-                await (sink.take(x) if mode == "gpu" else sink.take_bytes(host))
+                await (sink.take(x) if mode != "host" else sink.take_bytes(host))
                 if i >= 20:
                     lat.append(time.perf_counter() - s)
             results["latency"][mode] = lat
@@ -227,7 +233,7 @@ def main() -> None:
     print(f"\nsmall-message latency, closed loop, {args.members[0]} members (µs)")
     for mode, lat in latencies.items():
         lat = sorted(lat)
-        print(f"{mode + ' 4 KB':>12}: p50 {lat[len(lat) // 2] * 1e6:8.0f}  "
+        print(f"{mode + ' 4 KB':>17}: p50 {lat[len(lat) // 2] * 1e6:8.0f}  "
               f"p99 {lat[int(len(lat) * 0.99)] * 1e6:8.0f}")
     try:
         import matplotlib
