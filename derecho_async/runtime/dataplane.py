@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async.codec import DTYPES
+from derecho_async.codec import _TYPESTRS, DTYPES
 from derecho_async.errors import ProtocolViolation
 
 __all__ = [
@@ -98,7 +98,9 @@ def array_info(arr: object) -> ArrayInfo:
         cai = a.__cuda_array_interface__
         lib = "cupy" if mod == "cupy" else "cuda"
         device = int(a.device.id) if hasattr(a, "device") and hasattr(a.device, "id") else 0
-        return ArrayInfo(lib, str(a.dtype), tuple(cai["shape"]), int(a.nbytes),
+        # the typestr names the dtype in ~0.1 µs; str(numpy dtype) takes ~5 µs
+        dtype = _TYPESTRS.get(cai.get("typestr")) or str(a.dtype)
+        return ArrayInfo(lib, dtype, tuple(cai["shape"]), int(a.nbytes),
                          int(cai["data"][0]), device, True)
     if hasattr(arr, "__array_interface__"):
         n: Any = arr

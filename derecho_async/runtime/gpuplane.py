@@ -605,7 +605,8 @@ class IpcPlane:
         stream = self._stream
         current = cp.cuda.get_current_stream()
         specs: list[ArraySpec | None] = []
-        device: list[tuple[int, Any, str, tuple[int, int] | None]] = []  # (spec index, ...)
+        # (spec index, array, lib, dtype, place in the pool or None)
+        device: list[tuple[int, Any, str, str, tuple[int, int] | None]] = []
         for a, info in zip(payload.arrays, infos, strict=True):
             if not info.is_gpu:
                 import numpy as np
@@ -620,18 +621,18 @@ class IpcPlane:
             lib = "torch" if info.lib == "torch" else "cupy"
             nbytes = int(arr.nbytes)
             place = self._locate(int(arr.data.ptr), nbytes) if nbytes else None
-            device.append((len(specs), arr, lib, place))
+            device.append((len(specs), arr, lib, info.dtype, place))
             specs.append(None)
         regions: list[tuple[int, int]] = []
         ev = -1
-        if any(place is None for _, _, _, place in device) or rt.streamQuery(current.ptr) != 0:
+        if any(d[4] is None for d in device) or rt.streamQuery(current.ptr) != 0:
             # Staging copies, or the application's stream may still be writing an array sent in
             # place: order the copies after it and let receivers wait on an event. (Otherwise
             # the arrays are final already, and receivers copy at once: no work of this
             # process's GPU context stands between the receivers' copies.)
             if current.ptr != 0 and current.ptr != stream.ptr:
                 stream.wait_event(current.record())
-            for j, (i, arr, lib, place) in enumerate(device):
+            for j, (i, arr, lib, dtype, place) in enumerate(device):
                 if place is None:
                     nbytes = int(arr.nbytes)
                     seg, off = self._alloc(nbytes)
@@ -639,16 +640,16 @@ class IpcPlane:
                     if nbytes:
                         rt.memcpyAsync(self._segments[seg].ptr + off, int(arr.data.ptr),
                                        nbytes, _CUDA_MEMCPY_DEFAULT, stream.ptr)
-                    device[j] = (i, arr, lib, (seg, off))
+                    device[j] = (i, arr, lib, dtype, (seg, off))
             if not self._free_events:
                 self._grow_events()
                 self._announce_all()
             ev = self._free_events.pop()
             rt.eventRecord(self._events[ev], stream.ptr)
-        for i, arr, lib, place in device:
+        for i, arr, lib, dtype, place in device:
             assert place is not None
-            specs[i] = ArraySpec(lib, str(arr.dtype), tuple(arr.shape), int(arr.nbytes), *place)
-        self._outgoing[key] = _Outgoing(regions, ev, tuple(arr for _, arr, _, _ in device))
+            specs[i] = ArraySpec(lib, dtype, tuple(arr.shape), int(arr.nbytes), *place)
+        self._outgoing[key] = _Outgoing(regions, ev, tuple(d[1] for d in device))
         body = Descriptor(payload.call, ev, tuple(s for s in specs if s is not None)).encode()
         for dst in targets:
             self._send_descriptor(dst, key, body)
