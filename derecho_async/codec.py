@@ -281,7 +281,7 @@ class _Encoder:
 
     @staticmethod
     def dtype_name(dtype: numpy.dtype[Any]) -> str:
-        name = str(dtype.name)
+        name = numpy_dtype_name(dtype)
         if name not in DTYPES or dtype.fields is not None:
             raise _EncodeFailure(
                 TypeError,
@@ -304,10 +304,25 @@ class _Encoder:
         return msgpack.ExtType(_EXT_BUFREF, _pack([index, name, shape, kind]))
 
 
+_NAME_BY_STR: dict[str, str] = {}  # numpy dtype.str ('<f4', '>i8', '|b1') -> dtype.name
+
+
+def numpy_dtype_name(dtype: Any) -> str:
+    """``dtype.name`` of a numpy dtype, fast for the dtypes that travel (``dtype.str`` is read in
+    0.2 µs, ``dtype.name`` is built in about 3 µs; each traveling array needs it several times)."""
+    key = dtype.str
+    name = _NAME_BY_STR.get(key)
+    if name is None:
+        name = str(dtype.name)
+        if name in DTYPES and dtype.fields is None:
+            _NAME_BY_STR[key] = name
+    return name
+
+
 def _buffer_meta(obj: object, np: Any) -> tuple[str, list[int], str]:
     """(dtype name, shape, kind) of an array-like, or ValueError saying why it is unsupported."""
     if np is not None and isinstance(obj, np.ndarray):
-        name = str(obj.dtype.name)
+        name = numpy_dtype_name(obj.dtype)
         if name not in DTYPES or obj.dtype.fields is not None:
             raise ValueError(f"cannot send numpy data of dtype {obj.dtype.str!r}")
         shape = list(obj.shape)

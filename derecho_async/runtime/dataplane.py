@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async.codec import _TYPESTRS, DTYPES
+from derecho_async.codec import _TYPESTRS, DTYPES, numpy_dtype_name
 from derecho_async.errors import ProtocolViolation
 
 __all__ = [
@@ -104,7 +104,7 @@ def array_info(arr: object) -> ArrayInfo:
                          int(cai["data"][0]), device, True)
     if hasattr(arr, "__array_interface__"):
         n: Any = arr
-        return ArrayInfo("numpy", str(n.dtype), tuple(n.shape), int(n.nbytes),
+        return ArrayInfo("numpy", numpy_dtype_name(n.dtype), tuple(n.shape), int(n.nbytes),
                          int(n.__array_interface__["data"][0]), -1, False)
     raise TypeError(f"{type(arr).__name__} is not an array the data plane can move")
 
@@ -304,7 +304,7 @@ def flat_meta(payload: object) -> list[Any] | None:
         if type(a).__module__.split(".")[0] != "numpy" or not hasattr(a, "__array_interface__"):
             return None
         n: Any = a
-        dtype = str(n.dtype.name)
+        dtype = numpy_dtype_name(n.dtype)
         if dtype not in DTYPES or n.dtype.fields is not None:
             return None
         specs.append([dtype, list(n.shape)])
