@@ -413,8 +413,12 @@ def encode_call(
         if not isinstance(name, str) or not name.isidentifier():
             raise UsageError(f"keyword argument names must be identifiers, got {name!r}")
     plain = _PLAIN_TYPES
-    if not kwargs and all(arg is None or type(arg) in plain for arg in args):
-        return _pack([method, args, kwargs])  # nothing to walk or check (a tuple packs as a list)
+    if not kwargs:
+        for arg in args:
+            if arg is not None and type(arg) not in plain:
+                break
+        else:  # nothing to walk or check (a tuple packs as a list)
+            return _pack([method, args, kwargs])
     encoder = _Encoder(buffers)
     items: list[object] = []
     for i, arg in enumerate(args):

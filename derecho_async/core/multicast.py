@@ -56,6 +56,12 @@ class Outgoing:
     large: bool
 
 
+_Inline = tuple[int, int, int, int, int, bytes | None]
+"""An inline message received and not held back, queued as :func:`scan_slots` returned it
+(first_turn, kind, n_turns, nbytes, msg_no, payload) instead of as a :class:`Record`: one fewer
+object per received message. Always one turn, landed."""
+
+
 @dataclass(slots=True)
 class Record:
     """A record read from a sender's ring (or written into mine)."""
@@ -115,7 +121,7 @@ class ShardState:
         self.records_read = [0] * self.n
         self.turns_seen = [0] * self.n
         self.turns_held = [0] * self.n
-        self.pending: list[deque[Record]] = [deque() for _ in range(self.n)]
+        self.pending: list[deque[Record | _Inline]] = [deque() for _ in range(self.n)]
         self.unheld: list[deque[Record]] = [deque() for _ in range(self.n)]
         self.awaiting_records: dict[DataKey, Record] = {}
         self.frontier = 0
@@ -263,23 +269,31 @@ class ShardState:
                 self.turns_seen[k],
                 self.max_payload,
             )
-            # Messages (the usual record) are queued here exactly as _take_record would.
+            # Messages (the usual record, one turn each) are queued here as _take_record would,
+            # as the tuple scan_slots made when nothing is held back (see _Inline).
             pend = self.pending[k]
             unheld = self.unheld[k]
             turns_seen = self.turns_seen
             turns_held = self.turns_held
+            held = 0  # messages queued as held since the last _take_record
             for raw in records:
                 if raw[1] != KIND_MESSAGE:
+                    turns_seen[k] += held
+                    turns_held[k] += held
+                    held = 0
                     self._take_record(k, raw, landed_early, awaiting, expects)
+                    continue
+                if not unheld:
+                    pend.append(raw)
+                    held += 1
                     continue
                 first, kind, n_turns, nbytes, msg_no, payload = raw
                 rec = Record(first, 1, kind, msg_no, nbytes, payload, True)
                 turns_seen[k] += n_turns
                 pend.append(rec)
-                if not unheld:
-                    turns_held[k] += n_turns
-                else:
-                    unheld.append(rec)
+                unheld.append(rec)
+            turns_seen[k] += held
+            turns_held[k] += held
             self.records_read[k] = read + len(records)
             if error is not None:
                 raise ProtocolViolation(error, self.sender_ids[k])
@@ -376,6 +390,13 @@ class ShardState:
             if not pend:
                 raise AssertionError(f"seq {d} is not held (sender index {k})")
             rec = pend[0]
+            if isinstance(rec, tuple):  # a message as scan_slots gave it (_Inline): one turn
+                if turn >= rec[0] + 1:
+                    raise AssertionError(f"seq {d}: record bookkeeping out of step")
+                pend.popleft()
+                append(new(Delivered, (sub, shard, view_id, d, sender_ids[k], rec[4], rec[5])))
+                d += 1  # (never mine: my own messages are queued as Records)
+                continue
             end = rec.first_turn + rec.n_turns
             if turn >= end:
                 raise AssertionError(f"seq {d}: record bookkeeping out of step")
