@@ -57,9 +57,9 @@ class Outgoing:
 
 
 _Inline = tuple[int, int, int, int, int, bytes | None]
-"""An inline message received and not held back, queued as :func:`scan_slots` returned it
-(first_turn, kind, n_turns, nbytes, msg_no, payload) instead of as a :class:`Record`: one fewer
-object per received message. Always one turn, landed."""
+"""An inline message (received and not held back, or one of mine) queued in ``pending`` as the
+tuple :func:`scan_slots` returns, (first_turn, kind, n_turns, nbytes, msg_no, payload), instead
+of as a :class:`Record`: one object fewer per message. Always one turn, always landed."""
 
 
 @dataclass(slots=True)
@@ -164,10 +164,8 @@ class ShardState:
             return 0
         first_record = self.sent_records
         q = self.queue
-        while free > 0 and q:
-            out = q.popleft()
-            self._write_message(out, transfers)
-            free -= 1
+        if q:
+            free = self._write_messages(q, free, transfers)
         if free > 0 and not q:
             need = _turns_needed(self.my_index, self.turns_seen)
             if need > self.sent_turns:
@@ -177,6 +175,51 @@ class ShardState:
             self._push_records(first_record, self.sent_records)
             self._recompute_frontier()
         return written
+
+    def _write_messages(self, q: deque[Outgoing], free: int, transfers: list[Transfer]) -> int:
+        """Write queued messages into at most ``free`` slots; returns the slots left.
+
+        An inline message (the usual one) is written here as :meth:`_write_message` would:
+        header and payload straight into its slot, queued in ``pending`` as an :data:`_Inline`.
+        """
+        k = self.my_index
+        assert k is not None
+        n = self.n
+        table = self.table
+        buf = table.buf
+        slots_base = table.my_rank * table.row_bytes + self.cols.slots.offset
+        window = self.cols.window
+        slot_bytes = self._slot_bytes
+        pack_into = _HEADER.pack_into
+        pend = self.pending[k]
+        own = self.own_undelivered
+        inflight = self.inflight_last_seq
+        one_message = KIND_MESSAGE | (1 << 8)
+        inline = 0
+        while free > 0 and q:
+            out = q.popleft()
+            free -= 1
+            if out.large:
+                self._write_message(out, transfers)
+                continue
+            data = out.payload
+            assert isinstance(data, bytes)
+            size = len(data)
+            rec_no = self.sent_records
+            first = self.sent_turns
+            off = slots_base + (rec_no % window) * slot_bytes
+            pack_into(buf, off, first, one_message, size, out.msg_no)
+            buf[off + _HEADER.size : off + _HEADER.size + size] = data
+            self.sent_records = rec_no + 1
+            self.sent_turns = first + 1
+            seq = first * n + k
+            inflight.append(seq)
+            pend.append((first, KIND_MESSAGE, 1, size, out.msg_no, data))
+            own.append((seq, out))
+            inline += 1
+        self.turns_seen[k] += inline
+        self.turns_held[k] += inline
+        return free
 
     def _write_record(
         self, kind: int, n_turns: int, nbytes: int, msg_no: int, inline: bytes
@@ -395,7 +438,9 @@ class ShardState:
                     raise AssertionError(f"seq {d}: record bookkeeping out of step")
                 pend.popleft()
                 append(new(Delivered, (sub, shard, view_id, d, sender_ids[k], rec[4], rec[5])))
-                d += 1  # (never mine: my own messages are queued as Records)
+                if k == my_index and own and own[0][0] == d:
+                    own.popleft()
+                d += 1
                 continue
             end = rec.first_turn + rec.n_turns
             if turn >= end:
