@@ -92,24 +92,31 @@ class Replies(Mapping[int, object]):
     """
 
     def __init__(self, results: dict[int, object], version: tuple[int, int]) -> None:
-        self._results = dict(sorted(results.items()))
+        self._results = results  # the group hands it over (it keeps no reference)
+        self._ordered = False  # sorted by member id on first iteration (most callers never do)
         self.version = version
+
+    def _sorted(self) -> dict[int, object]:
+        if not self._ordered:
+            self._results = dict(sorted(self._results.items()))
+            self._ordered = True
+        return self._results
 
     def __getitem__(self, member: int) -> object:
         return self._results[member]
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._results)
+        return iter(self._sorted())
 
     def __len__(self) -> int:
         return len(self._results)
 
     def values_ok(self) -> list[object]:
         """The results of the members that answered without an exception."""
-        return [v for v in self._results.values() if not isinstance(v, BaseException)]
+        return [v for v in self._sorted().values() if not isinstance(v, BaseException)]
 
     def __repr__(self) -> str:
-        return f"Replies({self._results!r}, version={self.version})"
+        return f"Replies({self._sorted()!r}, version={self.version})"
 
 
 _CAST = ".cast"  # wire name suffix of a one-way call: "<Actor>.<method>.cast"
@@ -460,7 +467,7 @@ class Group:
         call = self._pending.get(msg_no)
         if call is None or call.expected is None:
             return
-        if call.expected <= call.results.keys():
+        if len(call.results) >= len(call.expected):  # results only ever hold expected members
             del self._pending[msg_no]
             if not call.future.done():
                 call.future.set_result(Replies(call.results, call.version))
@@ -476,7 +483,7 @@ class Group:
             results = call.results
             if member not in results:
                 results[member] = value
-            if call.expected <= results.keys():
+            if len(results) >= len(call.expected):  # (only expected members are recorded)
                 del self._pending[msg_no]
                 fut = call.future
                 if not fut.done():
