@@ -203,10 +203,11 @@ class _OrderedMethod:
         ``(view_id, seq)`` once the call is *delivered at this member*: delivery means
         stability, so every member of that view holds it, and (virtual synchrony) every member
         that survives into the next view delivers it too. It does not wait for any handler,
-        this member's own included. On a view change before delivery the call is re-sent in
-        the next view (the sender survived), so the future resolves later; it fails with
-        :class:`GroupClosed` / :class:`PartitionedError` when this member leaves, is removed
-        or wedges first. Encoding errors and a closed group raise at once.
+        this member's own included. On a view change before delivery the call is delivered in
+        that view's ragged trim or, re-sent, in the next view (the sender survived), and the
+        future resolves then; it fails with :class:`GroupClosed` / :class:`PartitionedError`
+        when this member leaves, is removed or wedges first. Encoding errors and a closed group
+        raise at once.
         """
         return self._group._cast(self._spec, self._name, args, kwargs)
 
