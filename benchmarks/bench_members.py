@@ -9,7 +9,9 @@ same point of the total order. Phase kinds:
   with at most ``depth`` outstanding; every member times the phase from the barrier to its
   delivery of the last of the ``count * len(senders)`` puts (delivered msgs/s and MB/s). The
   senders also record each call's latency (submit to every member's reply); with
-  ``keep_latencies`` they report all of them, not only percentiles.
+  ``keep_latencies`` they report all of them, not only percentiles. With ``one_way`` the calls
+  are one-way (``handle.put.cast``): nobody replies, and a call's latency ends when the sender
+  delivers it (stable: every member holds it).
 - ``blob``: member ``sender`` makes ``count`` ordered ``blob`` calls carrying a numpy array of
   ``size`` bytes (the data plane), ``depth`` outstanding; every member times its deliveries.
 
@@ -138,6 +140,8 @@ async def _stream(
     latencies: list[float] = []
     cpu0 = time.process_time()
     method = handle.blob if ph["kind"] == "blob" else handle.put
+    if ph.get("one_way"):
+        method = method.cast  # no replies: a call completes when it is delivered here
     next_i = 0
 
     async def worker() -> None:

@@ -9,7 +9,7 @@ Prints five tables (markdown), each headed by the core count and the command lin
 is computed from figures measured in the same run:
 
 1. Throughput, 3 members, 1 KB: derecho_async ordered calls (shm and tcp; all senders and one
-   sender) vs PySyncObj (Raft, 3 nodes on loopback, one writer) vs pyzmq PUB -> 2 SUB (tcp
+   sender; replied calls, then one-way calls, ``handle.method.cast``) vs PySyncObj (Raft, 3 nodes on loopback, one writer) vs pyzmq PUB -> 2 SUB (tcp
    loopback, no ordering).
 2. Latency of one ordered call, closed loop (depth 1), one sender, 3 members over shm, with a
    histogram in ``DIR/latency_hist.png`` (matplotlib).
@@ -259,9 +259,12 @@ def table_throughput(rep: Report, scale: Scale, only: set[str]) -> None:
             ("shm", scale.shm_all, scale.shm_one),
             ("tcp", scale.tcp_all, scale.tcp_one),
         ):
-            labels = (
-                f"ordered, {transport}, {x}, depth {DEPTH}" for x in ("3 senders", "1 sender")
-            )
+            # replied rows (every member replies to every call), then one-way rows (.cast)
+            labels = [
+                f"{kind}, {transport}, {x}, depth {DEPTH}"
+                for kind in ("ordered", "ordered one-way (.cast)")
+                for x in ("3 senders", "1 sender")
+            ]
             keys = [("derecho_async", label) for label in labels]
             if "derecho" not in only:
                 for key in keys:
@@ -270,6 +273,8 @@ def table_throughput(rep: Report, scale: Scale, only: set[str]) -> None:
             plan = [
                 plan_stream([0, 1, 2], n_all, 1024, DEPTH),
                 plan_stream([0], n_one, 1024, DEPTH),
+                plan_stream([0, 1, 2], n_all, 1024, DEPTH, one_way=True),
+                plan_stream([0], n_one, 1024, DEPTH, one_way=True),
             ]
             res = run_group(rep, f"derecho {transport}", 3, transport, plan, scale)
             for key, got in zip(keys, res, strict=True):
@@ -310,7 +315,10 @@ def table_throughput(rep: Report, scale: Scale, only: set[str]) -> None:
         f"({scale.repeats} repetition{'s' if scale.repeats > 1 else ''})",
         rows,
         "msgs/s: derecho_async, ordered calls delivered per second at the slowest member "
-        "(total order + stability, every member replies to the caller); PySyncObj, commits/s "
+        "(total order + stability); in the `ordered` rows every member replies to the caller "
+        "and a call completes with all replies, in the `ordered one-way (.cast)` rows nobody "
+        "replies and a call completes when the caller delivers it (stable: every member holds "
+        "it). PySyncObj, commits/s "
         "seen by the writer's callbacks; pyzmq, messages/s received by the slower subscriber. "
         f"Median and range of {scale.repeats} interleaved repetitions; ratios are of medians, "
         f"against the first PySyncObj row ({scale.syncobj_windows[0]} outstanding, the "

@@ -1,11 +1,12 @@
 """Top entries of a py-spy raw profile of benchmark member processes.
 
-Usage: python benchmarks/pyspy_top.py RAW [--top N]
+Usage: python benchmarks/pyspy_top.py RAW [--top N] [--one]
 
 RAW is ``py-spy record --subprocesses --format raw`` output (see benchmarks/shm_stream.py).
 Only stacks of member processes (through ``bench_members.member_entry``) count; the event loop's
 own frame (``Runner.run``, time in uvloop) is left out of the own-time list. Prints the share of
-samples per function by own time (the leaf frame) and by inclusive time.
+samples per function by own time (the leaf frame) and by inclusive time. ``--one`` keeps only the
+member process with the lowest pid (member 0: members are spawned in id order).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import collections
 import re
 
+_PID = re.compile(r"(?:^|;)process (\d+):")
 _FRAME = re.compile(r" \((?:/.*/)?([^/]+?)(?::\d+)?\)$")
 _SKIP = ("process ", "spawn_main", "<module>", "BaseProcess", "_main (", "member_entry", "run (")
 
@@ -22,11 +24,27 @@ def _name(frame: str) -> str:
     return _FRAME.sub(r" (\1)", frame)
 
 
+def _member_pid(line: str) -> str | None:
+    """The pid of the innermost process frame of a stack (the member, under its launcher)."""
+    pids = _PID.findall(line)
+    return pids[-1] if pids else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw")
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--one", action="store_true", help="member 0's process only")
     args = parser.parse_args()
+    keep: str | None = None
+    if args.one:
+        with open(args.raw) as f:
+            pids = {
+                pid
+                for line in f
+                if "member_entry" in line and (pid := _member_pid(line)) is not None
+            }
+        keep = min(pids, key=int) if pids else None
     own: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
     total = 0
@@ -36,13 +54,15 @@ def main() -> None:
             frames = stack.split(";")
             if not count.isdigit() or not any("member_entry" in fr for fr in frames):
                 continue
+            if keep is not None and _member_pid(line) != keep:
+                continue
             n = int(count)
             total += n
             names = [_name(fr) for fr in frames]
             own[names[-1]] += n
             for name in set(names):
                 incl[name] += n
-    print(f"{total} samples in member processes")
+    print(f"{total} samples in member process{' ' + keep if keep else 'es'}")
     print("own time:")
     for name, n in own.most_common(args.top + 1):
         if not name.startswith("Runner.run"):

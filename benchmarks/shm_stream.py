@@ -1,6 +1,6 @@
 """One 3-member ordered throughput run (1 KB, depth 32), for profiling and quick A/B checks.
 
-Usage: python benchmarks/shm_stream.py [--count N] [--transport shm|tcp] [--one-sender]
+Usage: python benchmarks/shm_stream.py [--count N] [--transport shm|tcp] [--one-sender] [--one-way]
 
 Prints the delivered msgs/s at the slowest member and the CPU time all members spent per
 delivered message (user + system, from the phase start to its last delivery), which is steadier
@@ -25,14 +25,17 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20000, help="calls per sender")
     parser.add_argument("--transport", default="shm", choices=("shm", "tcp"))
     parser.add_argument("--one-sender", action="store_true", help="only member 0 sends")
+    parser.add_argument("--one-way", action="store_true",
+                        help="one-way calls (handle.put.cast): no replies")
     args = parser.parse_args()
     senders = [0] if args.one_sender else [0, 1, 2]
-    plan = [c.warmup(3, c.FULL), c.plan_stream(senders, args.count, 1024, c.DEPTH)]
+    plan = [c.warmup(3, c.FULL), c.plan_stream(senders, args.count, 1024, c.DEPTH, one_way=args.one_way)]
     res = bm.GroupRun(3, args.transport, plan).run(300, 60)[1]
     cpu = sum(r["cpu_s"] for r in res.values())
     delivered = min(r["delivered"] for r in res.values())
     print(
-        f"{args.transport}, 3 members, {len(senders)} sender(s), 1 KB: "
+        f"{args.transport}, 3 members, {len(senders)} sender(s), 1 KB"
+        f"{', one-way' if args.one_way else ''}: "
         f"{c.min_rate(res):,.0f} msgs/s; CPU {cpu / delivered * 1e6:.1f} us per delivered "
         "message (all members together)"
     )

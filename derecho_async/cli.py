@@ -34,12 +34,13 @@ def _child(
     sender: bool,
     use_uvloop: bool,
     linger: float = 0.3,
+    one_way: bool = False,
 ) -> None:
     import derecho_async as da
     from derecho_async.workload import run_member
 
     config = da.Config(**fields)
-    coro = run_member(config, q, count, size, depth, sender, linger)
+    coro = run_member(config, q, count, size, depth, sender, linger, one_way)
     try:
         if use_uvloop:
             import uvloop
@@ -67,6 +68,7 @@ class _Run:
         suspect_after_ms: float,
         use_uvloop: bool = True,
         linger: float = 0.3,
+        one_way: bool = False,
     ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         # One queue per member: a member SIGKILLed in the middle of a put leaves a torn message in
@@ -109,6 +111,7 @@ class _Run:
                     i < senders,
                     use_uvloop,
                     linger,
+                    one_way,
                 ),
             )
             p.start()

@@ -42,6 +42,7 @@ constants and :data:`DTYPES`.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, Final
 
 import msgpack  # type: ignore[import-untyped]
@@ -358,8 +359,17 @@ def _buffer_meta(obj: object, np: Any) -> tuple[str, list[int], str]:
     return name, [int(n) for n in shape], kind
 
 
+_packers = threading.local()
+
+
 def _pack(obj: object) -> bytes:
-    data: bytes = msgpack.packb(obj, use_bin_type=True, datetime=False)
+    # One Packer per thread, reused: msgpack.packb builds a new one (and its buffer) per call,
+    # which costs as much as packing a 1 KB call. A Packer resets itself after a failed pack.
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True, datetime=False)
+    data: bytes = packer.pack(obj)
     return data
 
 
@@ -417,8 +427,14 @@ def encode_call(
     for name in kwargs:
         if not isinstance(name, str) or not name.isidentifier():
             raise UsageError(f"keyword argument names must be identifiers, got {name!r}")
-    encoder = _Encoder(buffers)
     plain = _PLAIN_TYPES
+    if not kwargs:
+        for arg in args:
+            if arg is not None and type(arg) not in plain:
+                break
+        else:  # nothing to walk or check (a tuple packs as a list)
+            return _pack([method, args, kwargs])
+    encoder = _Encoder(buffers)
     items: list[object] = []
     for i, arg in enumerate(args):
         if arg is None or type(arg) in plain:  # nothing to walk or check

@@ -7,7 +7,11 @@ submits it to the core; when the message is delivered, every member runs the han
 actor's :class:`~derecho_async.runtime.runner.SerialRunner` (one at a time, in delivery order)
 and sends its result back to the caller, which completes the call's future once every member of
 the delivering view answered; members that leave or fail first are reported as
-:class:`MemberFailed`. A p2p call goes to one member over the channel and runs there at once.
+:class:`MemberFailed`. A *one-way* call (``handle.method.cast(...)``) travels the same way under
+the wire name ``<Actor>.<method>.cast``: members run it in the same order and reply to nobody;
+the caller's future completes with the call's version when the caller itself delivers it
+(delivery implies stability). A p2p call goes to one member over the channel and runs there at
+once.
 """
 
 from __future__ import annotations
@@ -89,24 +93,36 @@ class Replies(Mapping[int, object]):
     """
 
     def __init__(self, results: dict[int, object], version: tuple[int, int]) -> None:
-        self._results = dict(sorted(results.items()))
+        self._results = results  # the group hands it over (it keeps no reference)
+        self._ordered = False  # sorted by member id on first iteration (most callers never do)
         self.version = version
+
+    def _sorted(self) -> dict[int, object]:
+        if not self._ordered:
+            self._results = dict(sorted(self._results.items()))
+            self._ordered = True
+        return self._results
 
     def __getitem__(self, member: int) -> object:
         return self._results[member]
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._results)
+        return iter(self._sorted())
 
     def __len__(self) -> int:
         return len(self._results)
 
     def values_ok(self) -> list[object]:
         """The results of the members that answered without an exception."""
-        return [v for v in self._results.values() if not isinstance(v, BaseException)]
+        return [v for v in self._sorted().values() if not isinstance(v, BaseException)]
 
     def __repr__(self) -> str:
-        return f"Replies({self._results!r}, version={self.version})"
+        return f"Replies({self._sorted()!r}, version={self.version})"
+
+
+_CAST = ".cast"  # wire name suffix of a one-way call: "<Actor>.<method>.cast"
+_Methods = dict[str, tuple[Callable[..., object], bool]]
+"""Wire name of a call -> (the bound ordered method it runs, whether it is one-way)."""
 
 
 @dataclass(slots=True)
@@ -182,6 +198,23 @@ class _OrderedMethod:
     def __call__(self, *args: object, **kwargs: object) -> Awaitable[Replies]:
         return self._group._ordered_call(self._spec, self._name, args, kwargs)
 
+    def cast(self, *args: object, **kwargs: object) -> asyncio.Future[tuple[int, int]]:
+        """A one-way ordered call: multicast like ``handle.method(...)``, but no member replies.
+
+        Every member runs the handler in the same total order as every other ordered call of
+        the subgroup; results are dropped, and a handler's exception is logged at the member
+        where it was raised. The returned future resolves to the call's version
+        ``(view_id, seq)`` once the call is *delivered at this member*: delivery means
+        stability, so every member of that view holds it, and (virtual synchrony) every member
+        that survives into the next view delivers it too. It does not wait for any handler,
+        this member's own included. On a view change before delivery the call is delivered in
+        that view's ragged trim or, re-sent, in the next view (the sender survived), and the
+        future resolves then; it fails with :class:`GroupClosed` / :class:`PartitionedError`
+        when this member leaves, is removed or wedges first. Encoding errors and a closed group
+        raise at once.
+        """
+        return self._group._cast(self._spec, self._name, args, kwargs)
+
 
 class _P2PMethod:
     def __init__(self, group: Group, spec: ActorSpec, name: str) -> None:
@@ -199,8 +232,10 @@ class _P2PMethod:
 
 
 class SubgroupHandle:
-    """Calls into one actor's subgroup: ``await handle.method(...)`` for ``@ordered`` methods,
-    ``await handle.method.at(member)(...)`` for ``@p2p`` methods."""
+    """Calls into one actor's subgroup: ``await handle.method(...)`` for ``@ordered`` methods
+    (every member's result), ``await handle.method.cast(...)`` for the same call one-way (no
+    replies; it completes when the call is delivered here), ``await handle.method.at(member)(...)``
+    for ``@p2p`` methods."""
 
     def __init__(self, group: Group, spec: ActorSpec) -> None:
         self._group = group
@@ -238,11 +273,9 @@ class Group:
         for name, spec in self._specs.items():
             self._actors[name] = spec.cls()
             self._runners[name] = SerialRunner()
-        # subgroup -> (spec, runner, actor, {call name: bound ordered method}): one lookup per
-        # delivered call; the map caches the names already checked against the spec.
-        self._hosted: dict[
-            str, tuple[ActorSpec, SerialRunner, Actor, dict[str, Callable[..., object]]]
-        ] = {
+        # subgroup -> (spec, runner, actor, {wire name: (bound ordered method, one-way)}): one
+        # lookup per delivered call; the map caches the names already checked against the spec.
+        self._hosted: dict[str, tuple[ActorSpec, SerialRunner, Actor, _Methods]] = {
             name: (spec, self._runners[name], self._actors[name], {})
             for name, spec in self._specs.items()
         }
@@ -252,6 +285,8 @@ class Group:
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the group runs on
         self._view: View | None = None
         self._pending: dict[int, _PendingCall] = {}
+        # One-way calls of mine not delivered yet: msg_no -> future of their version.
+        self._casts: dict[int, asyncio.Future[tuple[int, int]]] = {}
         self._early_replies: dict[int, dict[int, object]] = {}
         self._p2p_ids = itertools.count(1)
         self._p2p: dict[int, tuple[int, asyncio.Future[Any]]] = {}
@@ -380,12 +415,13 @@ class Group:
         return self._driver
 
     # -- ordered calls -------------------------------------------------------------------------
-    async def _ordered_call(
-        self, spec: ActorSpec, method: str, args: tuple[object, ...], kwargs: dict[str, object]
-    ) -> Replies:
+    def _submit(
+        self, spec: ActorSpec, wire_name: str, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> tuple[Driver, int]:
+        """Encode a call and queue it in the core; (driver, msg_no)."""
         driver = self._check_open()
         arrays: list[object] = []
-        call = codec.encode_call(f"{spec.name}.{method}", args, kwargs, buffers=arrays)
+        call = codec.encode_call(wire_name, args, kwargs, buffers=arrays)
         core = driver.core
         assert core is not None
         if len(arrays) > MAX_ARRAYS:
@@ -398,6 +434,12 @@ class Group:
             msg_no = core.submit(spec.name, call)
         if msg_no is None:
             raise self._closed or GroupClosed("this member cannot send now")
+        return driver, msg_no
+
+    async def _ordered_call(
+        self, spec: ActorSpec, method: str, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> Replies:
+        driver, msg_no = self._submit(spec, f"{spec.name}.{method}", args, kwargs)
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -406,11 +448,31 @@ class Group:
         driver.kick()
         return await fut
 
+    def _cast(
+        self, spec: ActorSpec, method: str, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> asyncio.Future[tuple[int, int]]:
+        """Submit a one-way ordered call (see :meth:`_OrderedMethod.cast`)."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        driver, msg_no = self._submit(spec, f"{spec.name}.{method}{_CAST}", args, kwargs)
+        fut: asyncio.Future[tuple[int, int]] = loop.create_future()
+        self._casts[msg_no] = fut
+        driver.kick()
+        return fut
+
+    def _cast_done(self, ok: bool, value: object) -> None:
+        """A one-way call's handler finished here: nobody waits for it, so only log a failure."""
+        if not ok:
+            exc = value if isinstance(value, BaseException) else None
+            log.warning("member %d: the handler of a one-way call raised %r", self._me, value,
+                        exc_info=exc)
+
     def _complete(self, msg_no: int) -> None:
         call = self._pending.get(msg_no)
         if call is None or call.expected is None:
             return
-        if call.expected <= call.results.keys():
+        if len(call.results) >= len(call.expected):  # results only ever hold expected members
             del self._pending[msg_no]
             if not call.future.done():
                 call.future.set_result(Replies(call.results, call.version))
@@ -426,7 +488,7 @@ class Group:
             results = call.results
             if member not in results:
                 results[member] = value
-            if call.expected <= results.keys():
+            if len(results) >= len(call.expected):  # (only expected members are recorded)
                 del self._pending[msg_no]
                 fut = call.future
                 if not fut.done():
@@ -441,7 +503,14 @@ class Group:
         return members
 
     def _on_own_delivered(self, ev: Delivered) -> None:
-        """One of my ordered calls is delivered: its repliers and version are now known."""
+        """One of my ordered calls is delivered: its repliers and version are now known (a
+        one-way call is complete)."""
+        if self._casts:
+            cast = self._casts.pop(ev.msg_no, None)
+            if cast is not None:
+                if not cast.done():
+                    cast.set_result((ev.view_id, ev.seq))
+                return
         call = self._pending.get(ev.msg_no)
         if call is not None:
             call.expected = self._expected_repliers(ev.subgroup)
@@ -454,22 +523,25 @@ class Group:
 
     @staticmethod
     def _ordered_method(
-        spec: ActorSpec, actor: Actor, methods: dict[str, Callable[..., object]], name: str
-    ) -> Callable[..., object]:
-        """The bound ordered method a call named ``name`` runs (checked once per name)."""
-        actor_name, _, method = name.partition(".")
+        spec: ActorSpec, actor: Actor, methods: _Methods, name: str
+    ) -> tuple[Callable[..., object], bool]:
+        """The bound ordered method a call named ``name`` runs and whether the call is one-way
+        (wire name ``<Actor>.<method>.cast``); checked once per name."""
+        one_way = name.endswith(_CAST)
+        actor_name, _, method = (name[: -len(_CAST)] if one_way else name).partition(".")
         if actor_name != spec.name or method not in spec.ordered:
             raise ProtocolViolation(f"no ordered method {name!r}")
         fn: Callable[..., object] = getattr(actor, method)
-        methods[name] = fn
-        return fn
+        methods[name] = entry = (fn, one_way)
+        return entry
 
     def on_delivered(self, events: list[Delivered]) -> None:
         """Run the ordered calls of a run of deliveries, in order (Host.on_delivered).
 
         The usual call (a free runner, a plain handler returning None, a caller elsewhere) is
         run and its reply batched here, without the runner's queue or a callback per message;
-        the rest takes the general path (:meth:`SerialRunner.submit_call`, :meth:`_reply`)."""
+        the rest takes the general path (:meth:`SerialRunner.submit_call`, :meth:`_reply`).
+        A one-way call is run the same way and answered to nobody."""
         self._batching = True
         me = self._me
         hosted_of = self._hosted
@@ -490,12 +562,25 @@ class Group:
                     name, args, kwargs = decode_call(payload.call, buffers=list(payload.arrays))
                 else:
                     raise ProtocolViolation("ordered call payload is not bytes")
-                fn = methods.get(name)
-                if fn is None:
-                    fn = self._ordered_method(spec, actor, methods, name)
+                entry = methods.get(name)
+                if entry is None:
+                    entry = self._ordered_method(spec, actor, methods, name)
             except (ProtocolViolation, DerechoError) as exc:
                 log.warning("member %d: undeliverable call from %d: %s", me, sender, exc)
                 self._reply(ev, False, exc)
+                continue
+            fn, one_way = entry
+            if one_way:
+                if not runner.idle():
+                    runner.submit_call(fn, args, kwargs, self._cast_done)
+                    continue
+                try:
+                    result = fn(*args, **kwargs)
+                except Exception as exc:
+                    self._cast_done(False, exc)
+                    continue
+                if type(result) is CoroutineType:
+                    runner.step_coroutine(result, self._cast_done)
                 continue
             if not runner.idle():
                 runner.submit_call(fn, args, kwargs, functools.partial(self._reply, ev))
@@ -606,6 +691,9 @@ class Group:
             call = self._pending.pop(event.msg_no, None)
             if call is not None and not call.future.done():
                 call.future.set_exception(GroupClosed(f"call not delivered: {event.reason}"))
+            cast = self._casts.pop(event.msg_no, None)
+            if cast is not None and not cast.done():
+                cast.set_exception(GroupClosed(f"call not delivered: {event.reason}"))
         elif isinstance(event, Partitioned):
             self._close(
                 PartitionedError(
@@ -731,6 +819,10 @@ class Group:
             if not call.future.done():
                 call.future.set_exception(exc)
         self._pending.clear()
+        for cast in self._casts.values():
+            if not cast.done():
+                cast.set_exception(exc)
+        self._casts.clear()
         for _member, fut in self._p2p.values():
             if not fut.done():
                 fut.set_exception(exc)

@@ -2,8 +2,9 @@
 tests.
 
 Each member process joins the group with a :class:`ReplicatedLog` actor, makes ``count`` ordered
-appends (at most ``depth`` outstanding), appends a ``done`` marker, waits until it has delivered
-the done markers of every other member of its view, and reports to the parent through a queue:
+appends (at most ``depth`` outstanding; one-way calls with ``one_way``), appends a ``done``
+marker, waits until it has delivered the done markers of every other member of its view, and
+reports to the parent through a queue:
 ``("view", member, view_id, members, installed_at)`` as views change (``installed_at`` from
 ``time.monotonic()``), ``("progress", member, delivered)`` while
 running, and ``("done", member, report)`` at the end, where the report holds the delivered count,
@@ -87,8 +88,10 @@ async def run_member(
     depth: int,
     sender: bool = True,
     linger: float = 0.3,
+    one_way: bool = False,
 ) -> None:
-    """Run the workload as one member (see the module docstring)."""
+    """Run the workload as one member (see the module docstring); with ``one_way`` the appends
+    are one-way calls (``log.append.cast``: no replies; a call completes when delivered here)."""
     me = config.member_id
     async with da.Group(config, actors=[ReplicatedLog]) as group:
         log = group.subgroup(ReplicatedLog)
@@ -118,6 +121,7 @@ async def run_member(
         queue.put(("view", me, group.view.view_id, list(group.view.members), group.installed_at[0]))
         latencies: list[float] = []
         pad = b"." * max(0, size - 16)
+        append = log.append.cast if one_way else log.append
         sem = asyncio.Semaphore(depth)
         t0 = time.perf_counter()
         last_report = t0
@@ -125,7 +129,7 @@ async def run_member(
         async def one(i: int) -> None:
             async with sem:
                 start = time.perf_counter()
-                await log.append(b"%d:%d:" % (me, i) + pad)
+                await append(b"%d:%d:" % (me, i) + pad)
                 latencies.append(time.perf_counter() - start)
 
         tasks = [asyncio.ensure_future(one(i)) for i in range(count if sender else 0)]
@@ -140,7 +144,7 @@ async def run_member(
             exc = t.exception()
             if exc is not None:
                 raise exc
-        await log.append(b"done-%d" % me)
+        await append(b"done-%d" % me)
         while not need() <= done_seen:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(finished.wait(), 0.1)

@@ -158,8 +158,9 @@ class Member:
             raise UsageError(f"unknown subgroup {subgroup!r}")
         if len(queue) >= self.config.max_queue:
             return None
-        if isinstance(payload, bytes | bytearray | memoryview):
-            data = bytes(payload)
+        if type(payload) is bytes or isinstance(payload, (bytearray, memoryview)):
+            # (a tuple, not bytes | bytearray | memoryview: that builds a union per call)
+            data = payload if type(payload) is bytes else bytes(payload)
             size = len(data)
             large = size > self.config.max_payload
             obj: object = data

@@ -56,6 +56,12 @@ class Outgoing:
     large: bool
 
 
+_Inline = tuple[int, int, int, int, int, bytes | None]
+"""An inline message (received and not held back, or one of mine) queued in ``pending`` as the
+tuple :func:`scan_slots` returns, (first_turn, kind, n_turns, nbytes, msg_no, payload), instead
+of as a :class:`Record`: one object fewer per message. Always one turn, always landed."""
+
+
 @dataclass(slots=True)
 class Record:
     """A record read from a sender's ring (or written into mine)."""
@@ -115,7 +121,7 @@ class ShardState:
         self.records_read = [0] * self.n
         self.turns_seen = [0] * self.n
         self.turns_held = [0] * self.n
-        self.pending: list[deque[Record]] = [deque() for _ in range(self.n)]
+        self.pending: list[deque[Record | _Inline]] = [deque() for _ in range(self.n)]
         self.unheld: list[deque[Record]] = [deque() for _ in range(self.n)]
         self.awaiting_records: dict[DataKey, Record] = {}
         self.frontier = 0
@@ -158,10 +164,8 @@ class ShardState:
             return 0
         first_record = self.sent_records
         q = self.queue
-        while free > 0 and q:
-            out = q.popleft()
-            self._write_message(out, transfers)
-            free -= 1
+        if q:
+            free = self._write_messages(q, free, transfers)
         if free > 0 and not q:
             need = _turns_needed(self.my_index, self.turns_seen)
             if need > self.sent_turns:
@@ -171,6 +175,51 @@ class ShardState:
             self._push_records(first_record, self.sent_records)
             self._recompute_frontier()
         return written
+
+    def _write_messages(self, q: deque[Outgoing], free: int, transfers: list[Transfer]) -> int:
+        """Write queued messages into at most ``free`` slots; returns the slots left.
+
+        An inline message (the usual one) is written here as :meth:`_write_message` would:
+        header and payload straight into its slot, queued in ``pending`` as an :data:`_Inline`.
+        """
+        k = self.my_index
+        assert k is not None
+        n = self.n
+        table = self.table
+        buf = table.buf
+        slots_base = table.my_rank * table.row_bytes + self.cols.slots.offset
+        window = self.cols.window
+        slot_bytes = self._slot_bytes
+        pack_into = _HEADER.pack_into
+        pend = self.pending[k]
+        own = self.own_undelivered
+        inflight = self.inflight_last_seq
+        one_message = KIND_MESSAGE | (1 << 8)
+        inline = 0
+        while free > 0 and q:
+            out = q.popleft()
+            free -= 1
+            if out.large:
+                self._write_message(out, transfers)
+                continue
+            data = out.payload
+            assert isinstance(data, bytes)
+            size = len(data)
+            rec_no = self.sent_records
+            first = self.sent_turns
+            off = slots_base + (rec_no % window) * slot_bytes
+            pack_into(buf, off, first, one_message, size, out.msg_no)
+            buf[off + _HEADER.size : off + _HEADER.size + size] = data
+            self.sent_records = rec_no + 1
+            self.sent_turns = first + 1
+            seq = first * n + k
+            inflight.append(seq)
+            pend.append((first, KIND_MESSAGE, 1, size, out.msg_no, data))
+            own.append((seq, out))
+            inline += 1
+        self.turns_seen[k] += inline
+        self.turns_held[k] += inline
+        return free
 
     def _write_record(
         self, kind: int, n_turns: int, nbytes: int, msg_no: int, inline: bytes
@@ -263,23 +312,31 @@ class ShardState:
                 self.turns_seen[k],
                 self.max_payload,
             )
-            # Messages (the usual record) are queued here exactly as _take_record would.
+            # Messages (the usual record, one turn each) are queued here as _take_record would,
+            # as the tuple scan_slots made when nothing is held back (see _Inline).
             pend = self.pending[k]
             unheld = self.unheld[k]
             turns_seen = self.turns_seen
             turns_held = self.turns_held
+            held = 0  # messages queued as held since the last _take_record
             for raw in records:
                 if raw[1] != KIND_MESSAGE:
+                    turns_seen[k] += held
+                    turns_held[k] += held
+                    held = 0
                     self._take_record(k, raw, landed_early, awaiting, expects)
+                    continue
+                if not unheld:
+                    pend.append(raw)
+                    held += 1
                     continue
                 first, kind, n_turns, nbytes, msg_no, payload = raw
                 rec = Record(first, 1, kind, msg_no, nbytes, payload, True)
                 turns_seen[k] += n_turns
                 pend.append(rec)
-                if not unheld:
-                    turns_held[k] += n_turns
-                else:
-                    unheld.append(rec)
+                unheld.append(rec)
+            turns_seen[k] += held
+            turns_held[k] += held
             self.records_read[k] = read + len(records)
             if error is not None:
                 raise ProtocolViolation(error, self.sender_ids[k])
@@ -376,6 +433,15 @@ class ShardState:
             if not pend:
                 raise AssertionError(f"seq {d} is not held (sender index {k})")
             rec = pend[0]
+            if isinstance(rec, tuple):  # a message as scan_slots gave it (_Inline): one turn
+                if turn >= rec[0] + 1:
+                    raise AssertionError(f"seq {d}: record bookkeeping out of step")
+                pend.popleft()
+                append(new(Delivered, (sub, shard, view_id, d, sender_ids[k], rec[4], rec[5])))
+                if k == my_index and own and own[0][0] == d:
+                    own.popleft()
+                d += 1
+                continue
             end = rec.first_turn + rec.n_turns
             if turn >= end:
                 raise AssertionError(f"seq {d}: record bookkeeping out of step")

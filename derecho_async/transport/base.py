@@ -273,6 +273,7 @@ class Transport(abc.ABC):
     def __init__(self, member_id: int) -> None:
         self.member_id = check_member_id(member_id)
         self._gate = PushGate(self.member_id)
+        self._remote_targets: dict[tuple[int, ...], list[int]] = {}  # see _check_push
         self._handler: TransportHandler | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
@@ -359,8 +360,16 @@ class Transport(abc.ABC):
                 f"push to [{offset}, {offset + len(mv)}) is outside my row [{row[0]}, {row[1]})"
                 f" of view {view_id}"
             )
-        remote = dict.fromkeys(check_member_id(t, "target") for t in targets)
-        return mv, [t for t in remote if t != self.member_id]
+        # The core pushes to a few target tuples again and again: check each tuple once.
+        remote = self._remote_targets.get(targets) if type(targets) is tuple else None
+        if remote is None:
+            unique = dict.fromkeys(check_member_id(t, "target") for t in targets)
+            remote = [t for t in unique if t != self.member_id]
+            if type(targets) is tuple:
+                if len(self._remote_targets) >= 256:
+                    self._remote_targets.clear()
+                self._remote_targets[targets] = remote
+        return mv, remote
 
     def _check_send(
         self, to: int, payload: bytes | bytearray | memoryview, limit: int, limit_name: str

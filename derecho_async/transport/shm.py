@@ -92,6 +92,7 @@ _R_PUSH, _R_MSG = 1, 2
 _DG = struct.Struct("<IIQQ")  # kind, zero, member, incarnation
 _D_DATA, _D_SPACE, _D_BYE, _D_RESTART, _D_PING = 1, 2, 3, 4, 5
 _UCRED = struct.Struct("iII")  # pid, uid, gid
+_CMSG_SPACE = socket.CMSG_SPACE(_UCRED.size)
 
 _MIN_RING = 64 << 10
 _MAX_RING = 1 << 30
@@ -368,6 +369,7 @@ class ShmTransport(Transport):
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._sweep_interval = self._SWEEP_MIN
         self._names: dict[int, str] = {}
+        self._uid = os.getuid()  # doorbells from other uids are ignored
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, handler: TransportHandler) -> None:
@@ -509,10 +511,14 @@ class ShmTransport(Transport):
         mv, remote = self._check_push(view_id, offset, data, targets)
         if not remote:
             return
-        recs = [
-            (_REC.pack(_R_PUSH, 0, view_id, offset + pos, end - pos), mv[pos:end])
-            for pos, end in self._aligned_pieces(offset, len(mv), self._chunk)
-        ]
+        n = len(mv)
+        if n <= self._chunk - (offset & 7):  # the usual push: one record, nothing to cut
+            recs = [(_REC.pack(_R_PUSH, 0, view_id, offset, n), mv)]
+        else:
+            recs = [
+                (_REC.pack(_R_PUSH, 0, view_id, offset + pos, end - pos), mv[pos:end])
+                for pos, end in self._aligned_pieces(offset, n, self._chunk)
+            ]
         for t in remote:
             self._enqueue(t, recs)
 
@@ -701,8 +707,8 @@ class ShmTransport(Transport):
         sock = self._sock
         if sock is None:
             return
-        uid = os.getuid()
-        cmsg_space = socket.CMSG_SPACE(_UCRED.size)
+        uid = self._uid
+        cmsg_space = _CMSG_SPACE
         for _ in range(256):
             try:
                 data, anc, _flags, _addr = sock.recvmsg(64, cmsg_space)

@@ -111,6 +111,71 @@ async def test_ordered_calls_return_every_members_result_in_one_total_order() ->
         await close(gs)
 
 
+async def test_one_way_calls_keep_the_total_order_and_complete_on_local_delivery() -> None:
+    _, gs = await start(3)
+    try:
+        logs = [g.local(Log).items for g in gs]  # type: ignore[attr-defined]
+        futs: list[asyncio.Future[tuple[int, int]]] = []
+        held: list[bool] = []
+        replied = []
+        for i in range(60):
+            handle = gs[i % 3].subgroup(Log)
+            if i % 4 == 3:  # replied calls interleaved with one-way ones: one total order
+                replied.append(asyncio.ensure_future(handle.append(b"r%d" % i)))
+            else:
+                fut = handle.append.cast(b"c%d" % i)
+                fut.add_done_callback(
+                    # completion = delivered at the caller: its own replica holds the item
+                    lambda f, m=i % 3, item=b"c%d" % i: held.append(item in logs[m])
+                )
+                futs.append(fut)
+        versions = await asyncio.gather(*futs)
+        await asyncio.gather(*replied)
+        assert held == [True] * len(futs)
+        assert all(isinstance(v, tuple) and v[0] == 0 for v in versions)
+        assert len(set(versions)) == len(versions)  # one (view_id, seq) per call
+        for _ in range(100):  # the other members deliver them too, in the same order
+            if all(len(x) == 60 for x in logs):
+                break
+            await asyncio.sleep(0.01)
+        assert logs[0] == logs[1] == logs[2] and len(logs[0]) == 60
+        # the versions order the calls as the logs do
+        by_seq = sorted(zip(versions, (f for f in range(60) if f % 4 != 3), strict=True))
+        positions = [logs[0].index(b"c%d" % i) for _, i in by_seq]
+        assert positions == sorted(positions)
+    finally:
+        await close(gs)
+
+
+async def test_one_way_calls_report_handler_errors_only_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, gs = await start(3)
+    try:
+        with caplog.at_level("WARNING", logger="derecho_async.group"):
+            version = await gs[1].subgroup(Log).boom.cast("bad input")
+            r = await gs[1].subgroup(Log).append(b"after")  # the group goes on
+        assert version[0] == 0 and set(r) == {0, 1, 2}
+        assert "one-way call raised ValueError('bad input')" in caplog.text
+        assert gs[0].local(Log).items == [b"after"]  # type: ignore[attr-defined]
+    finally:
+        await close(gs)
+
+
+async def test_a_one_way_call_fails_when_its_member_leaves_before_delivery() -> None:
+    _, gs = await start(3)
+    try:
+        fut = gs[2].subgroup(Log).append.cast(b"never sent")  # queued, not yet pushed
+        await gs[2].leave()
+        with pytest.raises(da.GroupClosed):
+            await fut
+        with pytest.raises(da.GroupClosed):
+            gs[2].subgroup(Log).append.cast(b"closed")
+        assert b"never sent" not in gs[0].local(Log).items  # type: ignore[attr-defined]
+    finally:
+        await close(gs)
+
+
 async def test_handlers_run_one_at_a_time_and_quick_ones_cost_no_task() -> None:
     _, gs = await start(3)
     try:
