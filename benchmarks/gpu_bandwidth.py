@@ -4,11 +4,13 @@ Usage (on a machine with a GPU and CuPy): python benchmarks/gpu_bandwidth.py
     [--members 2 4 8] [--sizes 4K 64K 1M 16M 64M 256M 1G] [--out DIR]
 
 For each member count, one group of member processes sharing the GPU runs every size: member 0
-makes ``reps`` pipelined ordered calls (a bounded number outstanding) carrying one device array, first allocated in its CUDA IPC
-pool with ``group.device_buffer`` (sent in place), then as a plain CuPy array (staged: one extra
+makes ``reps`` pipelined ordered calls (a bounded number outstanding) carrying one device
+array, first allocated in its CUDA IPC pool with ``group.device_buffer`` (sent in place), then as a plain CuPy array (staged: one extra
 device copy into the pool). Every other member receives it as a device array copied into its own
 pool. The time from the first send until every member has replied to the last call gives the
-delivered bandwidth per receiver. In the same command the parent times a raw CuPy device-to-device
+delivered bandwidth per receiver. A third run sends in place with one-way calls (``.cast``: no
+replies), timed until the sender delivered the last one (delivery means stable: every receiver
+holds its bytes; receivers run the handler as they deliver). In the same command the parent times a raw CuPy device-to-device
 copy of the same size (CUDA events). All receivers copy out of the same GPU's memory at once, so
 the table also gives the aggregate (receivers x per-receiver) beside the raw copy. A second table
 compares the closed-loop latency of a small GPU message (staged, and in place from a buffer whose
@@ -91,8 +93,8 @@ async def _bench_member(config: da.Config, sizes: list[int]) -> None:
         for size in sizes:
             reps = _reps(size)
             row: dict[str, Any] = {"size": size, "reps": reps}
-            for mode in ("inplace", "staged"):
-                if mode == "inplace":
+            for mode in ("inplace", "staged", "oneway"):
+                if mode != "staged":
                     x = group.device_buffer((size // 4,), "float32")
                     x.fill(1.0)
                 else:
@@ -101,9 +103,13 @@ async def _bench_member(config: da.Config, sizes: list[int]) -> None:
                 await asyncio.gather(*(sink.take(x) for _ in range(2)))  # warm up
                 gate = asyncio.Semaphore(_in_flight(size))
 
-                async def one(x: Any = x, gate: asyncio.Semaphore = gate) -> None:
+                async def one(x: Any = x, gate: asyncio.Semaphore = gate,
+                              cast: bool = mode == "oneway") -> None:
                     async with gate:
-                        await sink.take(x)
+                        if cast:  # done when delivered here: stable, so every member holds it
+                            await sink.take.cast(x)
+                        else:
+                            await sink.take(x)
 
                 t0 = time.perf_counter()
                 await asyncio.gather(*(one() for _ in range(reps)))
@@ -195,12 +201,15 @@ def main() -> None:
         os.environ["DA_BENCH_PROFILE"] = os.path.abspath(args.profile)
     sizes = [_parse_size(s) for s in args.sizes]
     raw = {size: raw_copy_gbps(size) for size in sizes}
-    rows: list[tuple[int, int, float, float]] = []
+    rows: list[tuple[int, int, float, float, float]] = []
     print(f"# {' '.join(sys.argv)}  (cores: {os.cpu_count()})")
     print("GB/s per receiver; ratio = delivered / raw copy of the same size; aggregate = "
-          "receivers x delivered / raw; msgs/s = ordered calls per second, in place")
+          "receivers x delivered / raw; in place and staged: replied calls; one-way: .cast "
+          "from the pool, timed until the sender delivered the last (stable: every receiver "
+          "holds it); calls/s in place and one-way")
     print(f"{'members':>7} {'size':>6} {'reps':>5} {'raw copy':>9} {'in place':>9} {'ratio':>6} "
-          f"{'aggr':>6} {'staged':>9} {'ratio':>6} {'msgs/s':>8}")
+          f"{'aggr':>6} {'staged':>9} {'ratio':>6} {'one-way':>9} {'ratio':>6} {'aggr':>6} "
+          f"{'calls/s':>8} {'1w c/s':>8}")
     latencies: dict[str, list[float]] = {}
     for n in args.members:
         r = run(n, sizes, args.spin_us)
@@ -213,11 +222,13 @@ def main() -> None:
             size, reps = row["size"], row["reps"]
             inplace = size * reps / row["inplace"] / 1e9
             staged = size * reps / row["staged"] / 1e9
-            rows.append((n, size, inplace, staged))
+            oneway = size * reps / row["oneway"] / 1e9
+            rows.append((n, size, inplace, staged, oneway))
             print(f"{n:>7} {_fmt(size):>6} {reps:>5} {raw[size]:>9.1f} {inplace:>9.2f} "
                   f"{inplace / raw[size]:>6.3f} {inplace * (n - 1) / raw[size]:>6.3f} "
-                  f"{staged:>9.2f} {staged / raw[size]:>6.3f} {reps / row['inplace']:>8.0f}",
-                  flush=True)
+                  f"{staged:>9.2f} {staged / raw[size]:>6.3f} {oneway:>9.2f} "
+                  f"{oneway / raw[size]:>6.3f} {oneway * (n - 1) / raw[size]:>6.3f} "
+                  f"{reps / row['inplace']:>8.0f} {reps / row['oneway']:>8.0f}", flush=True)
         print(f"{n:>7} host 4 KB bytes, same pipeline (64 outstanding): "
               f"{r['host_rate']:.0f} msgs/s (the protocol's own message rate)", flush=True)
         if n == args.members[0]:
@@ -243,14 +254,12 @@ def main() -> None:
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for n in args.members:
-            pts = [(s, g) for m, s, g, _ in rows if m == n]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-",
-                        label=f"{n} members, in place")
-            pts = [(s, g) for m, s, _, g in rows if m == n]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "x:",
-                        label=f"{n} members, staged")
+            for col, style, what in ((2, "o-", "in place"), (3, "x:", "staged"),
+                                     (4, "s--", "one-way, in place")):
+                pts = [(r[1], r[col]) for r in rows if r[0] == n]
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style,
+                            label=f"{n} members, {what}")
         ax.plot(sizes, [raw[s] for s in sizes], "k--", label="raw D2D copy")
         ax.set_xscale("log")
         ax.set_yscale("log")
