@@ -210,8 +210,9 @@ class Config:
     """Size in MiB of each segment of the CUDA IPC device pool (it grows by segments)."""
     spin_us: float | None = None
     """Microseconds a member keeps polling its shared-memory rings after the last arrival before
-    it sleeps on its doorbell (shm): lower latency for a core kept busy meanwhile. None: 200 on a
-    machine of at least 8 cores, else 0 (never spin: members share few cores)."""
+    it sleeps on its doorbell (shm), when traffic is dense (the last two arrivals within five such
+    spans; an idle group's heartbeats never spin): lower latency for a core kept busy meanwhile.
+    None: 200 on a machine of at least 8 cores, else 0 (never spin: members share few cores)."""
     rdma_device: str | None = None
     """RDMA device name (rdma transport); None picks the first device."""
     rdma_port: int = 1
