@@ -229,24 +229,54 @@ def _open_segment(path: str, flags: int) -> int:
     return os.open(path, flags | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
-def _create_ring(path: str, sender: int, receiver: int, capacity: int, inc: int) -> _Ring:
+def _create_segment(path: str, size: int, flags: int = mmap.MAP_SHARED) -> mmap.mmap:
+    """Create the private file ``path`` of ``size`` bytes and map it (shm rings, pool segments).
+
+    A file already there is a leftover of an earlier incarnation of its only writer: the caller
+    holds that writer's doorbell, so nobody else can be writing into it; it is replaced.
+    """
     try:
         fd = _open_segment(path, os.O_CREAT | os.O_EXCL)
     except FileExistsError:
-        # a leftover of an earlier incarnation of this sender: we hold the sender's doorbell,
-        # so nobody else can be producing into it.
         _unlink(path)
         fd = _open_segment(path, os.O_CREAT | os.O_EXCL)
     try:
         os.fchmod(fd, 0o600)
-        os.ftruncate(fd, _HDR + capacity)
-        mm = mmap.mmap(fd, _HDR + capacity)
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size, flags=flags)
     except BaseException:
         os.close(fd)
         _unlink(path)
         raise
     os.close(fd)
-    ring = _Ring(path, mm, capacity)
+    return mm
+
+
+def _map_segment(path: str, min_size: int, max_size: int, flags: int = mmap.MAP_SHARED
+                 ) -> mmap.mmap:
+    """Map an existing segment file, after checking it is a private regular file of this user
+    of ``min_size`` to ``max_size`` bytes (``_BadSegment`` otherwise; mapping errors pass)."""
+    try:
+        fd = _open_segment(path, 0)
+    except OSError as exc:
+        raise _BadSegment(f"cannot open {path}: {exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+            raise _BadSegment(f"{path} is not a private file of this user")
+        if not min_size <= st.st_size <= max_size:
+            raise _BadSegment(f"{path} has a bad size {st.st_size}")
+        return mmap.mmap(fd, st.st_size, flags=flags)
+    finally:
+        os.close(fd)
+
+
+class _BadSegment(Exception):
+    pass
+
+
+def _create_ring(path: str, sender: int, receiver: int, capacity: int, inc: int) -> _Ring:
+    ring = _Ring(path, _create_segment(path, _HDR + capacity), capacity)
     w = ring.words
     w[_W_VERSION] = _VERSION
     w[_W_SENDER] = sender
@@ -259,26 +289,10 @@ def _create_ring(path: str, sender: int, receiver: int, capacity: int, inc: int)
     return ring
 
 
-class _BadSegment(Exception):
-    pass
-
-
 def _attach_ring(path: str, sender: int, receiver: int) -> _Ring:
     """Map an existing ring for reading, validating ownership and the whole header."""
-    try:
-        fd = _open_segment(path, 0)
-    except OSError as exc:
-        raise _BadSegment(f"cannot open {path}: {exc}") from exc
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
-            raise _BadSegment(f"{path} is not a private file of this user")
-        size = st.st_size
-        if not _HDR + _MIN_RING <= size <= _HDR + _MAX_RING:
-            raise _BadSegment(f"{path} has a bad size {size}")
-        mm = mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
+    mm = _map_segment(path, _HDR + _MIN_RING, _HDR + _MAX_RING)
+    size = len(mm)
     ring = _Ring(path, mm, size - _HDR)
     w = ring.words
     problem = None

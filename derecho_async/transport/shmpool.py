@@ -26,16 +26,17 @@ import contextlib
 import mmap
 import os
 import socket
-import stat
 from collections.abc import Iterator
 
 from derecho_async.transport.shm import (
     _PREFIX,
     SHM_DIR,
+    _BadSegment,
     _check_group,
+    _create_segment,
     _group_files,
     _is_alive,
-    _open_segment,
+    _map_segment,
     _unlink,
 )
 
@@ -101,21 +102,8 @@ def create_pool_segment(group: str, owner: int, index: int, capacity: int) -> Po
     if not MIN_CAPACITY <= capacity <= MAX_CAPACITY or not 0 <= index < MAX_SEGMENTS:
         raise ValueError(f"pool segment {index} of {capacity} bytes")
     path = pool_path(group, owner, index)
-    try:
-        fd = _open_segment(path, os.O_CREAT | os.O_EXCL)
-    except FileExistsError:
-        # Only the live holder of the owner's doorbell creates its segments: this is a leftover.
-        _unlink(path)
-        fd = _open_segment(path, os.O_CREAT | os.O_EXCL)
-    try:
-        os.fchmod(fd, 0o600)
-        os.ftruncate(fd, HDR + capacity)
-        mm = mmap.mmap(fd, HDR + capacity, flags=_MAP_FLAGS)
-    except BaseException:
-        os.close(fd)
-        _unlink(path)
-        raise
-    os.close(fd)
+    # only the live holder of the owner's doorbell creates its segments: a file there is a leftover
+    mm = _create_segment(path, HDR + capacity, _MAP_FLAGS)
     gen = int.from_bytes(os.urandom(8), "little") >> 1
     words = memoryview(mm)[:HDR].cast("Q")
     words[_W_OWNER] = owner
@@ -132,22 +120,12 @@ def attach_pool_segment(group: str, owner: int, index: int) -> PoolSegment:
         raise BadPoolSegment(f"segment index {index} out of range")
     path = pool_path(group, owner, index)
     try:
-        fd = _open_segment(path, 0)
-    except OSError as exc:
-        raise BadPoolSegment(f"cannot open {path}: {exc}") from exc
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
-            raise BadPoolSegment(f"{path} is not a private file of this user")
-        size = st.st_size
-        if not HDR + MIN_CAPACITY <= size <= HDR + MAX_CAPACITY:
-            raise BadPoolSegment(f"{path} has a bad size {size}")
-        try:
-            mm = mmap.mmap(fd, size, flags=_MAP_FLAGS)
-        except (OSError, ValueError) as exc:
-            raise BadPoolSegment(f"cannot map {path}: {exc}") from exc
-    finally:
-        os.close(fd)
+        mm = _map_segment(path, HDR + MIN_CAPACITY, HDR + MAX_CAPACITY, _MAP_FLAGS)
+    except _BadSegment as exc:
+        raise BadPoolSegment(str(exc)) from exc
+    except (OSError, ValueError) as exc:
+        raise BadPoolSegment(f"cannot map {path}: {exc}") from exc
+    size = len(mm)
     words = memoryview(mm)[:HDR].cast("Q")
     magic, got_owner, gen, cap = (words[i] for i in (_W_MAGIC, _W_OWNER, _W_GEN, _W_CAPACITY))
     words.release()
