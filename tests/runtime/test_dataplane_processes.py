@@ -11,25 +11,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
 from derecho_async.cli import _Run
 from derecho_async.transport.shm import ShmTransport
 from derecho_async.transport.shmpool import pool_segments
-
-
-def _wait(run: _Run, cond: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run.poll(0.1)
-        if cond():  # type: ignore[operator]
-            return
-    raise AssertionError(
-        f"timed out; progress {run.progress}, views {run.views}, "
-        f"errors {run.errors}, reports {sorted(run.reports)}"
-    )
+from tests.runtime.run_support import wait_for
 
 
 @pytest.mark.parametrize(
@@ -55,11 +43,11 @@ def test_sigkill_of_a_sender_and_relay_mid_transfer(
     )
     survivors = set(range(members)) - {victim}
     try:
-        _wait(run, lambda: min(run.progress.values(), default=0) >= members * 3, 90)
+        wait_for(run, lambda: min(run.progress.values(), default=0) >= members * 3, 90)
         if transport == "shm":
             assert [p for p, owner, _ in pool_segments(run.group) if owner == victim]
         os.kill(run.procs[victim].pid, signal.SIGKILL)
-        _wait(run, lambda: survivors <= run.reports.keys(), 90)
+        wait_for(run, lambda: survivors <= run.reports.keys(), 90)
         if transport == "shm":
             # the survivors removed the dead member's pool segments when they installed the
             # view without it (before any launcher cleanup)

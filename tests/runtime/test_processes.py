@@ -10,18 +10,7 @@ import pytest
 
 from derecho_async.cli import _Run
 from derecho_async.transport.shm import ShmTransport
-
-
-def _wait(run: _Run, cond: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run.poll(0.1)
-        if cond():  # type: ignore[operator]
-            return
-    raise AssertionError(
-        f"timed out; progress {run.progress}, views {run.views}, "
-        f"errors {run.errors}, reports {sorted(run.reports)}"
-    )
+from tests.runtime.run_support import wait_for
 
 
 @pytest.mark.parametrize(
@@ -55,10 +44,10 @@ def test_sigkill_mid_run_survivors_agree_and_lose_nothing(
     )
     victim = members - 1
     try:
-        _wait(run, lambda: max(run.progress.values(), default=0) >= 200, 60)
+        wait_for(run, lambda: max(run.progress.values(), default=0) >= 200, 60)
         os.kill(run.procs[victim].pid, signal.SIGKILL)
         survivors = set(range(members)) - {victim}
-        _wait(run, lambda: survivors <= run.reports.keys(), 60)
+        wait_for(run, lambda: survivors <= run.reports.keys(), 60)
     finally:
         run.finish(10)
     reports = [run.reports[m] for m in sorted(survivors)]
@@ -75,7 +64,7 @@ def test_sigkill_mid_run_survivors_agree_and_lose_nothing(
 def test_uvloop_and_stock_asyncio_members_interoperate() -> None:
     run = _Run(3, "shm", 50, 64, 4, 3, heartbeat_ms=25, suspect_after_ms=1000, use_uvloop=False)
     try:
-        _wait(run, lambda: len(run.reports) == 3, 60)
+        wait_for(run, lambda: len(run.reports) == 3, 60)
     finally:
         run.finish(10)
     assert len({r["digest"] for r in run.reports.values()}) == 1
@@ -122,7 +111,7 @@ def test_a_new_process_joins_a_running_group_and_receives_the_state(transport: s
         linger=8.0,
     )
     try:
-        _wait(run, lambda: len(run.reports) == 3, 60)
+        wait_for(run, lambda: len(run.reports) == 3, 60)
         fields = dict(run.base, member_id=7)
         if transport == "tcp":
             from derecho_async.launch import free_ports
