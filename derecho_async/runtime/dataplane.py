@@ -28,7 +28,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgpack  # type: ignore[import-untyped]
@@ -65,10 +65,21 @@ class OutOfBand:
 
     call: bytes
     arrays: tuple[object, ...]
+    _infos: tuple[ArrayInfo, ...] | None = field(default=None, init=False, repr=False,
+                                                  compare=False)
+
+    def infos(self) -> tuple[ArrayInfo, ...]:
+        """:func:`array_info` of each array, computed once (the size, the plane that takes the
+        payload and the staging all need it, on the sender's hot path)."""
+        infos = self._infos
+        if infos is None:
+            infos = tuple(array_info(a) for a in self.arrays)
+            object.__setattr__(self, "_infos", infos)
+        return infos
 
     @property
     def nbytes(self) -> int:
-        return len(self.call) + sum(array_info(a).nbytes for a in self.arrays)
+        return len(self.call) + sum(info.nbytes for info in self.infos())
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +179,7 @@ class HostStagingPlane:
 
     def start(self, key: tuple[int, int, int], payload: object, targets: tuple[int, ...]) -> None:
         """Ship ``payload`` (bytes or :class:`OutOfBand`) for data key ``key`` to ``targets``."""
-        if isinstance(payload, OutOfBand) and any(array_info(a).is_gpu for a in payload.arrays):
+        if isinstance(payload, OutOfBand) and any(info.is_gpu for info in payload.infos()):
             fut = asyncio.get_running_loop().run_in_executor(None, self._pack, payload)
             self._tasks.add(fut)
 
@@ -192,8 +203,7 @@ class HostStagingPlane:
     def _pack(payload: object) -> bytes:
         if isinstance(payload, OutOfBand):
             arrays = []
-            for a in payload.arrays:
-                info = array_info(a)
+            for a, info in zip(payload.arrays, payload.infos(), strict=True):
                 arrays.append([info.lib, info.dtype, list(info.shape), _to_host_bytes(a)])
             body = [_CALL, payload.call, arrays]
         else:

@@ -77,7 +77,7 @@ from derecho_async.codec import DTYPES
 from derecho_async.core import ViewInstalled
 from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
-from derecho_async.runtime.dataplane import ArrayInfo, OutOfBand, array_info
+from derecho_async.runtime.dataplane import ArrayInfo, OutOfBand
 
 __all__ = [
     "ALIGN",
@@ -571,7 +571,7 @@ class IpcPlane:
         """Take ``payload`` if it holds device arrays and every target announced a pool."""
         if not isinstance(payload, OutOfBand) or not all(self.peer_ready(m) for m in targets):
             return False
-        infos = [array_info(a) for a in payload.arrays]
+        infos = payload.infos()
         if not any(info.is_gpu for info in infos):
             return False
         self.send(key, payload, targets, infos)
@@ -596,7 +596,7 @@ class IpcPlane:
 
     # -- sending ---------------------------------------------------------------------------
     def send(self, key: tuple[int, int, int], payload: OutOfBand, targets: tuple[int, ...],
-             infos: list[ArrayInfo]) -> None:
+             infos: tuple[ArrayInfo, ...]) -> None:
         """Stage ``payload``'s device arrays (described by ``infos``) in the pool and send
         descriptors to ``targets``."""
         cp = self._cp
