@@ -470,9 +470,12 @@ class Group:
 
     def _complete(self, msg_no: int) -> None:
         call = self._pending.get(msg_no)
-        if call is None or call.expected is None:
-            return
-        if len(call.results) >= len(call.expected):  # results only ever hold expected members
+        if call is not None and call.expected is not None:
+            self._complete_call(msg_no, call, call.expected)
+
+    def _complete_call(self, msg_no: int, call: _PendingCall, expected: frozenset[int]) -> None:
+        """Resolve pending ``call`` once every expected member replied."""
+        if len(call.results) >= len(expected):  # results only ever hold expected members
             del self._pending[msg_no]
             if not call.future.done():
                 call.future.set_result(Replies(call.results, call.version))
@@ -484,15 +487,9 @@ class Group:
         if call.expected is None:
             self._early_replies.setdefault(msg_no, {})[member] = value
             return
-        if member in call.expected:  # then as _complete(msg_no), without a second lookup
-            results = call.results
-            if member not in results:
-                results[member] = value
-            if len(results) >= len(call.expected):  # (only expected members are recorded)
-                del self._pending[msg_no]
-                fut = call.future
-                if not fut.done():
-                    fut.set_result(Replies(results, call.version))
+        if member in call.expected:
+            call.results.setdefault(member, value)
+            self._complete_call(msg_no, call, call.expected)
 
     def _expected_repliers(self, subgroup: str) -> frozenset[int]:
         members = self._repliers.get(subgroup)
