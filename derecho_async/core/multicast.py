@@ -179,8 +179,9 @@ class ShardState:
     def _write_messages(self, q: deque[Outgoing], free: int, transfers: list[Transfer]) -> int:
         """Write queued messages into at most ``free`` slots; returns the slots left.
 
-        An inline message (the usual one) is written here as :meth:`_write_message` would:
-        header and payload straight into its slot, queued in ``pending`` as an :data:`_Inline`.
+        An inline message (the usual one) is written here: header and payload straight into its
+        slot, queued in ``pending`` as an :data:`_Inline`; a large one by
+        :meth:`_write_descriptor`.
         """
         k = self.my_index
         assert k is not None
@@ -200,7 +201,7 @@ class ShardState:
             out = q.popleft()
             free -= 1
             if out.large:
-                self._write_message(out, transfers)
+                self._write_descriptor(out, transfers)
                 continue
             data = out.payload
             assert isinstance(data, bytes)
@@ -235,19 +236,14 @@ class ShardState:
         self.inflight_last_seq.append((self.sent_turns - 1) * self.n + self.my_index)
         return first
 
-    def _write_message(self, out: Outgoing, transfers: list[Transfer]) -> None:
+    def _write_descriptor(self, out: Outgoing, transfers: list[Transfer]) -> None:
+        """Write a large message's descriptor record and start its data-plane transfer (inline
+        messages are written by :meth:`_write_messages`)."""
         assert self.my_index is not None
-        if out.large:
-            first = self._write_record(KIND_DESCRIPTOR, 1, out.nbytes, out.msg_no, b"")
-            key = DataKey(self.view_id, self.my_id, out.msg_no)
-            transfers.append(Transfer(key, out.payload, out.nbytes, self.peer_ids))
-            kind = KIND_DESCRIPTOR
-        else:
-            data = out.payload
-            assert isinstance(data, bytes)
-            first = self._write_record(KIND_MESSAGE, 1, len(data), out.msg_no, data)
-            kind = KIND_MESSAGE
-        rec = Record(first, 1, kind, out.msg_no, out.nbytes, out.payload, True)
+        first = self._write_record(KIND_DESCRIPTOR, 1, out.nbytes, out.msg_no, b"")
+        key = DataKey(self.view_id, self.my_id, out.msg_no)
+        transfers.append(Transfer(key, out.payload, out.nbytes, self.peer_ids))
+        rec = Record(first, 1, KIND_DESCRIPTOR, out.msg_no, out.nbytes, out.payload, True)
         self.pending[self.my_index].append(rec)
         self.turns_seen[self.my_index] += 1
         self.turns_held[self.my_index] += 1
