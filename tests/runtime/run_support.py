@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from derecho_async.cli import _Run
+from derecho_async.transport.shm import ShmTransport
 
 
 def wait_for(run: _Run, cond: Callable[[], object], timeout: float) -> None:
@@ -19,3 +20,18 @@ def wait_for(run: _Run, cond: Callable[[], object], timeout: float) -> None:
         f"timed out; progress {run.progress}, views {run.views}, "
         f"errors {run.errors}, reports {sorted(run.reports)}"
     )
+
+
+def assert_survivors_consistent(run: _Run, survivors: set[int], victim: int, count: int) -> None:
+    """After a member was killed: the survivors' logs are identical, in a view of their own, with
+    every one of their ``count`` appends once and at most ``count`` of the victim's; no ring is
+    left behind."""
+    reports = [run.reports[m] for m in sorted(survivors)]
+    assert len({r["digest"] for r in reports}) == 1, "survivors' logs differ"
+    for r in reports:
+        assert r["members"] == sorted(survivors)
+        assert len(r["views"]) >= 2
+        for m in survivors:
+            assert r["per_sender"][m] == count, f"member {m}'s appends lost or duplicated"
+        assert r["per_sender"].get(victim, 0) <= count
+    assert ShmTransport.segments(run.group) == []

@@ -15,9 +15,8 @@ import signal
 import pytest
 
 from derecho_async.cli import _Run
-from derecho_async.transport.shm import ShmTransport
 from derecho_async.transport.shmpool import pool_segments
-from tests.runtime.run_support import wait_for
+from tests.runtime.run_support import assert_survivors_consistent, wait_for
 
 
 @pytest.mark.parametrize(
@@ -54,12 +53,4 @@ def test_sigkill_of_a_sender_and_relay_mid_transfer(
             assert [p for p, owner, _ in pool_segments(run.group) if owner == victim] == []
     finally:
         run.finish(15)
-    reports = [run.reports[m] for m in sorted(survivors)]
-    assert len({r["digest"] for r in reports}) == 1, "survivors' logs differ"
-    for r in reports:
-        assert r["members"] == sorted(survivors)
-        assert len(r["views"]) >= 2
-        for m in survivors:
-            assert r["per_sender"][m] == count, f"member {m}'s appends lost or duplicated"
-        assert r["per_sender"].get(victim, 0) <= count
-    assert ShmTransport.segments(run.group) == []
+    assert_survivors_consistent(run, survivors, victim, count)

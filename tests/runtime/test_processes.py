@@ -9,8 +9,7 @@ import time
 import pytest
 
 from derecho_async.cli import _Run
-from derecho_async.transport.shm import ShmTransport
-from tests.runtime.run_support import wait_for
+from tests.runtime.run_support import assert_survivors_consistent, wait_for
 
 
 @pytest.mark.parametrize(
@@ -50,15 +49,7 @@ def test_sigkill_mid_run_survivors_agree_and_lose_nothing(
         wait_for(run, lambda: survivors <= run.reports.keys(), 60)
     finally:
         run.finish(10)
-    reports = [run.reports[m] for m in sorted(survivors)]
-    assert len({r["digest"] for r in reports}) == 1, "survivors' logs differ"
-    for r in reports:
-        assert r["members"] == sorted(survivors)
-        assert len(r["views"]) >= 2
-        for m in survivors:
-            assert r["per_sender"][m] == count, f"member {m}'s appends lost or duplicated"
-        assert r["per_sender"].get(victim, 0) <= count
-    assert ShmTransport.segments(run.group) == []
+    assert_survivors_consistent(run, survivors, victim, count)
 
 
 def test_uvloop_and_stock_asyncio_members_interoperate() -> None:
