@@ -649,9 +649,18 @@ def main(argv: list[str] | None = None) -> int:
         help="Config.spin_us of every derecho_async member (default: the automatic choice: "
         "200 on 8 or more cores, else 0)",
     )
+    parser.add_argument(
+        "--send-batch",
+        type=int,
+        default=None,
+        help="Config.send_batch of every derecho_async member (default: the Config default; "
+        "0 writes a whole window per step)",
+    )
     args = parser.parse_args(argv)
     if args.spin_us is not None:
         bm.CONFIG_OVERRIDES["spin_us"] = args.spin_us
+    if args.send_batch is not None:
+        bm.CONFIG_OVERRIDES["send_batch"] = args.send_batch
     tables = {t.strip() for t in args.tables.split(",") if t.strip()}
     if tables - {"1", "2", "3", "4", "5"}:
         parser.error(f"--tables: choose from 1,2,3,4,5, not {args.tables!r}")

@@ -36,6 +36,7 @@ def test_defaults() -> None:
     assert c.heartbeat_ms == 50.0 and isinstance(c.heartbeat_ms, float)
     assert c.suspect_after_ms == 500.0
     assert c.window == 64
+    assert c.send_batch == 8
     assert c.max_payload == 8192
     assert c.partition_safety is True
     assert (c.rdma_device, c.rdma_port, c.rdma_gid_index) == (None, 1, None)
@@ -124,6 +125,9 @@ BAD_VALUES: list[tuple[str, object]] = [
     ("window", 0),
     ("window", 65537),
     ("window", 64.0),
+    ("send_batch", -1),
+    ("send_batch", 65537),
+    ("send_batch", 8.0),
     ("max_payload", 63),
     ("max_payload", 100),
     ("max_payload", (1 << 20) + 8),

@@ -61,6 +61,10 @@ class CoreConfig:
     layout: Layout = field(default_factory=Layout)
     max_queue: int = 1 << 20
     max_held_pushes: int = 1 << 16
+    send_batch: int = 0
+    """Records a sender writes per poll (0: as many as the window allows). Small batches let
+    receivers start on the first while the sender writes the next: with everything written in
+    one go, sender and receivers take turns instead of overlapping."""
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -71,6 +75,8 @@ class CoreConfig:
             raise UsageError("need 1 <= heartbeat_period < suspect_after")
         if self.join_retry < 1:
             raise UsageError("join_retry must be >= 1")
+        if self.send_batch < 0:
+            raise UsageError("send_batch must be >= 0")
 
 
 class MemberState(enum.Enum):
@@ -404,6 +410,7 @@ class Member:
                         self.config.max_payload,
                         q,
                         self._push,
+                        self.config.send_batch,
                     )
                 )
             else:

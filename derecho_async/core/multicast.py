@@ -89,6 +89,7 @@ class ShardState:
         max_payload: int,
         queue: deque[Outgoing] | None,
         push: Callable[[int, int, tuple[int, ...]], None],
+        send_batch: int = 0,
     ) -> None:
         self.info = info
         self.cols = cols
@@ -96,6 +97,7 @@ class ShardState:
         self.view_id = view_id
         self.max_payload = max_payload
         self._push = push
+        self.send_batch = send_batch  # records written per send() at most (0: no cap)
         self.n = len(info.senders)
         self.sender_ids = info.senders
         self.sender_ranks = tuple(members.index(m) for m in info.senders)
@@ -162,6 +164,8 @@ class ShardState:
         free = self._window_free()
         if free <= 0:
             return 0
+        if 0 < self.send_batch < free:
+            free = self.send_batch
         first_record = self.sent_records
         q = self.queue
         if q:

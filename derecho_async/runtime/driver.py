@@ -103,6 +103,7 @@ class Driver:
         self.tick_s = tick_s
         self.core_config = CoreConfig(
             window=config.window,
+            send_batch=config.send_batch,
             max_payload=config.max_payload,
             heartbeat_period=1,
             suspect_after=max(2, math.ceil(config.suspect_after_ms / config.heartbeat_ms)),
@@ -310,15 +311,17 @@ class Driver:
         core = self.core
         if core is None or self._closed:
             return
-        for _ in range(64):
-            core.poll()
-            ready = core.ready()
-            if not ready:
-                return
-            self.steps += 1
-            self._execute(core, ready)
-            core.advance(ready)
-        self.kick()  # more work: yield to the loop, then continue
+        core.poll()
+        ready = core.ready()
+        if not ready:
+            return
+        self.steps += 1
+        self._execute(core, ready)
+        core.advance(ready)
+        # Yield to the loop before the next step, even with more to do: the transport rings its
+        # peers' doorbells then, and they start on these records while this member writes the
+        # next batch (Config.send_batch) instead of waiting for all of them.
+        self.kick()
 
     def _execute(self, core: Member, ready: Ready) -> None:
         events = ready.events

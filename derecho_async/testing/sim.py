@@ -78,6 +78,7 @@ class SimCluster:
         data_delay: int = 6,
         suspect_after: int = 30,
         heartbeat_period: int = 2,
+        send_batch: int = 0,
     ) -> None:
         if n < 1:
             raise ValueError("a cluster needs at least one member")
@@ -92,6 +93,7 @@ class SimCluster:
             suspect_after=suspect_after,
             join_retry=suspect_after,
             partition_safety=partition_safety,
+            send_batch=send_batch,
         )
         self.max_delay = max_delay
         self.data_delay = data_delay
