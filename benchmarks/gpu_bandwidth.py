@@ -4,9 +4,9 @@ Usage (on a machine with a GPU and CuPy): python benchmarks/gpu_bandwidth.py
     [--members 2 4 8] [--sizes 4K 64K 1M 16M 64M 256M 1G] [--out DIR]
 
 For each member count, one group of member processes sharing the GPU runs every size: member 0
-makes ``reps`` pipelined ordered calls (a bounded number outstanding) carrying one device
-array, first allocated in its CUDA IPC pool with ``group.device_buffer`` (sent in place), then as a plain CuPy array (staged: one extra
-device copy into the pool). Every other member receives it as a device array copied into its own
+makes ``reps`` pipelined ordered calls (``out`` of them outstanding at once) carrying one
+device array, first allocated in its CUDA IPC pool with ``group.device_buffer`` (sent in
+place), then as a plain CuPy array (staged: one extra device copy into the pool). Every other member receives it as a device array copied into its own
 pool. The time from the first send until every member has replied to the last call gives the
 delivered bandwidth per receiver. A third run sends in place with one-way calls (``.cast``: no
 replies), timed until the sender delivered the last one (delivery means stable: every receiver
@@ -52,10 +52,11 @@ def _reps(size: int) -> int:
     return max(16, min(200, (8 << 30) // size))
 
 
-def _in_flight(size: int) -> int:
-    """Calls outstanding at once: enough to overlap one call's overheads with another's copy,
-    few enough that the receivers' pools stay small (4 GiB of payload in flight at most)."""
-    return max(4, min(64, (4 << 30) // size))
+def _in_flight(size: int, receivers: int) -> int:
+    """Calls outstanding at once: enough to overlap one call's overheads with other calls'
+    copies (up to the window, 64), few enough that the receivers' pools together hold at most
+    16 GiB of payload in flight."""
+    return max(4, min(64, (16 << 30) // (size * max(1, receivers))))
 
 
 async def bench_member(config: da.Config) -> None:
@@ -92,7 +93,8 @@ async def _bench_member(config: da.Config, sizes: list[int]) -> None:
                                    "ipc": group.device_pool_stats() is not None}
         for size in sizes:
             reps = _reps(size)
-            row: dict[str, Any] = {"size": size, "reps": reps}
+            in_flight = _in_flight(size, config.initial_members - 1)
+            row: dict[str, Any] = {"size": size, "reps": reps, "in_flight": in_flight}
             for mode in ("inplace", "staged", "oneway"):
                 if mode != "staged":
                     x = group.device_buffer((size // 4,), "float32")
@@ -101,7 +103,7 @@ async def _bench_member(config: da.Config, sizes: list[int]) -> None:
                     x = cupy.ones(size // 4, dtype=cupy.float32)
                 cupy.cuda.Device().synchronize()
                 await asyncio.gather(*(sink.take(x) for _ in range(2)))  # warm up
-                gate = asyncio.Semaphore(_in_flight(size))
+                gate = asyncio.Semaphore(in_flight)
 
                 async def one(x: Any = x, gate: asyncio.Semaphore = gate,
                               cast: bool = mode == "oneway") -> None:
@@ -166,11 +168,13 @@ def raw_copy_gbps(size: int) -> float:
     return size / statistics.median(times) / 1e9
 
 
-def run(members: int, sizes: list[int], spin_us: float | None) -> dict[str, Any]:
+def run(members: int, sizes: list[int], spin_us: float | None,
+        send_batch: int | None) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp()) / "result.json"
     os.environ.update(DA_BENCH_SIZES=",".join(map(str, sizes)), DA_BENCH_OUT=str(out))
     codes = da.launch_local(members, bench_member, group=f"gbw{os.getpid()}-{members}",
-                            timeout=900, max_payload=8192, gpu_pool_mb=1024, spin_us=spin_us)
+                            timeout=900, max_payload=8192, gpu_pool_mb=1024, spin_us=spin_us,
+                            **({} if send_batch is None else {"send_batch": send_batch}))
     if codes[0] != 0 or not out.exists():
         return {"error": f"exit codes {codes}"}
     result: dict[str, Any] = json.loads(out.read_text())
@@ -195,6 +199,8 @@ def main() -> None:
                         "members 0 and 1")
     parser.add_argument("--spin-us", type=float, default=None,
                         help="Config.spin_us of the members (default: automatic)")
+    parser.add_argument("--send-batch", type=int, default=None,
+                        help="Config.send_batch of the members (default: the Config default)")
     args = parser.parse_args()
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
@@ -207,12 +213,12 @@ def main() -> None:
           "receivers x delivered / raw; in place and staged: replied calls; one-way: .cast "
           "from the pool, timed until the sender delivered the last (stable: every receiver "
           "holds it); calls/s in place and one-way")
-    print(f"{'members':>7} {'size':>6} {'reps':>5} {'raw copy':>9} {'in place':>9} {'ratio':>6} "
+    print(f"{'members':>7} {'size':>6} {'reps':>5} {'out':>4} {'raw copy':>9} {'in place':>9} {'ratio':>6} "
           f"{'aggr':>6} {'staged':>9} {'ratio':>6} {'one-way':>9} {'ratio':>6} {'aggr':>6} "
           f"{'calls/s':>8} {'1w c/s':>8}")
     latencies: dict[str, list[float]] = {}
     for n in args.members:
-        r = run(n, sizes, args.spin_us)
+        r = run(n, sizes, args.spin_us, args.send_batch)
         if "error" in r:
             print(f"{n:>7} failed: {r['error']}", flush=True)
             continue
@@ -224,7 +230,7 @@ def main() -> None:
             staged = size * reps / row["staged"] / 1e9
             oneway = size * reps / row["oneway"] / 1e9
             rows.append((n, size, inplace, staged, oneway))
-            print(f"{n:>7} {_fmt(size):>6} {reps:>5} {raw[size]:>9.1f} {inplace:>9.2f} "
+            print(f"{n:>7} {_fmt(size):>6} {reps:>5} {row['in_flight']:>4} {raw[size]:>9.1f} {inplace:>9.2f} "
                   f"{inplace / raw[size]:>6.3f} {inplace * (n - 1) / raw[size]:>6.3f} "
                   f"{staged:>9.2f} {staged / raw[size]:>6.3f} {oneway:>9.2f} "
                   f"{oneway / raw[size]:>6.3f} {oneway * (n - 1) / raw[size]:>6.3f} "
