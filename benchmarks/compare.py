@@ -653,8 +653,8 @@ def main(argv: list[str] | None = None) -> int:
         "--send-batch",
         type=int,
         default=None,
-        help="Config.send_batch of every derecho_async member (default: the Config default; "
-        "0 writes a whole window per step)",
+        help="Config.send_batch of every derecho_async member (default: automatic, 8 on 8 or "
+        "more cores, else 0; 0 writes a whole window per step)",
     )
     args = parser.parse_args(argv)
     if args.spin_us is not None:

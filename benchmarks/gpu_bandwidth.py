@@ -200,7 +200,7 @@ def main() -> None:
     parser.add_argument("--spin-us", type=float, default=None,
                         help="Config.spin_us of the members (default: automatic)")
     parser.add_argument("--send-batch", type=int, default=None,
-                        help="Config.send_batch of the members (default: the Config default)")
+                        help="Config.send_batch of the members (default: automatic)")
     args = parser.parse_args()
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)

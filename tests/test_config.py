@@ -36,7 +36,7 @@ def test_defaults() -> None:
     assert c.heartbeat_ms == 50.0 and isinstance(c.heartbeat_ms, float)
     assert c.suspect_after_ms == 500.0
     assert c.window == 64
-    assert c.send_batch == 8
+    assert c.send_batch is None
     assert c.max_payload == 8192
     assert c.partition_safety is True
     assert (c.rdma_device, c.rdma_port, c.rdma_gid_index) == (None, 1, None)

@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -103,7 +104,8 @@ class Driver:
         self.tick_s = tick_s
         self.core_config = CoreConfig(
             window=config.window,
-            send_batch=config.send_batch,
+            send_batch=config.send_batch if config.send_batch is not None
+            else 8 if (os.cpu_count() or 1) >= 8 else 0,
             max_payload=config.max_payload,
             heartbeat_period=1,
             suspect_after=max(2, math.ceil(config.suspect_after_ms / config.heartbeat_ms)),
