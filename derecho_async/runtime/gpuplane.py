@@ -81,6 +81,8 @@ from derecho_async.runtime.dataplane import ArrayInfo, OutOfBand
 
 __all__ = [
     "ALIGN",
+    "BROADCAST",
+    "MAX_BROADCAST_BYTES",
     "ArraySpec",
     "Completions",
     "Descriptor",
@@ -88,7 +90,9 @@ __all__ = [
     "Lane",
     "PoolAnnouncement",
     "RangeAllocator",
+    "as_lib",
     "gpu_available",
+    "inline_array",
 ]
 
 log = logging.getLogger("derecho_async.gpuplane")
@@ -225,9 +229,14 @@ class PoolAnnouncement:
         return cls(msg[0], tuple(segments), tuple(msg[2]))
 
 
+BROADCAST = -2  # ArraySpec.segment of an array that arrives by an NCCL broadcast (.ncclplane)
+MAX_BROADCAST_BYTES = 1 << 40  # device bytes one NCCL descriptor may announce, all arrays together
+
+
 @dataclass(frozen=True, slots=True)
 class ArraySpec:
-    """One array of a descriptor: in the sender's pool (segment >= 0) or inline host bytes."""
+    """One array of a descriptor: in the sender's pool (segment >= 0), inline host bytes
+    (segment -1), or arriving by an NCCL broadcast (segment :data:`BROADCAST`)."""
 
     lib: str
     dtype: str
@@ -251,6 +260,8 @@ class Descriptor:
         for a in self.arrays:
             if a.segment >= 0:
                 specs.append([a.lib, a.dtype, list(a.shape), a.segment, a.offset, a.nbytes])
+            elif a.segment == BROADCAST:
+                specs.append([a.lib, a.dtype, list(a.shape), a.nbytes])
             else:
                 specs.append([a.lib, a.dtype, list(a.shape), -1, a.inline or b""])
         out = msgpack.packb([self.call, self.event, specs], use_bin_type=True)
@@ -258,8 +269,13 @@ class Descriptor:
         return out
 
     @classmethod
-    def decode(cls, raw: bytes, announced: PoolAnnouncement | None) -> Descriptor:
-        """Parse and check ``raw`` against the sender's announced pool (None: none known)."""
+    def decode(cls, raw: bytes, announced: PoolAnnouncement | None, *,
+               broadcast: bool = False) -> Descriptor:
+        """Parse and check ``raw`` against the sender's announced pool (None: none known).
+
+        With ``broadcast`` (the NCCL plane) device arrays are ``[lib, dtype, shape, nbytes]``
+        (no pool: they arrive by broadcast), at most :data:`MAX_BROADCAST_BYTES` in all, and the
+        event must be -1; pool arrays are refused."""
         try:
             msg = msgpack.unpackb(raw, raw=False, use_list=True)
         except Exception as exc:
@@ -271,9 +287,10 @@ class Descriptor:
         if len(raw_specs) > _MAX_ARRAYS:
             raise ProtocolViolation(f"device descriptor with {len(raw_specs)} arrays")
         device_arrays = False
+        broadcast_bytes = 0
         specs: list[ArraySpec] = []
         for spec in raw_specs:
-            if not (isinstance(spec, list) and len(spec) in (5, 6)):
+            if not (isinstance(spec, list) and len(spec) in ((4, 5) if broadcast else (5, 6))):
                 raise ProtocolViolation("array spec has the wrong number of fields")
             lib, dtype, shape = spec[0], spec[1], spec[2]
             if not (isinstance(lib, str) and isinstance(dtype, str)) or (
@@ -289,6 +306,14 @@ class Descriptor:
                     raise ProtocolViolation("inline array must be [lib, dtype, shape, -1, bytes]")
                 specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, inline=spec[4]))
                 continue
+            if len(spec) == 4:  # broadcast mode only (checked above)
+                broadcast_bytes += nbytes
+                if spec[3] != nbytes or lib == "numpy" or broadcast_bytes > MAX_BROADCAST_BYTES:
+                    raise ProtocolViolation(
+                        f"broadcast array of {spec[3]!r} bytes ({nbytes} by its shape; "
+                        f"{broadcast_bytes} in all, lib {lib})")
+                specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, BROADCAST))
+                continue
             seg, off, length = spec[3], spec[4], spec[5]
             if announced is None:
                 raise ProtocolViolation("device array from a member that announced no pool")
@@ -302,9 +327,33 @@ class Descriptor:
                 )
             device_arrays = True
             specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, seg, off))
+        if broadcast and event != -1:
+            raise ProtocolViolation(f"broadcast descriptor names event {event!r}")
         if device_arrays and (announced is None or not -1 <= event < len(announced.events)):
             raise ProtocolViolation(f"device descriptor names unknown event {event!r}")
         return cls(call, event, tuple(specs))
+
+
+def inline_array(spec: ArraySpec) -> Any:
+    """The numpy array of an inline (host) array spec, in native byte order."""
+    import numpy as np
+
+    assert spec.inline is not None
+    host = np.frombuffer(bytearray(spec.inline), dtype=np.dtype(spec.dtype).newbyteorder("<"))
+    return host.reshape(spec.shape).astype(np.dtype(spec.dtype), copy=False)
+
+
+def as_lib(arr: Any, lib: str) -> object:
+    """A received CuPy array as the sender's kind: a torch tensor through DLPack when ``lib``
+    is torch and torch imports here, else the CuPy array itself."""
+    if lib == "torch":
+        try:
+            import torch
+
+            return torch.from_dlpack(arr)
+        except ImportError:
+            pass
+    return arr
 
 
 def _itemsize(dtype: str) -> int:
@@ -844,23 +893,10 @@ class IpcPlane:
         arrays: list[object] = []
         for p in placed:
             if isinstance(p, ArraySpec):
-                import numpy as np
-
-                assert p.inline is not None
-                host = np.frombuffer(bytearray(p.inline), dtype=np.dtype(p.dtype).newbyteorder("<"))
-                arrays.append(host.reshape(p.shape).astype(np.dtype(p.dtype), copy=False))
+                arrays.append(inline_array(p))
                 continue
             spec, seg, off = p
-            arr = self._array_over(seg, off, spec.shape, spec.dtype)
-            if spec.lib == "torch":
-                try:
-                    import torch
-
-                    arrays.append(torch.from_dlpack(arr))
-                    continue
-                except ImportError:
-                    pass
-            arrays.append(arr)
+            arrays.append(as_lib(self._array_over(seg, off, spec.shape, spec.dtype), spec.lib))
         if not self._closed:
             self._landed(key, OutOfBand(call, tuple(arrays)))
 
