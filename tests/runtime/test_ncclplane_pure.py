@@ -266,9 +266,9 @@ def test_broadcasts_are_taken_strictly_in_the_roots_order() -> None:
     assert [comm.take_send() for _ in range(3)] == [0, 1, 2]
     comm.take_recv(0)
     comm.take_recv(1)
-    with pytest.raises(ProtocolViolation, match="broadcast 1 .* where 2 was due"):
+    with pytest.raises(ProtocolViolation, match=r"broadcast 1 .* where 2 was due"):
         comm.take_recv(1)  # a repeat
-    with pytest.raises(ProtocolViolation, match="broadcast 5 .* where 2 was due"):
+    with pytest.raises(ProtocolViolation, match=r"broadcast 5 .* where 2 was due"):
         comm.take_recv(5)  # a gap
     comm.take_recv(2)
 
