@@ -29,8 +29,12 @@ frames for a view not yet installed here are held, a bounded number). Then it jo
 communicators it belongs to, one after the other, in one order every member shares (by the
 root's rank in the view, then index): ``NcclCommunicator(nranks, uid, rank)`` blocks until every
 rank has joined, and since every member joins in the same global order, nobody can wait on a
-rank that waits on it (the usual lock-ordering argument). The event loop never blocks: the
-communicator is handed to the loop when it is up. A unique id that has not arrived within the
+rank that waits on it (the usual lock-ordering argument). Each join is followed, on the same
+thread, by two warm-up broadcasts that the thread waits for: NCCL (2.22 and later) may connect
+ranks lazily on a communicator's first collectives, blocking the caller until every rank has
+issued them, and on the event loop a root's first broadcast would then wait for receivers that
+wait for its descriptor. The event loop never blocks: the communicator and its stream are
+handed to the loop when both are up. A unique id that has not arrived within the
 setup timeout (``DERECHO_ASYNC_NCCL_SETUP_S``, 60 s) marks that communicator failed here. A join
 that never returns (a rank died before joining: cupy's blocking ``ncclCommInitRank`` cannot be
 cancelled) leaves that daemon thread parked; the next view gets a fresh thread, so the leak is
@@ -127,7 +131,7 @@ log = logging.getLogger("derecho_async.ncclplane")
 UID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
 _MAX_EARLY_UIDS = 4096  # unique-id frames held for views not yet installed here
 _ASYNC_CHECK_S = 0.5  # how often communicators with broadcasts in flight are checked for errors
-_NCCL_UINT8 = 1  # ncclUint8: every array travels as its bytes
+_WARM_UP_BYTES = 4 << 20  # the second warm-up broadcast (see NcclPlane._warm_up)
 
 
 def _setup_timeout_s() -> float:
@@ -305,6 +309,7 @@ class ViewComms:
         # the setup thread and the loop share these (under ``cond``)
         self.cond = threading.Condition()
         self.uids: dict[tuple[int, int], bytes] = {}
+        self.joining: dict[tuple[int, int], Any] = {}  # joined, still warming up
         self.cancelled = False
 
     def comm_for_uid(self, sender: int, index: int) -> Comm:
@@ -405,6 +410,7 @@ class NcclPlane:
         self._setup_timeout_s = _setup_timeout_s()
         self._done = Completions(self._rt, self.device)
         self._fence_event = int(self._rt.eventCreateWithFlags(0x2))  # cudaEventDisableTiming
+        self._uint8 = int(getattr(nccl, "NCCL_UINT8", 1))  # ncclUint8: arrays travel as bytes
         self._signed_chars = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
         self._view: ViewComms | None = None
         self._early = EarlyUids()
@@ -570,20 +576,18 @@ class NcclPlane:
 
     def _setup(self, vs: ViewComms, loop: asyncio.AbstractEventLoop) -> None:
         """The view's setup thread: make this member's unique ids, then join its communicators
-        in the shared order (see the module docstring)."""
+        in the shared order, each followed by its warm-up (see the module docstring)."""
         self._cp.cuda.Device(self.device).use()
-        try:
-            for spec in vs.plan.get(self.member_id, ()):
+        for spec in vs.plan.get(self.member_id, ()):
+            try:
                 mine = uid_to_bytes(self._nccl.get_unique_id())
-                with vs.cond:
-                    vs.uids[(spec.root, spec.index)] = mine
-                loop.call_soon_threadsafe(self._send_uid, vs, spec, mine)
-        except RuntimeError:  # the loop is closed
-            return
-        except Exception as exc:
-            for spec in vs.order:
+            except Exception as exc:  # its ranks time out waiting for it, and fail it
                 self._post(loop, self._setup_failed, vs, spec, f"no unique id: {exc!r}")
-            return
+                continue
+            with vs.cond:
+                vs.uids[(spec.root, spec.index)] = mine
+            if not self._post(loop, self._send_uid, vs, spec, mine):
+                return
         deadline = time.monotonic() + self._setup_timeout_s
         for spec in vs.order:
             name = (spec.root, spec.index)
@@ -605,9 +609,44 @@ class NcclPlane:
             except Exception as exc:  # e.g. ncclInvalidUsage: two ranks on one GPU
                 self._post(loop, self._setup_failed, vs, spec, f"joining failed: {exc!r}")
                 continue
-            if not self._post(loop, self._comm_up, vs, spec, handle):
+            with vs.cond:
+                if vs.cancelled:
+                    _abort(handle)
+                    return
+                vs.joining[name] = handle  # the loop aborts it if the view ends meanwhile
+            try:
+                stream = self._warm_up(handle, spec.root_rank)
+            except Exception as exc:
+                stream = None
+                why = f"warming up failed: {exc!r}"
+            with vs.cond:
+                handle = vs.joining.pop(name, None)
+            if handle is None:
+                return  # aborted by the loop: the view ended
+            if stream is None:
+                _abort(handle)
+                self._post(loop, self._setup_failed, vs, spec, why)
+                continue
+            if not self._post(loop, self._comm_up, vs, spec, handle, stream):
                 _abort(handle)
                 return
+
+    def _warm_up(self, handle: Any, root: int) -> Any:
+        """Make the communicator's stream and run two broadcasts (1 byte, then
+        :data:`_WARM_UP_BYTES`) on it, waiting here for them. NCCL may connect a communicator's
+        ranks on its first collectives (``NCCL_RUNTIME_CONNECT``, 2.22 and later), and that
+        blocks the calling thread until every rank has issued them: it must happen on this
+        thread, in the shared join order, and never on the event loop (where a root's first
+        broadcast would wait for receivers that wait for its descriptor)."""
+        cp = self._cp
+        stream = cp.cuda.Stream(non_blocking=True)
+        scratch = cp.empty(_WARM_UP_BYTES, cp.uint8)  # contents irrelevant: nobody reads them
+        for nbytes in (1, _WARM_UP_BYTES):
+            handle.broadcast(int(scratch.data.ptr), int(scratch.data.ptr), nbytes,
+                             self._uint8, root, stream.ptr)
+        stream.synchronize()
+        del scratch  # after the broadcasts completed
+        return stream
 
     def _join(self, nranks: int, uid: bytes, rank: int) -> Any:
         """``NcclCommunicator(nranks, uid, rank)``: blocks until every rank joined."""
@@ -647,14 +686,13 @@ class NcclPlane:
             comm.waiting.clear()
             self._suspect(spec.root, f"its NCCL communicator failed here: {why}")
 
-    def _comm_up(self, vs: ViewComms, spec: CommSpec, handle: Any) -> None:
+    def _comm_up(self, vs: ViewComms, spec: CommSpec, handle: Any, stream: Any) -> None:
         comm = vs.comms[(spec.root, spec.index)]
         if vs is not self._view or self._closed or comm.state != "setup":
             threading.Thread(target=_abort, args=(handle,), daemon=True).start()
             return
         comm.handle = handle
-        with self._cp.cuda.Device(self.device):
-            comm.stream = self._cp.cuda.Stream(non_blocking=True)
+        comm.stream = stream
         comm.state = "ready"
         log.info("member %d: NCCL communicator of member %d up (%d ranks, view %d)",
                  self.member_id, spec.root, len(spec.members), vs.view_id)
@@ -671,7 +709,13 @@ class NcclPlane:
         """Abort ``vs``'s communicators; free what their transfers held once drained."""
         with vs.cond:
             vs.cancelled = True
+            warming = list(vs.joining.values())  # joined, warm-up in progress: abort those too
+            vs.joining.clear()
             vs.cond.notify_all()
+        for handle in warming:
+            self.aborted += 1
+            threading.Thread(target=_abort, args=(handle,), daemon=True,
+                             name="derecho-nccl-abort").start()
         for comm in vs.comms.values():
             self._abort_comm(comm, "aborted", "its view ended")
         for key in [k for k in self._outgoing if k[0] <= vs.view_id]:
@@ -724,7 +768,7 @@ class NcclPlane:
         root = comm.spec.root_rank
         for ptr, nbytes in buffers:
             if nbytes:
-                comm.handle.broadcast(ptr, ptr, nbytes, _NCCL_UINT8, root, stream.ptr)
+                comm.handle.broadcast(ptr, ptr, nbytes, self._uint8, root, stream.ptr)
 
     def _receive(self, comm: Comm, key: tuple[int, int, int], desc: Descriptor) -> None:
         """Allocate the arrays, enqueue the matching broadcasts, land them once complete."""
