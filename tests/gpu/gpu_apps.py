@@ -63,7 +63,7 @@ async def sends_device_arrays(config: da.Config) -> None:
         total = float(local.total.sum())
         _write(os.environ["DA_GPU_OUT"], me, {
             "digest": digest, "seen": len(local.seen), "total": total,
-            "plane": group.device_pool_stats() is not None,
+            "plane": group.device_pool_stats() is not None, "nccl": group.nccl_stats(),
         })
         await asyncio.sleep(1.0)
 

@@ -178,6 +178,30 @@ async def test_a_rank_that_never_joins_costs_a_parked_thread_not_a_hang(
         plane.close()
 
 
+def test_members_sharing_a_gpu_fall_back_from_nccl_to_cuda_ipc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpu_plane="nccl" with three members on one GPU: NCCL refuses every communicator
+    (duplicate GPU), nothing hangs, and every message takes the CUDA IPC plane in total order."""
+    _need_nccl()
+    from tests.gpu import gpu_apps
+
+    monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
+    monkeypatch.setenv("DA_GPU_COUNT", "20")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "0")[:1])
+    codes = da.launch_local(3, gpu_apps.sends_device_arrays, gpu_plane="nccl",
+                            group=f"ncclshared{os.getpid()}", timeout=180)
+    assert codes == [0, 0, 0]
+    results = [json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(3)]
+    assert all(r["plane"] for r in results), "the CUDA IPC plane did not run beside NCCL"
+    assert len({r["digest"] for r in results}) == 1, "members saw different sequences"
+    assert all(r["seen"] == 3 * 22 for r in results)
+    for r in results:
+        assert r["nccl"]["communicators"] == 3, r["nccl"]
+        assert r["nccl"]["sent"] == 0 and r["nccl"]["received"] == 0, r["nccl"]
+        assert r["nccl"]["ready"] == 0, r["nccl"]
+
+
 # -- one member per GPU: real groups -------------------------------------------------------------
 @pytest.mark.parametrize("members", [2, 4, 8])
 def test_cupy_and_torch_over_nccl_in_total_order_one_member_per_gpu(
