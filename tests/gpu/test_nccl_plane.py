@@ -188,7 +188,8 @@ def test_members_sharing_a_gpu_fall_back_from_nccl_to_cuda_ipc(
 
     monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
     monkeypatch.setenv("DA_GPU_COUNT", "20")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "0")[:1])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)  # all three on one GPU
     codes = da.launch_local(3, gpu_apps.sends_device_arrays, gpu_plane="nccl",
                             group=f"ncclshared{os.getpid()}", timeout=180)
     assert codes == [0, 0, 0]
