@@ -539,7 +539,12 @@ class NcclPlane:
         vs = ViewComms(view_id, members, plan, self.member_id)
         self._view = vs
         for sender, index, uid in self._early.take(view_id):
-            self._accept_uid(vs, sender, index, uid)
+            try:
+                self._accept_uid(vs, sender, index, uid)
+            except ProtocolViolation as exc:  # held before the view could check it
+                log.warning("member %d: a held NCCL unique id from %d: %s", self.member_id,
+                            sender, exc)
+                self._suspect(sender, f"protocol violation on the NCCL plane: {exc}")
         if not vs.order or self._closed:
             return
         threading.Thread(target=self._setup, args=(vs, loop), daemon=True,
