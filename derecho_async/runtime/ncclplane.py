@@ -544,7 +544,8 @@ class NcclPlane:
             except ProtocolViolation as exc:  # held before the view could check it
                 log.warning("member %d: a held NCCL unique id from %d: %s", self.member_id,
                             sender, exc)
-                self._suspect(sender, f"protocol violation on the NCCL plane: {exc}")
+                loop.call_soon(self._suspect, sender,  # not inside the driver's step
+                               f"protocol violation on the NCCL plane: {exc}")
         if not vs.order or self._closed:
             return
         threading.Thread(target=self._setup, args=(vs, loop), daemon=True,
