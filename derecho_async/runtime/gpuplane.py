@@ -546,7 +546,6 @@ class IpcPlane:
         self._view_members: tuple[int, ...] = ()
         self._outgoing: dict[tuple[int, int, int], _Outgoing] = {}
         self._reclaim: collections.deque[tuple[int, int]] = collections.deque()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._done = Completions(self._rt, self.device)  # copies in flight, per peer
         self._reclaimed = 0  # regions that arrays gave back (their last use: the app's stream)
@@ -645,7 +644,7 @@ class IpcPlane:
     def on_view(self, view_id: int, members: tuple[int, ...]) -> None:
         """A view was installed: announce the pool to its members, forget departed peers, and
         reclaim what older views' sends held."""
-        self._loop = self._done.loop = asyncio.get_running_loop()
+        self._done.loop = asyncio.get_running_loop()
         self._view_members = members
         old = [k for k in self._outgoing if k[0] < view_id]
         for key in old:
