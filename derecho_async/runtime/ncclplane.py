@@ -420,6 +420,7 @@ class NcclPlane:
         self._closed = False
         self.sent = 0  # messages this member sent by broadcast
         self.received = 0  # messages that landed here by broadcast
+        self._received_view = 0  # of those, in the current view
         self.aborted = 0  # communicators aborted here
 
     # -- the Plane protocol ----------------------------------------------------------------
@@ -535,6 +536,7 @@ class NcclPlane:
         self._loop = self._done.loop = loop
         if self._view is not None:
             self._end_view(self._view)
+        self._received_view = 0
         plan = communicator_plan(self._shards_of(members), self._min_ranks)
         vs = ViewComms(view_id, members, plan, self.member_id)
         self._view = vs
@@ -803,6 +805,7 @@ class NcclPlane:
                        for spec, out in placed)
         if not self._closed:
             self.received += 1
+            self._received_view += 1
             self._landed(key, OutOfBand(call, arrays))
 
     def poll(self) -> None:
@@ -832,7 +835,8 @@ class NcclPlane:
     # -- introspection -----------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
         """Figures: communicators of the current view by state, messages sent and received by
-        broadcast, sends still held, communicators aborted."""
+        broadcast (received also in this view alone), sends still held, communicators
+        aborted, unique ids held for future views."""
         comms = list(self._view.comms.values()) if self._view is not None else []
         return {
             "view": self._view.view_id if self._view is not None else -1,
@@ -841,6 +845,7 @@ class NcclPlane:
             "failed": sum(1 for c in comms if c.state == "failed"),
             "sent": self.sent,
             "received": self.received,
+            "received_this_view": self._received_view,
             "sending": len(self._outgoing),
             "aborted": self.aborted,
             "early_uids": len(self._early),
