@@ -116,6 +116,7 @@ __all__ = [
     "UID_BYTES",
     "Comm",
     "CommSpec",
+    "EarlyUids",
     "NcclPlane",
     "ViewComms",
     "communicator_plan",
