@@ -82,7 +82,7 @@ _EXPECTED: Final[dict[str, str]] = {
     "window": "an integer from 1 to 65536",
     "max_payload": "an integer from 64 to 1048576 that is a multiple of 8",
     "partition_safety": "a boolean",
-    "gpu_plane": "one of: auto, ipc, host",
+    "gpu_plane": "one of: auto, ipc, nccl, host",
     "gpu_pool_mb": "an integer from 1 to 1048576",
     "spin_us": "None or a number of microseconds from 0 to 1e6",
     "send_batch": "None or an integer from 0 to 65536",
@@ -211,8 +211,10 @@ class Config:
     needs a core per member; where members share few cores the extra steps only cost. None: 8 on
     a machine of at least 8 cores, else 0."""
     gpu_plane: str = "auto"
-    """How device arrays travel: 'ipc' (pooled CUDA IPC between members of one host), 'host'
-    (staged through host memory), or 'auto' (ipc when the transport is shm and CuPy sees a GPU)."""
+    """How device arrays travel: 'ipc' (pooled CUDA IPC between members of one host), 'nccl'
+    (NCCL broadcasts on per-sender communicators, for members on different GPUs, any transport;
+    then CUDA IPC over shm for what NCCL does not take), 'host' (staged through host memory), or
+    'auto' (ipc when the transport is shm and CuPy sees a GPU; NCCL only when asked for)."""
     gpu_pool_mb: int = 256
     """Size in MiB of each segment of the CUDA IPC device pool (it grows by segments)."""
     spin_us: float | None = None
@@ -300,7 +302,7 @@ class Config:
             or self.max_payload % 8
         ):
             raise ConfigError("max_payload", _EXPECTED["max_payload"], self.max_payload)
-        if self.gpu_plane not in ("auto", "ipc", "host"):
+        if self.gpu_plane not in ("auto", "ipc", "nccl", "host"):
             raise ConfigError("gpu_plane", _EXPECTED["gpu_plane"], self.gpu_plane)
         if self.spin_us is not None and (
             isinstance(self.spin_us, bool) or not isinstance(self.spin_us, (int, float))

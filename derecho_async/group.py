@@ -401,6 +401,12 @@ class Group:
         driver = self._check_open()
         return driver.gpuplane.stats() if driver.gpuplane is not None else None
 
+    def nccl_stats(self) -> dict[str, int] | None:
+        """Figures of this member's NCCL plane (communicators by state, messages sent and
+        received by broadcast), or None when it is off (see ``gpu_plane``)."""
+        driver = self._check_open()
+        return driver.ncclplane.stats() if driver.ncclplane is not None else None
+
     def _spec_of(self, actor: type[Actor]) -> ActorSpec:
         spec = self._specs.get(getattr(actor, "__name__", ""))
         if spec is None or spec.cls is not actor:

@@ -135,7 +135,7 @@ BAD_VALUES: list[tuple[str, object]] = [
     ("partition_safety", 1),
     ("partition_safety", "false"),
     ("partition_safety", None),
-    ("gpu_plane", "nccl"),
+    ("gpu_plane", "rdma"),
     ("gpu_plane", None),
     ("gpu_pool_mb", 0),
     ("gpu_pool_mb", 1.5),

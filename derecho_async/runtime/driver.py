@@ -23,7 +23,8 @@ envelope kind: :attr:`Driver.receivers` maps each kind to its plane. The bulk pl
 by transport: shm gets :mod:`.shmplane` (written once into the sender's shared pool, copied out
 by each receiver), tcp gets :mod:`.chainplane` (a pipelined chain multicast in blocks). Device
 arrays between members of one host go first to the CUDA IPC plane (:mod:`.gpuplane`) when it is
-on (``gpu_plane``), for peers that announced a pool. A plane
+on (``gpu_plane``), for peers that announced a pool; with ``gpu_plane="nccl"`` they go first to
+the NCCL plane (:mod:`.ncclplane`: per-sender communicators), then CUDA IPC over shm. A plane
 also sees the core's events (its own deliveries and view installs are its freeing points).
 Another plane (a CUDA-IPC plane for device arrays) joins with ``add_plane(plane, first=True)``:
 its ``start`` returns False for payloads it does not move, and each of its frame kinds needs a
@@ -62,13 +63,14 @@ from derecho_async.core import (
     encode_message,
 )
 from derecho_async.core.effects import Event
-from derecho_async.errors import ProtocolViolation, UsageError
+from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import HostStagingPlane, Plane
 from derecho_async.transport.base import Transport
 
 if TYPE_CHECKING:
     from derecho_async.runtime.gpuplane import IpcPlane
+    from derecho_async.runtime.ncclplane import NcclPlane
 
 __all__ = ["Driver", "Host"]
 
@@ -135,6 +137,7 @@ class Driver:
         }
         self._bulk_planes_for(transport)
         self.gpuplane: IpcPlane | None = None
+        self.ncclplane: NcclPlane | None = None
 
     def _bulk_planes_for(self, transport: Transport) -> None:
         from derecho_async.transport.shm import ShmTransport
@@ -203,12 +206,32 @@ class Driver:
         mode = self.config.gpu_plane
         if mode == "host" or (mode == "auto" and self.config.transport != "shm"):
             return
-        from derecho_async.runtime.gpuplane import IpcPlane, gpu_available
+        from derecho_async.runtime.gpuplane import gpu_available
+        from derecho_async.runtime.ncclplane import nccl_unavailable, select_gpu_planes
 
-        if not gpu_available():
-            if mode == "ipc":
-                raise UsageError("gpu_plane='ipc' needs CuPy and a CUDA device on this member")
-            return
+        planes = select_gpu_planes(mode, self.config.transport, gpu_available, nccl_unavailable)
+        if "ipc" in planes:
+            self._start_ipc_plane()
+        if "nccl" in planes:
+            self._start_nccl_plane()
+
+    def _start_nccl_plane(self) -> None:
+        from derecho_async.runtime.ncclplane import NcclPlane
+
+        layout = self.core_config.layout
+
+        def shards_of(members: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+            return [(s.members, s.senders) for s in layout.assign(members).shards]
+
+        self.ncclplane = NcclPlane(self.member_id, shards_of, self.transport.send,
+                                   self._data_landed, self.on_failure)
+        self.add_plane(self.ncclplane, first=True)
+        log.info("member %d: device arrays travel by NCCL broadcasts (GPU %d)",
+                 self.member_id, self.ncclplane.device)
+
+    def _start_ipc_plane(self) -> None:
+        from derecho_async.runtime.gpuplane import IpcPlane
+
         send = self.transport.send
         self.gpuplane = IpcPlane(
             self.member_id,

@@ -20,6 +20,8 @@ __all__ = [
     "DATA",
     "GPU_DATA",
     "GPU_POOL",
+    "NCCL_DATA",
+    "NCCL_UID",
     "P2P_REQ",
     "P2P_RESP",
     "REPLIES",
@@ -41,6 +43,10 @@ BLOCK = 6
 REPLIES = 7  # [REPLIES, [msg_no, ok, encoded result, msg_no, ok, encoded result, ...]]
 GPU_POOL = 8  # [GPU_POOL, pool announcement bytes] (CUDA IPC handles, once per view)
 GPU_DATA = 9  # [GPU_DATA, view_id, sender, msg_no, device descriptor bytes]
+# [NCCL_UID, view_id, communicator index, 128-byte NCCL unique id] (root -> each rank, per view)
+NCCL_UID = 10
+# [NCCL_DATA, view_id, sender, msg_no, communicator index, broadcast seq, descriptor bytes]
+NCCL_DATA = 11
 
 _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     CORE: (list,),
@@ -53,6 +59,8 @@ _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     REPLIES: (list,),
     GPU_POOL: (bytes,),
     GPU_DATA: (int, int, int, bytes),
+    NCCL_UID: (int, int, bytes),
+    NCCL_DATA: (int, int, int, int, int, bytes),
 }
 _MAX_INT = (1 << 63) - 1
 

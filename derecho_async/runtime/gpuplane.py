@@ -80,12 +80,18 @@ from derecho_async.runtime.dataplane import ArrayInfo, OutOfBand
 
 __all__ = [
     "ALIGN",
+    "BROADCAST",
+    "MAX_BROADCAST_BYTES",
     "ArraySpec",
+    "Completions",
     "Descriptor",
     "IpcPlane",
+    "Lane",
     "PoolAnnouncement",
     "RangeAllocator",
+    "as_lib",
     "gpu_available",
+    "inline_array",
 ]
 
 log = logging.getLogger("derecho_async.gpuplane")
@@ -222,9 +228,14 @@ class PoolAnnouncement:
         return cls(msg[0], tuple(segments), tuple(msg[2]))
 
 
+BROADCAST = -2  # ArraySpec.segment of an array that arrives by an NCCL broadcast (.ncclplane)
+MAX_BROADCAST_BYTES = 1 << 40  # device bytes one NCCL descriptor may announce, all arrays together
+
+
 @dataclass(frozen=True, slots=True)
 class ArraySpec:
-    """One array of a descriptor: in the sender's pool (segment >= 0) or inline host bytes."""
+    """One array of a descriptor: in the sender's pool (segment >= 0), inline host bytes
+    (segment -1), or arriving by an NCCL broadcast (segment :data:`BROADCAST`)."""
 
     lib: str
     dtype: str
@@ -248,6 +259,8 @@ class Descriptor:
         for a in self.arrays:
             if a.segment >= 0:
                 specs.append([a.lib, a.dtype, list(a.shape), a.segment, a.offset, a.nbytes])
+            elif a.segment == BROADCAST:
+                specs.append([a.lib, a.dtype, list(a.shape), a.nbytes])
             else:
                 specs.append([a.lib, a.dtype, list(a.shape), -1, a.inline or b""])
         out = msgpack.packb([self.call, self.event, specs], use_bin_type=True)
@@ -255,8 +268,13 @@ class Descriptor:
         return out
 
     @classmethod
-    def decode(cls, raw: bytes, announced: PoolAnnouncement | None) -> Descriptor:
-        """Parse and check ``raw`` against the sender's announced pool (None: none known)."""
+    def decode(cls, raw: bytes, announced: PoolAnnouncement | None, *,
+               broadcast: bool = False) -> Descriptor:
+        """Parse and check ``raw`` against the sender's announced pool (None: none known).
+
+        With ``broadcast`` (the NCCL plane) device arrays are ``[lib, dtype, shape, nbytes]``
+        (no pool: they arrive by broadcast), at most :data:`MAX_BROADCAST_BYTES` in all, and the
+        event must be -1; pool arrays are refused."""
         try:
             msg = msgpack.unpackb(raw, raw=False, use_list=True)
         except Exception as exc:
@@ -268,9 +286,10 @@ class Descriptor:
         if len(raw_specs) > _MAX_ARRAYS:
             raise ProtocolViolation(f"device descriptor with {len(raw_specs)} arrays")
         device_arrays = False
+        broadcast_bytes = 0
         specs: list[ArraySpec] = []
         for spec in raw_specs:
-            if not (isinstance(spec, list) and len(spec) in (5, 6)):
+            if not (isinstance(spec, list) and len(spec) in ((4, 5) if broadcast else (5, 6))):
                 raise ProtocolViolation("array spec has the wrong number of fields")
             lib, dtype, shape = spec[0], spec[1], spec[2]
             if not (isinstance(lib, str) and isinstance(dtype, str)) or (
@@ -286,6 +305,14 @@ class Descriptor:
                     raise ProtocolViolation("inline array must be [lib, dtype, shape, -1, bytes]")
                 specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, inline=spec[4]))
                 continue
+            if len(spec) == 4:  # broadcast mode only (checked above)
+                broadcast_bytes += nbytes
+                if spec[3] != nbytes or lib == "numpy" or broadcast_bytes > MAX_BROADCAST_BYTES:
+                    raise ProtocolViolation(
+                        f"broadcast array of {spec[3]!r} bytes ({nbytes} by its shape; "
+                        f"{broadcast_bytes} in all, lib {lib})")
+                specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, BROADCAST))
+                continue
             seg, off, length = spec[3], spec[4], spec[5]
             if announced is None:
                 raise ProtocolViolation("device array from a member that announced no pool")
@@ -299,14 +326,159 @@ class Descriptor:
                 )
             device_arrays = True
             specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, seg, off))
+        if broadcast and event != -1:
+            raise ProtocolViolation(f"broadcast descriptor names event {event!r}")
         if device_arrays and (announced is None or not -1 <= event < len(announced.events)):
             raise ProtocolViolation(f"device descriptor names unknown event {event!r}")
         return cls(call, event, tuple(specs))
 
 
+def inline_array(spec: ArraySpec) -> Any:
+    """The numpy array of an inline (host) array spec, in native byte order."""
+    import numpy as np
+
+    assert spec.inline is not None
+    host = np.frombuffer(bytearray(spec.inline), dtype=np.dtype(spec.dtype).newbyteorder("<"))
+    return host.reshape(spec.shape).astype(np.dtype(spec.dtype), copy=False)
+
+
+def as_lib(arr: Any, lib: str) -> object:
+    """A received CuPy array as the sender's kind: a torch tensor through DLPack when ``lib``
+    is torch and torch imports here, else the CuPy array itself."""
+    if lib == "torch":
+        try:
+            import torch
+
+            return torch.from_dlpack(arr)
+        except ImportError:
+            pass
+    return arr
+
+
 def _itemsize(dtype: str) -> int:
     """Bytes per element of a dtype that may travel (codec.DTYPES maps each to its size)."""
     return DTYPES[dtype]
+
+
+# -- completions (needs CuPy; shared with the NCCL plane) ---------------------------------------
+@dataclass(slots=True, eq=False)
+class Lane:
+    """One stream whose work items complete in order and are noticed without blocking the loop
+    (a sending peer's copies here; a communicator's broadcasts in :mod:`.ncclplane`)."""
+
+    stream: Any = None  # made by the owner (non-blocking), on first use
+    # work in flight, oldest first: (event recorded after it, then, regions it writes into)
+    inflight: collections.deque[tuple[int, Callable[[], None], list[tuple[int, int]]]] = field(
+        default_factory=collections.deque)
+    wakeup_armed: bool = False
+    waiter: _Waiter | None = None  # made on first need
+
+
+class Completions:
+    """Notices completed GPU work on :class:`Lane` streams: polled while busy, a waiter thread's
+    wake-up when idle (see the module docstring). Every method runs on the event loop."""
+
+    def __init__(self, rt: Any, device: int) -> None:
+        self._rt = rt
+        self.device = device
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
+        self._busy: dict[Lane, None] = {}  # lanes with work in flight (insertion order)
+        self._spare_events: list[int] = []
+        self._poll_handle: asyncio.Handle | None = None
+        self._busy_since = 0.0
+        self._busy_poll_s = _busy_poll_s()
+
+    def track(self, lane: Lane, done: Callable[[], None],
+              regions: list[tuple[int, int]] | None = None) -> None:
+        """Call ``done`` on the loop once everything now queued on ``lane.stream`` finished."""
+        ev = self._spare_events.pop() if self._spare_events else int(
+            self._rt.eventCreateWithFlags(0x2)  # cudaEventDisableTiming
+        )
+        self._rt.eventRecord(ev, lane.stream.ptr)
+        if not self._busy:
+            self._busy_since = time.monotonic()
+        lane.inflight.append((ev, done, regions if regions is not None else []))
+        self._busy[lane] = None
+        self._arm()
+
+    def busy(self) -> bool:
+        """Whether any lane has work in flight."""
+        return bool(self._busy)
+
+    def poll(self) -> None:
+        """Finish every tracked item that has completed."""
+        query = self._rt.eventQuery
+        for lane in list(self._busy):
+            q = lane.inflight
+            while q:
+                ev, done, _ = q[0]
+                if query(ev) != 0:  # cudaErrorNotReady
+                    break
+                q.popleft()
+                self._spare_events.append(ev)
+                self._busy_since = time.monotonic()
+                done()
+            if not q:
+                self._busy.pop(lane, None)
+        if self._busy:
+            self._arm()
+
+    def forget(self, lane: Lane) -> tuple[list[tuple[int, int]], list[int]]:
+        """Stop tracking ``lane``: its items will never be finished. Returns the regions they
+        were writing and their events (give those back with :meth:`recycle` once the lane's
+        stream has drained: see :meth:`after_stream`)."""
+        self._busy.pop(lane, None)
+        regions = [r for _, _, rs in lane.inflight for r in rs]
+        events = [ev for ev, _, _ in lane.inflight]
+        lane.inflight.clear()
+        return regions, events
+
+    def recycle(self, events: list[int]) -> None:
+        """Reuse events of a drained stream (from :meth:`forget`)."""
+        self._spare_events.extend(events)
+
+    def after_stream(self, fn: Callable[[], None], lane: Lane) -> None:
+        """Run ``fn`` on the loop once everything now queued on ``lane``'s stream has finished
+        (by the lane's waiter thread; never, if the stream stalled for good)."""
+        loop = self.loop or asyncio.get_running_loop()
+        if lane.waiter is None:
+            lane.waiter = _Waiter(self._rt, self.device, loop)
+        ev = int(self._rt.eventCreateWithFlags(_WAKE_EVENT_FLAGS))
+        self._rt.eventRecord(ev, lane.stream.ptr)
+        lane.waiter.wait(ev, fn)
+
+    def _arm(self) -> None:
+        if self._poll_handle is not None or self.closed:
+            return
+        loop = self.loop or asyncio.get_running_loop()
+        self.loop = loop
+        if time.monotonic() - self._busy_since < self._busy_poll_s:
+            self._poll_handle = loop.call_soon(self._on_poll)
+            return
+        # long work: stop spinning, let each busy stream wake us once its queued work is done
+        for lane in self._busy:
+            if not lane.wakeup_armed:
+                lane.wakeup_armed = True
+
+                def woken(lane: Lane = lane) -> None:
+                    lane.wakeup_armed = False
+                    self._busy_since = time.monotonic()
+                    self.poll()
+
+                self.after_stream(woken, lane)
+
+    def _on_poll(self) -> None:
+        self._poll_handle = None
+        self.poll()
+
+    def close(self) -> None:
+        """Stop polling; forget everything in flight."""
+        self.closed = True
+        if self._poll_handle is not None:
+            self._poll_handle.cancel()
+            self._poll_handle = None
+        self._busy.clear()
 
 
 # -- the plane (needs CuPy and a device) -------------------------------------------------------
@@ -318,18 +490,15 @@ class _Segment:
     alloc: RangeAllocator
 
 
-@dataclass(slots=True)
-class _Peer:
+@dataclass(slots=True, eq=False)
+class _Peer(Lane):
+    """A sending peer: its announced pool, what of it is mapped here, and (as a :class:`Lane`)
+    the stream its copies run on."""
+
     announced: PoolAnnouncement | None = None
     mapped: dict[int, int] = field(default_factory=dict)  # segment index -> local pointer
     events: dict[int, int] = field(default_factory=dict)  # event index -> local event
-    stream: Any = None  # this sender's copies run here (non-blocking; made on first use)
-    # copies in flight, oldest first: (local event recorded after them, then, regions copied into)
-    inflight: collections.deque[tuple[int, Callable[[], None], list[tuple[int, int]]]] = field(
-        default_factory=collections.deque)
     fenced: tuple[int, int] = (0, 0)  # (reclaimed, released) counts at this stream's last fence
-    wakeup_armed: bool = False
-    waiter: _Waiter | None = None  # made on first need
 
 
 @dataclass(slots=True)
@@ -376,16 +545,11 @@ class IpcPlane:
         self._view_members: tuple[int, ...] = ()
         self._outgoing: dict[tuple[int, int, int], _Outgoing] = {}
         self._reclaim: collections.deque[tuple[int, int]] = collections.deque()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-        self._busy: dict[int, _Peer] = {}  # peers with copies in flight
+        self._done = Completions(self._rt, self.device)  # copies in flight, per peer
         self._reclaimed = 0  # regions that arrays gave back (their last use: the app's stream)
         self._released = 0  # staging regions freed by a view change (last use: the send stream)
         self._fence_event = int(self._rt.eventCreateWithFlags(0x2))  # cudaEventDisableTiming
-        self._spare_events: list[int] = []
-        self._poll_handle: asyncio.Handle | None = None
-        self._busy_since = 0.0
-        self._busy_poll_s = _busy_poll_s()
         self._grow_events()
 
     # -- pool ------------------------------------------------------------------------------
@@ -478,7 +642,7 @@ class IpcPlane:
     def on_view(self, view_id: int, members: tuple[int, ...]) -> None:
         """A view was installed: announce the pool to its members, forget departed peers, and
         reclaim what older views' sends held."""
-        self._loop = asyncio.get_running_loop()
+        self._done.loop = asyncio.get_running_loop()
         self._view_members = members
         old = [k for k in self._outgoing if k[0] < view_id]
         for key in old:
@@ -495,20 +659,17 @@ class IpcPlane:
         """Forget a departed peer: once its stream has drained, free the regions its copies
         were writing and close its handles (never, if the stream stalled on its dead event)."""
         peer = self._peers.pop(member)
-        self._busy.pop(member, None)
-        regions = [r for _, _, rs in peer.inflight for r in rs]
-        events = [ev for ev, _, _ in peer.inflight]
-        peer.inflight.clear()
+        regions, events = self._done.forget(peer)
 
         def drained() -> None:
             self._free_regions(regions)
-            self._spare_events.extend(events)
+            self._done.recycle(events)
             self._close_peers([peer])
 
         if peer.stream is None:
             drained()
         else:
-            self._after_stream(drained, peer)
+            self._done.after_stream(drained, peer)
         if peer.waiter is not None:
             peer.waiter.stop()  # after the drain above (a stalled stream keeps it waiting)
 
@@ -553,15 +714,6 @@ class IpcPlane:
                     self._rt.eventDestroy(ev)
                 except Exception as exc:
                     log.debug("destroying a peer event: %r", exc)
-
-    def _after_stream(self, fn: Callable[[], None], peer: _Peer) -> None:
-        """Run ``fn`` on the loop once everything now queued on ``peer``'s stream has finished."""
-        loop = self._loop or asyncio.get_running_loop()
-        if peer.waiter is None:
-            peer.waiter = _Waiter(self._rt, self.device, loop)
-        ev = int(self._rt.eventCreateWithFlags(_WAKE_EVENT_FLAGS))
-        self._rt.eventRecord(ev, peer.stream.ptr)
-        peer.waiter.wait(ev, fn)
 
     # -- the Plane protocol ----------------------------------------------------------------
     def start(self, key: tuple[int, int, int], payload: object,
@@ -702,7 +854,7 @@ class IpcPlane:
             regions = [(p[1], p[2]) for p in placed if isinstance(p, tuple)]
             if regions:  # copies into them may be queued: free them once the stream is past
                 assert peer is not None
-                self._after_stream(lambda: self._free_regions(regions), peer)
+                self._done.after_stream(lambda: self._free_regions(regions), peer)
             if isinstance(exc, ProtocolViolation):
                 raise
             # e.g. the exporter is gone, or is not on this host: this message cannot land here
@@ -712,7 +864,7 @@ class IpcPlane:
             return
         assert peer is not None
         regions = [(p[1], p[2]) for p in placed if isinstance(p, tuple)]
-        self._track(sender, peer, lambda: self._finish(key, desc.call, placed), regions)
+        self._done.track(peer, lambda: self._finish(key, desc.call, placed), regions)
 
     def _stream_for(self, peer: _Peer) -> Any:
         """The stream of ``peer``'s copies, fenced after the last use of reclaimed memory."""
@@ -730,91 +882,26 @@ class IpcPlane:
             peer.fenced = (self._reclaimed, self._released)
         return stream
 
-    # -- completions: polled while busy, a waiter thread's wake-up when idle --------------------
-    def _track(self, sender: int, peer: _Peer, done: Callable[[], None],
-               regions: list[tuple[int, int]]) -> None:
-        ev = self._spare_events.pop() if self._spare_events else int(
-            self._rt.eventCreateWithFlags(0x2)  # cudaEventDisableTiming
-        )
-        self._rt.eventRecord(ev, peer.stream.ptr)
-        if not self._busy:
-            self._busy_since = time.monotonic()
-        peer.inflight.append((ev, done, regions))
-        self._busy[sender] = peer
-        self._arm()
-
     def poll(self) -> None:
         """Finish every tracked copy that has completed (called from the event loop)."""
-        query = self._rt.eventQuery
-        for sender, peer in list(self._busy.items()):
-            q = peer.inflight
-            while q:
-                ev, done, _ = q[0]
-                if query(ev) != 0:  # cudaErrorNotReady
-                    break
-                q.popleft()
-                self._spare_events.append(ev)
-                self._busy_since = time.monotonic()
-                done()
-            if not q:
-                self._busy.pop(sender, None)
-        if self._busy:
-            self._arm()
-
-    def _arm(self) -> None:
-        if self._poll_handle is not None or self._closed:
-            return
-        loop = self._loop or asyncio.get_running_loop()
-        self._loop = loop
-        if time.monotonic() - self._busy_since < self._busy_poll_s:
-            self._poll_handle = loop.call_soon(self._on_poll)
-            return
-        # long copies: stop spinning, let each busy stream wake us once its queued work is done
-        for peer in self._busy.values():
-            if not peer.wakeup_armed:
-                peer.wakeup_armed = True
-
-                def woken(peer: _Peer = peer) -> None:
-                    peer.wakeup_armed = False
-                    self._busy_since = time.monotonic()
-                    self.poll()
-
-                self._after_stream(woken, peer)
-
-    def _on_poll(self) -> None:
-        self._poll_handle = None
-        self.poll()
+        self._done.poll()
 
     def _finish(self, key: tuple[int, int, int], call: bytes,
                 placed: list[tuple[ArraySpec, int, int] | ArraySpec]) -> None:
         arrays: list[object] = []
         for p in placed:
             if isinstance(p, ArraySpec):
-                import numpy as np
-
-                assert p.inline is not None
-                host = np.frombuffer(bytearray(p.inline), dtype=np.dtype(p.dtype).newbyteorder("<"))
-                arrays.append(host.reshape(p.shape).astype(np.dtype(p.dtype), copy=False))
+                arrays.append(inline_array(p))
                 continue
             spec, seg, off = p
-            arr = self._array_over(seg, off, spec.shape, spec.dtype)
-            if spec.lib == "torch":
-                try:
-                    import torch
-
-                    arrays.append(torch.from_dlpack(arr))
-                    continue
-                except ImportError:
-                    pass
-            arrays.append(arr)
+            arrays.append(as_lib(self._array_over(seg, off, spec.shape, spec.dtype), spec.lib))
         if not self._closed:
             self._landed(key, OutOfBand(call, tuple(arrays)))
 
     def close(self) -> None:
         """Stop landing messages; pool memory is released when the process ends."""
         self._closed = True
-        if self._poll_handle is not None:
-            self._poll_handle.cancel()
+        self._done.close()
         try:
             self._stream.synchronize()
         except Exception as exc:
@@ -826,7 +913,6 @@ class IpcPlane:
             if p.waiter is not None:
                 p.waiter.stop()
         self._peers.clear()
-        self._busy.clear()
         self._close_peers(idle)
 
 

@@ -63,7 +63,7 @@ async def sends_device_arrays(config: da.Config) -> None:
         total = float(local.total.sum())
         _write(os.environ["DA_GPU_OUT"], me, {
             "digest": digest, "seen": len(local.seen), "total": total,
-            "plane": group.device_pool_stats() is not None,
+            "plane": group.device_pool_stats() is not None, "nccl": group.nccl_stats(),
         })
         await asyncio.sleep(1.0)
 
@@ -193,5 +193,131 @@ async def killed_mid_transfer(config: da.Config) -> None:
             "digest": digest, "seen": len(local.seen),
             "bad": sum(1 for _, ok in local.seen if not ok),
             "victim_msgs": sum(1 for t, _ in local.seen if t.startswith("v")),
+        })
+        await asyncio.sleep(0.5)
+
+
+# -- the NCCL plane: one member per GPU (gpu_plane="nccl") ---------------------------------------
+def _use_own_gpu(me: int) -> int:
+    """Put member ``me`` on GPU ``me % count`` (CuPy and torch) before its group starts."""
+    import cupy
+
+    device = me % cupy.cuda.runtime.getDeviceCount()
+    cupy.cuda.Device(device).use()
+    try:
+        import torch
+
+        torch.cuda.set_device(device)
+    except ImportError:
+        pass
+    return device
+
+
+async def _wait_nccl_ready(group: da.Group, timeout: float = 120.0) -> dict[str, int]:
+    """Wait until every communicator of this member's view is up here."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        stats = group.nccl_stats()
+        assert stats is not None, "the NCCL plane is not active"
+        if stats["communicators"] and stats["ready"] == stats["communicators"]:
+            return stats
+        if stats["failed"] or loop.time() > deadline:
+            raise TimeoutError(f"NCCL communicators not up: {stats}")
+        await asyncio.sleep(0.05)
+
+
+async def nccl_sends_device_arrays(config: da.Config) -> None:
+    """Every member (each on its own GPU) sends CuPy arrays and a torch tensor at once."""
+    import cupy
+    import torch
+
+    me = config.member_id
+    device = _use_own_gpu(me)
+    count = int(os.environ.get("DA_GPU_COUNT", "20"))
+    async with da.Group(config, actors=[Accumulator]) as group:
+        await _wait_nccl_ready(group)
+        acc = group.subgroup(Accumulator)
+        n = len(group.view.members)
+        calls = []
+        for i in range(count):
+            x = cupy.full((256, 256), float(me * 1000 + i), dtype=cupy.float32)
+            calls.append(acc.add(x, f"c{me}-{i}"))
+        calls.append(acc.add_torch(torch.full((1000,), float(me), device="cuda"), f"t{me}"))
+        replies = await asyncio.gather(*calls)
+        assert all(set(r) == set(group.view.members) for r in replies)
+        local: Accumulator = group.local(Accumulator)  # type: ignore[assignment]
+        await _wait_seen(local, n * (count + 1))
+        stats = group.nccl_stats()
+        _write(os.environ["DA_GPU_OUT"], me, {
+            "digest": hashlib.sha256(json.dumps(local.seen).encode()).hexdigest(),
+            "seen": len(local.seen), "total": float(local.total.sum()),
+            "device": device, "nccl": stats,
+        })
+        await asyncio.sleep(1.0)
+
+
+async def nccl_killed_mid_transfer(config: da.Config) -> None:
+    """Like :func:`killed_mid_transfer`, over NCCL once every communicator is up."""
+    import signal
+
+    import cupy
+
+    me = config.member_id
+    _use_own_gpu(me)
+    size = int(os.environ.get("DA_GPU_BYTES", str(64 << 20))) // 4
+    async with da.Group(config, actors=[Checker]) as group:
+        await _wait_nccl_ready(group)
+        chk = group.subgroup(Checker)
+        members = group.view.members
+        victim = members[-1]
+        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        if me == victim:
+            calls = []
+            for i in range(8):
+                x = cupy.full((size,), float(i + 1), dtype=cupy.float32)
+                if i < 2:  # these two complete everywhere before the stream that dies
+                    await chk.put(x, f"v-{i}", float(i + 1))
+                    continue
+                calls.append(asyncio.ensure_future(chk.put(x, f"v-{i}", float(i + 1))))
+                if i == 5:
+                    await asyncio.sleep(0)  # let descriptors go out, then die mid-stream
+                    os.kill(os.getpid(), signal.SIGKILL)
+            await asyncio.sleep(60)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while victim in group.view.members:
+            if loop.time() > deadline:
+                raise TimeoutError("the victim was never removed")
+            await asyncio.sleep(0.01)
+        # the old view's communicators were aborted: kernels waiting on the victim ended
+        stats = group.nccl_stats()
+        assert stats is not None and stats["aborted"] >= 1, stats
+        after = [
+            await asyncio.wait_for(  # a survivor that cannot finish fails, it does not hang
+                chk.put(cupy.full((1024,), 7.0, dtype=cupy.float32), f"s{me}-{j}", 7.0), 60
+            )
+            for j in range(5)
+        ]
+        assert all(all(r.values_ok()) for r in after)
+        survivors = [m for m in members if m != victim]
+        expected = 5 * len(survivors)
+        if len(survivors) >= 2:  # the new view's communicators come up, and carry traffic
+            await _wait_nccl_ready(group)
+            await asyncio.wait_for(
+                chk.put(cupy.full((1024,), 8.0, dtype=cupy.float32), f"s{me}-n", 8.0), 60)
+            expected += len(survivors)
+        while sum(1 for t, _ in local.seen if t.startswith("s")) < expected:
+            if loop.time() > deadline + 60:
+                raise TimeoutError(f"member {me} saw {len(local.seen)} messages")
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        _write(os.environ["DA_GPU_OUT"], me, {
+            "digest": hashlib.sha256(json.dumps(local.seen).encode()).hexdigest(),
+            "seen": len(local.seen),
+            "bad": sum(1 for _, ok in local.seen if not ok),
+            "victim_msgs": sum(1 for t, _ in local.seen if t.startswith("v")),
+            "nccl": group.nccl_stats(),
         })
         await asyncio.sleep(0.5)

@@ -127,7 +127,7 @@ def test_announcements_round_trip_and_reject_malformed_handles() -> None:
 def test_gpu_plane_settings_are_validated() -> None:
     assert da.Config(group="g", member_id=0, gpu_plane="host", gpu_pool_mb=64).gpu_pool_mb == 64
     with pytest.raises(ConfigError, match="gpu_plane"):
-        da.Config(group="g", member_id=0, gpu_plane="nccl")
+        da.Config(group="g", member_id=0, gpu_plane="gpudirect")
     with pytest.raises(ConfigError, match="gpu_pool_mb"):
         da.Config(group="g", member_id=0, gpu_pool_mb=0)
 

@@ -1,0 +1,865 @@
+"""The NCCL data plane: device arrays between members on different GPUs, by NCCL broadcasts.
+
+Theory of operation (DESIGN.md §4.3, §6; issue 4 item 4). NCCL runs collectives on a
+*communicator*: a fixed set of ranks, each a process driving one GPU, that must all issue the
+same collectives in the same order, or the kernels wait for one another for good. This plane
+therefore makes, per installed view, **one communicator per sender per shard** (RDMC's
+one-group-per-sender idea): its ranks are the shard's members in view order, and its root is
+that sender. Shards with the same members share the sender's communicator. Which communicators
+exist is a pure function of the layout and the view (:func:`communicator_plan`), so every member
+computes the same plan, and a communicator is named on the wire by (root, index among the
+root's communicators).
+
+Agreeing on the order. Only the root ever starts a broadcast on its communicator, and it sends
+each rank a descriptor frame on the reliable channel in the order it enqueues the broadcasts; the
+channel is FIFO per pair, so each rank issues the matching broadcasts in exactly the root's order.
+Every descriptor carries the broadcast's sequence number in its communicator, checked on arrival
+(:class:`Comm`): a gap or a repeat is a protocol violation, never a silent desynchronisation.
+Senders never wait on one another: every communicator has its own non-blocking stream on every
+rank. That last point relies on the GPU having room to run the kernels of several communicators
+at once (one block per NCCL channel each): NCCL's documentation warns that concurrently running
+communicators may deadlock when their kernels cannot all be resident. With a few senders per
+shard on a modern GPU they fit; a group with very many concurrent senders per GPU should keep
+``NCCL_MAX_NCHANNELS`` small or use the host plane.
+
+Setup. On ``ViewInstalled`` a member starts one *setup thread* for the view. The thread first
+makes a unique id (``ncclGetUniqueId``) for each communicator it roots and hands it to the loop,
+which sends it to the other ranks (an ``NCCL_UID`` frame: view, index, exactly 128 bytes; early
+frames for a view not yet installed here are held, a bounded number). Then it joins the
+communicators it belongs to, one after the other, in one order every member shares (by the
+root's rank in the view, then index): ``NcclCommunicator(nranks, uid, rank)`` blocks until every
+rank has joined, and since every member joins in the same global order, nobody can wait on a
+rank that waits on it (the usual lock-ordering argument). Each join is followed, on the same
+thread, by two warm-up broadcasts that the thread waits for: NCCL (2.22 and later) may connect
+ranks lazily on a communicator's first collectives, blocking the caller until every rank has
+issued them, and on the event loop a root's first broadcast would then wait for receivers that
+wait for its descriptor. The event loop never blocks: the communicator and its stream are
+handed to the loop when both are up. A unique id that has not arrived within the
+setup timeout (``DERECHO_ASYNC_NCCL_SETUP_S``, 60 s) marks that communicator failed here. A join
+that never returns (a rank died before joining: cupy's blocking ``ncclCommInitRank`` cannot be
+cancelled) leaves that daemon thread parked; the next view gets a fresh thread, so the leak is
+one thread per such view. Messages offered before the sender's own communicator is up go to the
+next plane (``start`` returns False: the CUDA IPC plane over shm, else host staging), so a group
+is never slower to start than without NCCL; the receivers then simply get those through the
+other plane. Once the root's join returned, every rank has joined, so a descriptor can reach a
+rank whose communicator is still being handed to its loop only by a hair: it waits in order in
+:attr:`Comm.waiting` until then.
+
+Sending (``start``): a payload with device arrays whose targets are exactly the other ranks of
+one of this member's ready communicators, all on this plane's device. The plane sends each target
+a descriptor (the encoded call, and per array lib, dtype, shape, byte count; host arrays of the
+same call inline: :class:`~.gpuplane.Descriptor` in broadcast mode), makes the communicator's
+stream wait for the application's current stream (an event: the arrays' producers come first),
+and enqueues one in-place ``ncclBroadcast`` (bytes, root = itself) per non-empty array. Arrays
+are sent where they lie, without a copy (leave them unchanged until the call's replies are in,
+as for every plane); the plane keeps them alive until this member delivered the message (stable:
+it landed everywhere) and its own broadcasts completed.
+
+Receiving: the descriptor is validated (sequence number, array count, dtypes, shapes, byte
+counts, at most :data:`~.gpuplane.MAX_BROADCAST_BYTES`; never pickle), then a CuPy array is
+allocated per device array on this member's device (under the application's current stream,
+which the communicator's stream then waits on: CuPy's pool may hand out memory whose last use
+is still queued there) and the matching broadcast is enqueued. Completion is noticed as the IPC
+plane notices its copies (:class:`~.gpuplane.Completions`: polled while busy, a waiter thread
+when idle; the loop never waits on the GPU); then the message lands as CuPy arrays (torch
+tensors through DLPack when the sender sent torch), and only then does the core count it
+received.
+
+Failures. When a view is installed, every communicator of the previous view is *aborted*
+(``ncclCommAbort``, on a daemon thread: it can take a while): this ends kernels stuck waiting for
+a dead rank, which is how a peer killed mid-transfer becomes a view change and not a hang (the
+core's failure detector suspects the dead member by heartbeats; its ragged trim decides which of
+the old view's messages count, all or nothing). The old view's in-flight receives are dropped and
+their buffers (and the sends' arrays) freed once the aborted stream has drained. A NCCL error
+while enqueueing a receive, or an asynchronous communicator error (``ncclCommGetAsyncError``,
+checked every half second while broadcasts are in flight), aborts that communicator here and
+reports its root as failed to the core (a protocol violation: the root's messages can no longer
+land here), so it too becomes a view change. An error on the root's own side aborts its
+communicator and sends later messages through the next plane; its messages in flight then land
+nowhere and stall the group until a view change (the other ranks see the error too, or the real
+culprit is suspected by heartbeats).
+
+NCCL refuses two ranks on one GPU (``ncclInvalidUsage``), so members sharing a GPU never get a
+working communicator: their joins fail, and their messages take the next plane. Everything that
+does not need CuPy (frames, the plan, the ordering and view bookkeeping, plane selection) is pure
+and tested on the CPU (``tests/runtime/test_ncclplane_pure.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import platform
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from derecho_async.core import ViewInstalled
+from derecho_async.errors import ProtocolViolation, UsageError
+from derecho_async.runtime import envelope as env
+from derecho_async.runtime.dataplane import OutOfBand
+from derecho_async.runtime.gpuplane import (
+    BROADCAST,
+    ArraySpec,
+    Completions,
+    Descriptor,
+    Lane,
+    as_lib,
+    inline_array,
+)
+
+__all__ = [
+    "UID_BYTES",
+    "Comm",
+    "CommSpec",
+    "EarlyUids",
+    "NcclPlane",
+    "ViewComms",
+    "communicator_plan",
+    "nccl_unavailable",
+    "select_gpu_planes",
+    "uid_from_frame",
+    "uid_to_bytes",
+    "uid_to_tuple",
+]
+
+log = logging.getLogger("derecho_async.ncclplane")
+
+UID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
+_MAX_EARLY_UIDS = 4096  # unique-id frames held for views not yet installed here
+_ASYNC_CHECK_S = 0.5  # how often communicators with broadcasts in flight are checked for errors
+_WARM_UP_BYTES = 4 << 20  # the second warm-up broadcast (see NcclPlane._warm_up)
+
+
+def _setup_timeout_s() -> float:
+    """Seconds a member waits for a root's unique id: 60, or ``DERECHO_ASYNC_NCCL_SETUP_S``."""
+    raw = os.environ.get("DERECHO_ASYNC_NCCL_SETUP_S", "")
+    try:
+        s = float(raw) if raw else 60.0
+    except ValueError:
+        s = -1.0
+    if not 0.0 < s <= 86400.0:
+        log.warning("ignoring DERECHO_ASYNC_NCCL_SETUP_S=%r: not in (0, 86400]", raw)
+        s = 60.0
+    return s
+
+
+# -- plane selection (pure) --------------------------------------------------------------------
+def select_gpu_planes(mode: str, transport: str, gpu: Callable[[], bool],
+                      nccl: Callable[[], str | None]) -> tuple[str, ...]:
+    """The GPU planes a member runs, in the order the driver tries them.
+
+    ``mode`` is :attr:`Config.gpu_plane`; ``gpu()`` says whether CuPy sees a device and
+    ``nccl()`` why NCCL cannot be used here (None: it can); each is called only when needed.
+    "host": none. "ipc": CUDA IPC. "auto": CUDA IPC over shm when there is a device (as before
+    NCCL existed: the IPC path is unchanged). "nccl": NCCL, then CUDA IPC over shm for what
+    NCCL does not take (members sharing a GPU, communicators not up yet). A mode asked for
+    explicitly that cannot run raises :class:`UsageError`.
+    """
+    if mode == "host":
+        return ()
+    if mode == "nccl":
+        why = nccl()
+        if why is not None:
+            raise UsageError(
+                f"gpu_plane='nccl' needs CuPy with NCCL (cupy.cuda.nccl, 2.4 or later) and a "
+                f"CUDA device on this member: {why}"
+            )
+        return ("nccl", "ipc") if transport == "shm" else ("nccl",)
+    if mode == "ipc":
+        if not gpu():
+            raise UsageError("gpu_plane='ipc' needs CuPy and a CUDA device on this member")
+        return ("ipc",)
+    return ("ipc",) if transport == "shm" and gpu() else ()
+
+
+def nccl_unavailable() -> str | None:
+    """Why NCCL cannot be used here (no CuPy, no device, no NCCL, NCCL too old), or None."""
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device"
+        from cupy.cuda import nccl
+
+        if not getattr(nccl, "available", True):
+            return "CuPy was built or installed without NCCL"
+        version = int(nccl.get_version())
+    except Exception as exc:  # ImportError, CUDA driver errors, a missing libnccl
+        return repr(exc)
+    if version < 2400:
+        return f"NCCL {version} has no ncclCommAbort (2.4 or later is needed)"
+    return None
+
+
+# -- unique ids (pure) -------------------------------------------------------------------------
+def uid_to_bytes(uid: Sequence[int]) -> bytes:
+    """``cupy.cuda.nccl.get_unique_id()``'s tuple (C chars, signed or not) as 128 bytes."""
+    if len(uid) != UID_BYTES or not all(type(b) is int and -128 <= b <= 255 for b in uid):
+        raise ValueError(f"a NCCL unique id is {UID_BYTES} chars")
+    return bytes(b & 0xFF for b in uid)
+
+
+def uid_to_tuple(raw: bytes, signed: bool) -> tuple[int, ...]:
+    """128 bytes as the tuple ``NcclCommunicator`` takes: chars in -128..127 where C's ``char``
+    is signed (x86), 0..255 where it is not (arm64, ppc64le)."""
+    return tuple(b - 256 if signed and b > 127 else b for b in raw)
+
+
+def uid_from_frame(raw: object) -> bytes:
+    """Validate a unique id from an ``NCCL_UID`` frame: exactly :data:`UID_BYTES` bytes."""
+    if not isinstance(raw, bytes) or len(raw) != UID_BYTES:
+        size = len(raw) if isinstance(raw, bytes) else type(raw).__name__
+        raise ProtocolViolation(f"NCCL unique id of {size} bytes, not {UID_BYTES}")
+    return raw
+
+
+# -- the plan and the bookkeeping (pure) -------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CommSpec:
+    """One communicator of a view: rooted at ``root``, its ``index``-th; ranks in ``members``."""
+
+    root: int
+    index: int
+    members: tuple[int, ...]
+
+    @property
+    def root_rank(self) -> int:
+        return self.members.index(self.root)
+
+
+def communicator_plan(shards: Iterable[tuple[Sequence[int], Sequence[int]]],
+                      min_ranks: int = 2) -> dict[int, tuple[CommSpec, ...]]:
+    """Root -> its communicators, for shards given as (members in view order, senders).
+
+    One communicator per sender per distinct member list; none with fewer than ``min_ranks``
+    ranks (a communicator of one rank moves nothing; tests on a one-GPU machine pass 1 to
+    exercise setup, broadcast and abort). Deterministic: every member computes the same plan.
+    """
+    plan: dict[int, list[CommSpec]] = {}
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    for members, senders in shards:
+        ranks = tuple(members)
+        if len(ranks) < min_ranks:
+            continue
+        for s in senders:
+            if (s, ranks) in seen or s not in ranks:
+                continue
+            seen.add((s, ranks))
+            mine = plan.setdefault(s, [])
+            mine.append(CommSpec(s, len(mine), ranks))
+    return {s: tuple(specs) for s, specs in plan.items()}
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
+class Comm(Lane):
+    """This member's side of one communicator: its state, handle, stream (as a :class:`Lane`)
+    and the ordering bookkeeping of its broadcasts."""
+
+    spec: CommSpec
+    rank: int
+    state: str = "setup"  # setup | ready | failed | aborted
+    why: str = ""  # what failed
+    handle: Any = None  # the NcclCommunicator, once ready
+    next_send: int = 0  # the root's next broadcast sequence number
+    next_recv: int = 0  # the sequence number the next descriptor must carry
+    # descriptors that arrived before the communicator was up, in order
+    waiting: collections.deque[tuple[tuple[int, int, int], Descriptor]] = field(
+        default_factory=collections.deque)
+
+    def take_send(self) -> int:
+        """The sequence number of the root's next broadcast."""
+        seq = self.next_send
+        self.next_send += 1
+        return seq
+
+    def take_recv(self, seq: int) -> None:
+        """Check that descriptor ``seq`` is the next one of this communicator (the root issues
+        in order and the channel is FIFO: anything else would desynchronise the ranks)."""
+        if seq != self.next_recv:
+            raise ProtocolViolation(
+                f"broadcast {seq} of member {self.spec.root}'s communicator {self.spec.index} "
+                f"arrived where {self.next_recv} was due"
+            )
+        self.next_recv += 1
+
+
+class ViewComms:
+    """The communicators of one view at one member (pure bookkeeping; the plane adds threads)."""
+
+    def __init__(self, view_id: int, members: tuple[int, ...],
+                 plan: dict[int, tuple[CommSpec, ...]], me: int) -> None:
+        self.view_id = view_id
+        self.members = members
+        self.plan = plan
+        self.me = me
+        rank_in_view = {m: i for i, m in enumerate(members)}
+        #: every communicator this member belongs to, in the order all members join them
+        self.order: tuple[CommSpec, ...] = tuple(sorted(
+            (spec for specs in plan.values() for spec in specs if me in spec.members),
+            key=lambda spec: (rank_in_view.get(spec.root, len(members)), spec.index),
+        ))
+        self.comms: dict[tuple[int, int], Comm] = {
+            (spec.root, spec.index): Comm(spec=spec, rank=spec.members.index(me))
+            for spec in self.order
+        }
+        # the setup thread and the loop share these (under ``cond``)
+        self.cond = threading.Condition()
+        self.uids: dict[tuple[int, int], bytes] = {}
+        self.joining: dict[tuple[int, int], Any] = {}  # joined, still warming up
+        self.cancelled = False
+
+    def comm_for_uid(self, sender: int, index: int) -> Comm:
+        """The communicator an ``NCCL_UID`` frame from ``sender`` names (it must be its root
+        and this member one of its ranks)."""
+        comm = self.comms.get((sender, index))
+        if comm is None:
+            raise ProtocolViolation(
+                f"member {sender} sent a unique id for communicator {index} of view "
+                f"{self.view_id}, which it does not root or this member is not in"
+            )
+        return comm
+
+    def comm_for_data(self, sender: int, index: int) -> Comm:
+        """The communicator an ``NCCL_DATA`` frame from ``sender`` names."""
+        comm = self.comms.get((sender, index))
+        if comm is None:
+            raise ProtocolViolation(
+                f"device data from member {sender} on communicator {index} of view "
+                f"{self.view_id}, which it does not root or this member is not in"
+            )
+        return comm
+
+    def sending_comm(self, targets: Iterable[int]) -> Comm | None:
+        """This member's communicator whose other ranks are exactly ``targets``, if any."""
+        want = {self.me, *targets}
+        for spec in self.plan.get(self.me, ()):
+            if len(spec.members) == len(want) and want.issuperset(spec.members):
+                return self.comms[(self.me, spec.index)]
+        return None
+
+
+class EarlyUids:
+    """``NCCL_UID`` frames for views not installed here yet (bounded; older views dropped)."""
+
+    def __init__(self, limit: int = _MAX_EARLY_UIDS) -> None:
+        self.limit = limit
+        self._held: dict[int, list[tuple[int, int, bytes]]] = {}
+        self._count = 0
+
+    def hold(self, view_id: int, sender: int, index: int, uid: bytes) -> None:
+        if self._count >= self.limit:
+            raise ProtocolViolation(f"more than {self.limit} NCCL unique ids for future views")
+        self._held.setdefault(view_id, []).append((sender, index, uid))
+        self._count += 1
+
+    def take(self, view_id: int) -> list[tuple[int, int, bytes]]:
+        """The frames held for ``view_id``; those of older views are dropped."""
+        out = self._held.pop(view_id, [])
+        for v in [v for v in self._held if v < view_id]:
+            del self._held[v]
+        self._count = sum(len(x) for x in self._held.values())
+        return out
+
+    def __len__(self) -> int:
+        return self._count
+
+
+# -- the plane (needs CuPy with NCCL and a device) ---------------------------------------------
+@dataclass(slots=True)
+class _Sent:
+    arrays: tuple[Any, ...]  # kept alive until delivered and broadcast
+    comm: Comm
+    sent: bool = False
+    delivered: bool = False
+
+
+class NcclPlane:
+    """Moves device arrays to the ranks of per-sender NCCL communicators (module docstring).
+
+    A :class:`~derecho_async.runtime.dataplane.Plane`. ``shards_of(members)`` lists a view's
+    shards as (members, senders); ``send(dst, frame)`` puts a frame on the reliable channel;
+    ``landed(key, payload)`` reports a message whose arrays are all here; ``suspect(member,
+    why)`` reports a member whose communicator failed (the driver's ``on_failure``).
+    """
+
+    kinds: tuple[int, ...] = (env.NCCL_UID, env.NCCL_DATA)
+
+    def __init__(self, member_id: int,
+                 shards_of: Callable[[tuple[int, ...]], Iterable[tuple[Sequence[int],
+                                                                       Sequence[int]]]],
+                 send: Callable[[int, bytes], None],
+                 landed: Callable[[tuple[int, int, int], object], None],
+                 suspect: Callable[[int, str], None], *, min_ranks: int = 2) -> None:
+        import cupy
+        from cupy.cuda import nccl
+
+        self._cp = cupy
+        self._nccl = nccl
+        self._rt = cupy.cuda.runtime
+        self.member_id = member_id
+        self.device = int(cupy.cuda.Device().id)
+        self._shards_of = shards_of
+        self._send = send
+        self._landed = landed
+        self._suspect = suspect
+        self._min_ranks = min_ranks
+        self._setup_timeout_s = _setup_timeout_s()
+        self._done = Completions(self._rt, self.device)
+        self._fence_event = int(self._rt.eventCreateWithFlags(0x2))  # cudaEventDisableTiming
+        self._uint8 = int(getattr(nccl, "NCCL_UINT8", 1))  # ncclUint8: arrays travel as bytes
+        self._signed_chars = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+        self._view: ViewComms | None = None
+        self._early = EarlyUids()
+        self._outgoing: dict[tuple[int, int, int], _Sent] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._check_handle: asyncio.TimerHandle | None = None
+        self._closed = False
+        self.sent = 0  # messages this member sent by broadcast
+        self.received = 0  # messages that landed here by broadcast
+        self._received_view = 0  # of those, in the current view
+        self.aborted = 0  # communicators aborted here
+
+    # -- the Plane protocol ----------------------------------------------------------------
+    def start(self, key: tuple[int, int, int], payload: object,
+              targets: tuple[int, ...]) -> bool:
+        """Take ``payload`` if it holds device arrays of this device and this member's
+        communicator for exactly ``targets`` is up (else the next plane takes it)."""
+        vs = self._view
+        if (not isinstance(payload, OutOfBand) or vs is None or key[0] != vs.view_id
+                or self._closed):
+            return False
+        infos = payload.infos()
+        if not any(info.is_gpu for info in infos):
+            return False
+        comm = vs.sending_comm(targets)
+        if comm is None or comm.state != "ready":
+            return False
+        cp = self._cp
+        specs: list[ArraySpec] = []
+        device: list[Any] = []
+        for a, info in zip(payload.arrays, infos, strict=True):
+            if not info.is_gpu:
+                import numpy as np
+
+                host = np.ascontiguousarray(a)
+                raw = host.astype(host.dtype.newbyteorder("<"), copy=False).tobytes()
+                specs.append(ArraySpec("numpy", info.dtype, info.shape, info.nbytes, inline=raw))
+                continue
+            arr = cp.asarray(a)  # CuPy and torch through __cuda_array_interface__, no copy
+            if int(arr.device.id) != self.device:
+                return False  # NCCL moves only this rank's device memory: the next plane
+            if not arr.flags.c_contiguous:
+                arr = cp.ascontiguousarray(arr)  # queued on the current stream
+            lib = "torch" if info.lib == "torch" else "cupy"
+            specs.append(ArraySpec(lib, info.dtype, tuple(arr.shape), int(arr.nbytes), BROADCAST))
+            device.append(arr)
+        try:
+            self._enqueue(comm, [(int(a.data.ptr), int(a.nbytes)) for a in device])
+        except Exception as exc:  # the ranks cannot follow a half-issued message: stop here
+            self._fail(comm, f"enqueueing a broadcast failed: {exc!r}")
+            return False
+        seq = comm.take_send()
+        body = Descriptor(payload.call, -1, tuple(specs)).encode()
+        frame_head = (key[0], key[1], key[2], comm.spec.index, seq)
+        for dst in targets:
+            self._send(dst, env.encode(env.NCCL_DATA, *frame_head, body))
+        out = _Sent(tuple(device), comm)
+        self._outgoing[key] = out
+
+        def broadcast_done() -> None:
+            out.sent = True
+            if out.delivered:
+                self._outgoing.pop(key, None)
+
+        self._done.track(comm, broadcast_done)
+        self._arm_check()
+        self.sent += 1
+        return True
+
+    def receive(self, sender: int, msg: list[Any], raw: bytes) -> None:
+        """One of this plane's frames arrived from ``sender``."""
+        if msg[0] == env.NCCL_UID:
+            _, view_id, index, uid = msg
+            self.on_uid(sender, view_id, index, uid)
+            return
+        _, view_id, src, msg_no, index, seq, body = msg
+        if src != sender:
+            raise ProtocolViolation(f"device data for sender {src} relayed by {sender}")
+        vs = self._view
+        if vs is None or view_id > vs.view_id:
+            raise ProtocolViolation(f"NCCL descriptor for view {view_id}, not installed here")
+        if view_id < vs.view_id:
+            return  # its communicators are aborted; the core drops the old view's messages
+        comm = vs.comm_for_data(sender, index)
+        comm.take_recv(seq)
+        desc = Descriptor.decode(body, None, broadcast=True)
+        key = (view_id, sender, msg_no)
+        if comm.state == "ready" and not comm.waiting:
+            self._receive(comm, key, desc)
+        elif comm.state == "setup":
+            comm.waiting.append((key, desc))
+        else:
+            raise ProtocolViolation(
+                f"member {sender}'s communicator {index} is {comm.state} here: {comm.why}")
+
+    def on_own_delivered(self, key: tuple[int, int, int]) -> None:
+        out = self._outgoing.get(key)
+        if out is not None:
+            out.delivered = True
+            if out.sent:
+                del self._outgoing[key]
+
+    def on_event(self, event: object) -> None:
+        if isinstance(event, ViewInstalled):
+            self.on_view(event.view.view_id, event.view.members)
+
+    def close(self) -> None:
+        """Abort every communicator; stop landing messages."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._check_handle is not None:
+            self._check_handle.cancel()
+        if self._view is not None:
+            self._end_view(self._view)
+            self._view = None
+        self._done.close()
+
+    # -- views and setup ---------------------------------------------------------------------
+    def on_view(self, view_id: int, members: tuple[int, ...]) -> None:
+        """A view was installed: abort the previous view's communicators, set up this one's."""
+        loop = asyncio.get_running_loop()
+        self._loop = self._done.loop = loop
+        if self._view is not None:
+            self._end_view(self._view)
+        self._received_view = 0
+        plan = communicator_plan(self._shards_of(members), self._min_ranks)
+        vs = ViewComms(view_id, members, plan, self.member_id)
+        self._view = vs
+        for sender, index, uid in self._early.take(view_id):
+            try:
+                self._accept_uid(vs, sender, index, uid)
+            except ProtocolViolation as exc:  # held before the view could check it
+                log.warning("member %d: a held NCCL unique id from %d: %s", self.member_id,
+                            sender, exc)
+                loop.call_soon(self._suspect, sender,  # not inside the driver's step
+                               f"protocol violation on the NCCL plane: {exc}")
+        if not vs.order or self._closed:
+            return
+        threading.Thread(target=self._setup, args=(vs, loop), daemon=True,
+                         name=f"derecho-nccl-setup-v{view_id}").start()
+
+        def slow() -> None:
+            late = [c.spec for c in vs.comms.values() if c.state == "setup"]
+            if late and vs is self._view:
+                log.warning("member %d: NCCL communicators %s of view %d are not up after %.0f s;"
+                            " their messages take the next plane meanwhile", self.member_id,
+                            [(s.root, s.index) for s in late], view_id, self._setup_timeout_s)
+
+        loop.call_later(self._setup_timeout_s, slow)
+
+    def on_uid(self, sender: int, view_id: int, index: int, uid: object) -> None:
+        """A root's unique id for one of its communicators arrived."""
+        raw = uid_from_frame(uid)
+        vs = self._view
+        if vs is not None and view_id < vs.view_id:
+            return
+        if vs is None or view_id > vs.view_id:
+            self._early.hold(view_id, sender, index, raw)
+            return
+        self._accept_uid(vs, sender, index, raw)
+
+    def _accept_uid(self, vs: ViewComms, sender: int, index: int, uid: bytes) -> None:
+        vs.comm_for_uid(sender, index)  # validates: its root, and this member one of its ranks
+        if sender == self.member_id:
+            raise ProtocolViolation("a unique id for this member's own communicator")
+        with vs.cond:
+            if vs.uids.setdefault((sender, index), uid) != uid:
+                raise ProtocolViolation(f"member {sender} changed communicator {index}'s id")
+            vs.cond.notify_all()
+
+    def _setup(self, vs: ViewComms, loop: asyncio.AbstractEventLoop) -> None:
+        """The view's setup thread: make this member's unique ids, then join its communicators
+        in the shared order, each followed by its warm-up (see the module docstring)."""
+        self._cp.cuda.Device(self.device).use()
+        for spec in vs.plan.get(self.member_id, ()):
+            try:
+                mine = uid_to_bytes(self._nccl.get_unique_id())
+            except Exception as exc:  # its ranks time out waiting for it, and fail it
+                self._post(loop, self._setup_failed, vs, spec, f"no unique id: {exc!r}")
+                continue
+            with vs.cond:
+                vs.uids[(spec.root, spec.index)] = mine
+            if not self._post(loop, self._send_uid, vs, spec, mine):
+                return
+        deadline = time.monotonic() + self._setup_timeout_s
+        for spec in vs.order:
+            name = (spec.root, spec.index)
+            with vs.cond:
+                while not vs.cancelled and name not in vs.uids:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    vs.cond.wait(left)
+                if vs.cancelled:
+                    return
+                uid = vs.uids.get(name)
+            if uid is None:
+                self._post(loop, self._setup_failed, vs, spec,
+                           f"no unique id from member {spec.root} in {self._setup_timeout_s} s")
+                continue
+            try:
+                handle = self._join(len(spec.members), uid, spec.members.index(self.member_id))
+            except Exception as exc:  # e.g. ncclInvalidUsage: two ranks on one GPU
+                self._post(loop, self._setup_failed, vs, spec, f"joining failed: {exc!r}")
+                continue
+            with vs.cond:
+                if vs.cancelled:
+                    _abort(handle)
+                    return
+                vs.joining[name] = handle  # the loop aborts it if the view ends meanwhile
+            try:
+                stream = self._warm_up(handle, spec.root_rank)
+            except Exception as exc:
+                stream = None
+                why = f"warming up failed: {exc!r}"
+            with vs.cond:
+                handle = vs.joining.pop(name, None)
+            if handle is None:
+                return  # aborted by the loop: the view ended
+            if stream is None:
+                _abort(handle)
+                self._post(loop, self._setup_failed, vs, spec, why)
+                continue
+            if not self._post(loop, self._comm_up, vs, spec, handle, stream):
+                _abort(handle)
+                return
+
+    def _warm_up(self, handle: Any, root: int) -> Any:
+        """Make the communicator's stream and run two broadcasts (1 byte, then
+        :data:`_WARM_UP_BYTES`) on it, waiting here for them. NCCL may connect a communicator's
+        ranks on its first collectives (``NCCL_RUNTIME_CONNECT``, 2.22 and later), and that
+        blocks the calling thread until every rank has issued them: it must happen on this
+        thread, in the shared join order, and never on the event loop (where a root's first
+        broadcast would wait for receivers that wait for its descriptor)."""
+        cp = self._cp
+        stream = cp.cuda.Stream(non_blocking=True)
+        scratch = cp.empty(_WARM_UP_BYTES, cp.uint8)  # contents irrelevant: nobody reads them
+        for nbytes in (1, _WARM_UP_BYTES):
+            handle.broadcast(int(scratch.data.ptr), int(scratch.data.ptr), nbytes,
+                             self._uint8, root, stream.ptr)
+        stream.synchronize()
+        del scratch  # after the broadcasts completed
+        return stream
+
+    def _join(self, nranks: int, uid: bytes, rank: int) -> Any:
+        """``NcclCommunicator(nranks, uid, rank)``: blocks until every rank joined."""
+        for signed in (self._signed_chars, not self._signed_chars):
+            try:
+                return self._nccl.NcclCommunicator(nranks, uid_to_tuple(uid, signed), rank)
+            except OverflowError:  # this platform's C char has the other signedness
+                self._signed_chars = not signed
+        raise RuntimeError("a NCCL unique id fits neither char signedness")
+
+    @staticmethod
+    def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> bool:
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+            return True
+        except RuntimeError:  # the loop is closed: nobody to tell
+            return False
+
+    def _send_uid(self, vs: ViewComms, spec: CommSpec, uid: bytes) -> None:
+        if vs is not self._view or self._closed:
+            return
+        frame = env.encode(env.NCCL_UID, vs.view_id, spec.index, uid)
+        for m in spec.members:
+            if m != self.member_id:
+                self._send(m, frame)
+
+    def _setup_failed(self, vs: ViewComms, spec: CommSpec, why: str) -> None:
+        comm = vs.comms[(spec.root, spec.index)]
+        if comm.state != "setup":
+            return
+        comm.state, comm.why = "failed", why
+        if vs is self._view and not self._closed:
+            log.warning("member %d: NCCL communicator of member %d (%d ranks, view %d) failed "
+                        "here; its messages take another plane: %s", self.member_id, spec.root,
+                        len(spec.members), vs.view_id, why)
+        if comm.waiting and spec.root != self.member_id:
+            comm.waiting.clear()
+            self._suspect(spec.root, f"its NCCL communicator failed here: {why}")
+
+    def _comm_up(self, vs: ViewComms, spec: CommSpec, handle: Any, stream: Any) -> None:
+        comm = vs.comms[(spec.root, spec.index)]
+        if vs is not self._view or self._closed or comm.state != "setup":
+            threading.Thread(target=_abort, args=(handle,), daemon=True).start()
+            return
+        comm.handle = handle
+        comm.stream = stream
+        comm.state = "ready"
+        log.info("member %d: NCCL communicator of member %d up (%d ranks, view %d)",
+                 self.member_id, spec.root, len(spec.members), vs.view_id)
+        while comm.waiting:
+            key, desc = comm.waiting.popleft()
+            try:
+                self._receive(comm, key, desc)
+            except ProtocolViolation as exc:
+                comm.waiting.clear()
+                self._suspect(spec.root, str(exc))
+                return
+
+    def _end_view(self, vs: ViewComms) -> None:
+        """Abort ``vs``'s communicators; free what their transfers held once drained."""
+        with vs.cond:
+            vs.cancelled = True
+            warming = list(vs.joining.values())  # joined, warm-up in progress: abort those too
+            vs.joining.clear()
+            vs.cond.notify_all()
+        for handle in warming:
+            self.aborted += 1
+            threading.Thread(target=_abort, args=(handle,), daemon=True,
+                             name="derecho-nccl-abort").start()
+        for comm in vs.comms.values():
+            self._abort_comm(comm, "aborted", "its view ended")
+        for key in [k for k in self._outgoing if k[0] <= vs.view_id]:
+            del self._outgoing[key]  # held by the aborted comm's drain (see _abort_comm)
+
+    def _abort_comm(self, comm: Comm, state: str, why: str) -> None:
+        """Abort ``comm`` here (a daemon thread calls ncclCommAbort: it ends kernels waiting on
+        a dead rank) and drop its transfers; their memory is freed once its stream drained."""
+        if comm.state in ("aborted", "failed"):
+            return
+        comm.state, comm.why = state, why
+        comm.waiting.clear()
+        handle, comm.handle = comm.handle, None
+        held = list(comm.inflight)  # their closures hold the destination arrays
+        held_out = [o for o in self._outgoing.values() if o.comm is comm]
+        _, events = self._done.forget(comm)
+        if handle is not None:
+            self.aborted += 1
+            threading.Thread(target=_abort, args=(handle,), daemon=True,
+                             name="derecho-nccl-abort").start()
+        if comm.stream is not None and (held or held_out):
+            def drained() -> None:
+                self._done.recycle(events)
+                held.clear()
+                held_out.clear()
+
+            self._done.after_stream(drained, comm)
+        if comm.waiter is not None:
+            comm.waiter.stop()
+
+    def _fail(self, comm: Comm, why: str) -> None:
+        """A NCCL error on ``comm``: abort it here; a receiver reports the root as failed."""
+        log.warning("member %d: NCCL communicator of member %d failed: %s", self.member_id,
+                    comm.spec.root, why)
+        self._abort_comm(comm, "failed", why)
+        if comm.spec.root != self.member_id:
+            self._suspect(comm.spec.root, f"its NCCL communicator failed here: {why}")
+
+    # -- the GPU work ------------------------------------------------------------------------
+    def _enqueue(self, comm: Comm, buffers: list[tuple[int, int]]) -> None:
+        """Enqueue one in-place broadcast per non-empty (pointer, nbytes) on ``comm``'s stream,
+        after the work now queued on the application's current stream."""
+        if not any(n for _, n in buffers):
+            return
+        rt = self._rt
+        stream = comm.stream
+        current = self._cp.cuda.get_current_stream()
+        rt.eventRecord(self._fence_event, current.ptr)
+        rt.streamWaitEvent(stream.ptr, self._fence_event, 0)
+        root = comm.spec.root_rank
+        for ptr, nbytes in buffers:
+            if nbytes:
+                comm.handle.broadcast(ptr, ptr, nbytes, self._uint8, root, stream.ptr)
+
+    def _receive(self, comm: Comm, key: tuple[int, int, int], desc: Descriptor) -> None:
+        """Allocate the arrays, enqueue the matching broadcasts, land them once complete."""
+        cp = self._cp
+        placed: list[tuple[ArraySpec, Any]] = []
+        try:
+            with cp.cuda.Device(self.device):  # the allocations: on this rank's device
+                for spec in desc.arrays:
+                    out = None if spec.segment != BROADCAST else cp.empty(spec.shape, spec.dtype)
+                    placed.append((spec, out))
+            self._enqueue(comm, [(int(out.data.ptr), spec.nbytes) for spec, out in placed
+                                 if out is not None])
+        except Exception as exc:
+            self._abort_comm(comm, "failed", f"enqueueing a broadcast failed: {exc!r}")
+            raise ProtocolViolation(
+                f"cannot receive member {comm.spec.root}'s broadcast: {exc!r}") from exc
+        if not any(out is not None for _, out in placed):
+            self._finish(key, desc.call, placed)
+            return
+        self._done.track(comm, lambda: self._finish(key, desc.call, placed))
+        self._arm_check()
+
+    def _finish(self, key: tuple[int, int, int], call: bytes,
+                placed: list[tuple[ArraySpec, Any]]) -> None:
+        arrays = tuple(inline_array(spec) if out is None else as_lib(out, spec.lib)
+                       for spec, out in placed)
+        if not self._closed:
+            self.received += 1
+            self._received_view += 1
+            self._landed(key, OutOfBand(call, arrays))
+
+    def poll(self) -> None:
+        """Finish every tracked broadcast that has completed (called from the event loop)."""
+        self._done.poll()
+
+    # -- asynchronous errors -----------------------------------------------------------------
+    def _arm_check(self) -> None:
+        if self._check_handle is None and not self._closed and self._loop is not None:
+            self._check_handle = self._loop.call_later(_ASYNC_CHECK_S, self._check_async)
+
+    def _check_async(self) -> None:
+        """While broadcasts are in flight, ask their communicators for asynchronous errors."""
+        self._check_handle = None
+        vs = self._view
+        if vs is None or self._closed:
+            return
+        busy = [c for c in vs.comms.values() if c.inflight and c.handle is not None]
+        for comm in busy:
+            try:
+                comm.handle.check_async_error()
+            except Exception as exc:  # NcclError: a rank is gone, or the network failed
+                self._fail(comm, f"asynchronous NCCL error: {exc!r}")
+        if any(c.inflight for c in vs.comms.values()):
+            self._arm_check()
+
+    # -- introspection -----------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        """Figures: communicators of the current view by state, messages sent and received by
+        broadcast (received also in this view alone), sends still held, communicators
+        aborted, unique ids held for future views."""
+        comms = list(self._view.comms.values()) if self._view is not None else []
+        return {
+            "view": self._view.view_id if self._view is not None else -1,
+            "communicators": len(comms),
+            "ready": sum(1 for c in comms if c.state == "ready"),
+            "failed": sum(1 for c in comms if c.state == "failed"),
+            "sent": self.sent,
+            "received": self.received,
+            "received_this_view": self._received_view,
+            "sending": len(self._outgoing),
+            "aborted": self.aborted,
+            "early_uids": len(self._early),
+        }
+
+    def communicator(self, root: int, index: int = 0) -> Comm | None:
+        """This member's side of communicator (root, index) of the current view (tests)."""
+        return self._view.comms.get((root, index)) if self._view is not None else None
+
+
+def _abort(handle: Any) -> None:
+    """``ncclCommAbort`` (on a daemon thread: it may wait for NCCL's own threads)."""
+    try:
+        handle.abort()
+    except Exception as exc:
+        log.debug("aborting a NCCL communicator: %r", exc)

@@ -1,0 +1,314 @@
+"""The NCCL plane's pure parts, on the CPU: selection, frames, the plan, ordering, view state.
+
+What needs CuPy and GPUs (communicators, broadcasts, aborts) is in ``tests/gpu/test_nccl_plane.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import derecho_async as da
+from derecho_async.core import Layout, SubgroupSpec
+from derecho_async.errors import ProtocolViolation, UsageError
+from derecho_async.runtime import envelope as env
+from derecho_async.runtime.gpuplane import (
+    BROADCAST,
+    MAX_BROADCAST_BYTES,
+    ArraySpec,
+    Descriptor,
+)
+from derecho_async.runtime.ncclplane import (
+    UID_BYTES,
+    Comm,
+    CommSpec,
+    EarlyUids,
+    ViewComms,
+    communicator_plan,
+    select_gpu_planes,
+    uid_from_frame,
+    uid_to_bytes,
+    uid_to_tuple,
+)
+
+
+def _shards(layout: Layout, members: tuple[int, ...]) -> list[tuple[tuple[int, ...],
+                                                                     tuple[int, ...]]]:
+    return [(s.members, s.senders) for s in layout.assign(members).shards]
+
+
+# -- selection ----------------------------------------------------------------------------------
+def _never() -> bool:
+    raise AssertionError("probed although the mode did not need it")
+
+
+def test_selection_by_mode_probes_only_what_it_needs() -> None:
+    assert select_gpu_planes("host", "shm", _never, _never) == ()
+    assert select_gpu_planes("auto", "tcp", lambda: True, _never) == ()
+    assert select_gpu_planes("auto", "shm", lambda: True, _never) == ("ipc",)
+    assert select_gpu_planes("auto", "shm", lambda: False, _never) == ()
+    assert select_gpu_planes("ipc", "tcp", lambda: True, _never) == ("ipc",)
+    assert select_gpu_planes("nccl", "shm", _never, lambda: None) == ("nccl", "ipc")
+    assert select_gpu_planes("nccl", "tcp", _never, lambda: None) == ("nccl",)
+    assert select_gpu_planes("nccl", "rdma", _never, lambda: None) == ("nccl",)
+
+
+def test_nccl_or_ipc_asked_for_without_what_they_need_is_a_clear_error() -> None:
+    with pytest.raises(UsageError, match=r"gpu_plane='nccl' needs CuPy with NCCL.*no libnccl"):
+        select_gpu_planes("nccl", "shm", _never, lambda: "no libnccl")
+    with pytest.raises(UsageError, match="gpu_plane='ipc' needs CuPy and a CUDA device"):
+        select_gpu_planes("ipc", "shm", lambda: False, _never)
+
+
+def test_config_accepts_nccl() -> None:
+    assert da.Config(group="g", member_id=0, gpu_plane="nccl").gpu_plane == "nccl"
+
+
+async def test_nccl_plane_asked_for_without_nccl_is_a_clear_error() -> None:
+    from derecho_async.runtime.ncclplane import nccl_unavailable
+
+    why = nccl_unavailable()
+    if why is None:
+        pytest.skip("this machine has CuPy with NCCL and a GPU")
+    cfg = da.Config(member_id=0, group="nonccl", initial_members=1, transport="sim",
+                    gpu_plane="nccl")
+    with pytest.raises(da.UsageError, match="CuPy with NCCL"):
+        async with da.Group(cfg):
+            pass
+
+
+# -- unique ids and frames ----------------------------------------------------------------------
+@given(st.binary(min_size=UID_BYTES, max_size=UID_BYTES), st.booleans())
+def test_unique_ids_round_trip_in_either_char_signedness(raw: bytes, signed: bool) -> None:
+    chars = uid_to_tuple(raw, signed)
+    assert all((-128 <= c <= 127) if signed else (0 <= c <= 255) for c in chars)
+    assert uid_to_bytes(chars) == raw
+    assert uid_from_frame(raw) == raw
+
+
+def test_malformed_unique_ids_are_refused() -> None:
+    for bad in (b"x" * 127, b"x" * 129, b"", "x" * 128, None):
+        with pytest.raises(ProtocolViolation, match="unique id"):
+            uid_from_frame(bad)
+    with pytest.raises(ValueError):
+        uid_to_bytes((0,) * 127)
+    with pytest.raises(ValueError):
+        uid_to_bytes((300,) * 128)
+
+
+def test_nccl_envelopes_round_trip_and_are_validated() -> None:
+    uid = bytes(range(128))
+    assert env.decode(env.encode(env.NCCL_UID, 3, 1, uid)) == [env.NCCL_UID, 3, 1, uid]
+    frame = env.encode(env.NCCL_DATA, 3, 2, 17, 0, 5, b"desc")
+    assert env.decode(frame) == [env.NCCL_DATA, 3, 2, 17, 0, 5, b"desc"]
+    for bad in (
+        [env.NCCL_UID, 3, 1, "text"],
+        [env.NCCL_UID, 3, -1, uid],
+        [env.NCCL_UID, 3, uid],
+        [env.NCCL_DATA, 3, 2, 17, 0, -5, b"d"],
+        [env.NCCL_DATA, 3, 2, 17, 0, b"d"],
+        [env.NCCL_DATA, 3, 2, 17, 0, 5, [b"d"]],
+    ):
+        with pytest.raises(ProtocolViolation):
+            env.decode(msgpack.packb(bad, use_bin_type=True))
+
+
+# -- broadcast descriptors ----------------------------------------------------------------------
+def test_broadcast_descriptors_round_trip() -> None:
+    d = Descriptor(b"call", -1, (
+        ArraySpec("cupy", "float32", (4, 8), 128, BROADCAST),
+        ArraySpec("numpy", "int16", (3,), 6, inline=b"abcdef"),
+        ArraySpec("torch", "bfloat16" if "bfloat16" in _dtypes() else "float16", (0,), 0,
+                  BROADCAST),
+    ))
+    assert Descriptor.decode(d.encode(), None, broadcast=True) == d
+
+
+def _dtypes() -> set[str]:
+    from derecho_async.codec import DTYPES
+
+    return set(DTYPES)
+
+
+def _raw(specs: list[object], event: int = -1, call: object = b"c") -> bytes:
+    out = msgpack.packb([call, event, specs], use_bin_type=True)
+    assert isinstance(out, bytes)
+    return out
+
+
+_HUGE = [1 << 20, 1 << 20, 1 << 2]  # 2**42 float32 elements: beyond MAX_BROADCAST_BYTES
+
+
+@pytest.mark.parametrize("raw, why", [
+    (_raw([["cupy", "float32", [4], 15]]), "broadcast array of 15 bytes"),
+    (_raw([["cupy", "float32", [4], -16]]), "broadcast array"),
+    (_raw([["numpy", "float32", [4], 16]]), "lib numpy"),
+    (_raw([["cupy", "float32", _HUGE, 4 << 42]]), "in all"),
+    (_raw([["cupy", "float32", [1 << 36], 1 << 38]] * 5), "in all"),  # 5 * 2**38 > 2**40
+    (_raw([["cupy", "float32", [4], 16]], event=0), "names event"),
+    (_raw([["cupy", "float32", [4], 0, 0, 16]]), "number of fields"),  # a pool spec
+    (_raw([["cupy", "object", [4], 16]]), "dtype"),
+    (_raw([["pickle", "float32", [4], 16]]), "lib"),
+    (_raw([["cupy", "float32", [-4], 16]]), "shape"),
+    (_raw([["cupy", "float32", [2] * 33, 16]]), "shape"),
+    (_raw([["numpy", "float32", [4], -1, b"short"]]), "inline"),
+    (_raw([["cupy", "float32", [4], 16]] * 4097), "arrays"),
+])
+def test_hostile_broadcast_descriptors_are_protocol_violations(raw: bytes, why: str) -> None:
+    with pytest.raises(ProtocolViolation, match=why):
+        Descriptor.decode(raw, None, broadcast=True)
+
+
+def test_broadcast_limit_is_inclusive() -> None:
+    n = MAX_BROADCAST_BYTES
+    desc = Descriptor.decode(_raw([["cupy", "uint8", [n], n]]), None, broadcast=True)
+    assert desc.arrays[0].nbytes == n and desc.arrays[0].segment == BROADCAST
+
+
+def test_ipc_descriptors_refuse_broadcast_specs() -> None:
+    with pytest.raises(ProtocolViolation, match="number of fields"):
+        Descriptor.decode(_raw([["cupy", "float32", [4], 16]], event=0), None)
+
+
+# -- the plan -----------------------------------------------------------------------------------
+def test_one_communicator_per_sender_per_distinct_shard() -> None:
+    members = (5, 3, 9)
+    plan = communicator_plan(_shards(Layout(), members))
+    assert plan == {m: (CommSpec(m, 0, members),) for m in members}
+    assert plan[3][0].root_rank == 1
+    # two subgroups over the same members share each sender's communicator; a subgroup with
+    # one sender adds nothing new; a sharded one adds a communicator per shard of 2+ members
+    layout = Layout((SubgroupSpec("a"), SubgroupSpec("b", senders=1),
+                     SubgroupSpec("c", shards=2)))
+    plan = communicator_plan(_shards(layout, members))
+    assert plan[5] == (CommSpec(5, 0, members), CommSpec(5, 1, (5, 9)))
+    assert plan[9] == (CommSpec(9, 0, members), CommSpec(9, 1, (5, 9)))
+    assert plan[3] == (CommSpec(3, 0, members),)  # its shard of "c" has one member
+
+
+def test_single_member_shards_get_no_communicator_unless_asked() -> None:
+    assert communicator_plan(_shards(Layout(), (4,))) == {}
+    assert communicator_plan(_shards(Layout(), (4,)), min_ranks=1) == {4: (CommSpec(4, 0, (4,)),)}
+
+
+_layouts = st.lists(
+    st.builds(
+        lambda i, shards, senders, cap: SubgroupSpec(f"s{i}", shards=shards, senders=senders,
+                                                     max_members=cap),
+        st.integers(0, 10**6), st.integers(1, 3), st.none() | st.integers(1, 3),
+        st.none() | st.integers(3, 8),
+    ),
+    min_size=1, max_size=4, unique_by=lambda s: s.name,
+).map(lambda subs: Layout(tuple(subs)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(_layouts, st.permutations(list(range(8))), st.integers(2, 8), st.randoms())
+def test_joining_in_the_shared_order_never_deadlocks(layout: Layout, perm: list[int], n: int,
+                                                     rnd: random.Random) -> None:
+    """Every member joins its communicators one after the other in ``ViewComms.order``; a join
+    returns once every rank is at it. Simulated with members scheduled at random: all finish."""
+    members = tuple(perm[:n])
+    plan = communicator_plan(_shards(layout, members))
+    views = {m: ViewComms(1, members, plan, m) for m in members}
+    # any two members meet their shared communicators in the same relative order
+    for a in members:
+        for b in members:
+            shared_a = [s for s in views[a].order if b in s.members]
+            shared_b = [s for s in views[b].order if a in s.members]
+            assert shared_a == shared_b
+    pos = {m: 0 for m in members}
+    at: dict[CommSpec, set[int]] = collections.defaultdict(set)
+    done: set[CommSpec] = set()
+    for _ in range(10_000):
+        pending = [m for m in members if pos[m] < len(views[m].order)]
+        if not pending:
+            break
+        progressed = False
+        for m in rnd.sample(pending, len(pending)):
+            spec = views[m].order[pos[m]]
+            at[spec].add(m)
+            if spec in done or at[spec] == set(spec.members):
+                done.add(spec)
+                pos[m] += 1
+                progressed = True
+        assert progressed, f"deadlock: {pos}"
+    assert all(pos[m] == len(views[m].order) for m in members)
+
+
+# -- per-view bookkeeping -----------------------------------------------------------------------
+def test_view_comms_name_only_communicators_this_member_is_in() -> None:
+    members = (0, 1, 2)
+    layout = Layout((SubgroupSpec("a"), SubgroupSpec("c", shards=2)))
+    plan = communicator_plan(_shards(layout, members))  # shards of c: (0, 2) and (1,)
+    vs = ViewComms(7, members, plan, 1)
+    assert [(s.root, s.index) for s in vs.order] == [(0, 0), (1, 0), (2, 0)]
+    assert vs.comm_for_uid(0, 0).spec == CommSpec(0, 0, members)
+    assert vs.comm_for_uid(0, 0).rank == 1
+    with pytest.raises(ProtocolViolation, match="does not root or this member is not in"):
+        vs.comm_for_uid(0, 1)  # (0, 2): member 1 is not a rank
+    with pytest.raises(ProtocolViolation):
+        vs.comm_for_data(5, 0)
+    assert vs.sending_comm((2, 0)) is vs.comms[(1, 0)]
+    assert vs.sending_comm((2,)) is None
+    v0 = ViewComms(7, members, plan, 0)
+    assert v0.sending_comm((2,)) is v0.comms[(0, 1)]
+    assert v0.sending_comm((1, 2)) is v0.comms[(0, 0)]
+
+
+def test_broadcasts_are_taken_strictly_in_the_roots_order() -> None:
+    comm = Comm(spec=CommSpec(3, 0, (3, 4)), rank=1)
+    assert [comm.take_send() for _ in range(3)] == [0, 1, 2]
+    comm.take_recv(0)
+    comm.take_recv(1)
+    with pytest.raises(ProtocolViolation, match=r"broadcast 1 .* where 2 was due"):
+        comm.take_recv(1)  # a repeat
+    with pytest.raises(ProtocolViolation, match=r"broadcast 5 .* where 2 was due"):
+        comm.take_recv(5)  # a gap
+    comm.take_recv(2)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 5), st.integers(1, 30), st.randoms())
+def test_concurrent_senders_each_keep_their_own_order(n: int, count: int,
+                                                      rnd: random.Random) -> None:
+    """Several roots send at once; channels are FIFO per pair but interleave arbitrarily across
+    pairs. Each receiver issues every root's broadcasts in that root's order, and no root's
+    order depends on another's (no cross-communicator waiting to deadlock on)."""
+    members = tuple(range(n))
+    plan = communicator_plan(_shards(Layout(), members))
+    views = {m: ViewComms(1, members, plan, m) for m in members}
+    channels: dict[tuple[int, int], collections.deque[tuple[int, int]]] = {
+        (a, b): collections.deque() for a in members for b in members if a != b}
+    for i in range(count):
+        for root in rnd.sample(members, n):
+            comm = views[root].comms[(root, 0)]
+            seq = comm.take_send()
+            for dst in members:
+                if dst != root:
+                    channels[(root, dst)].append((seq, i))
+    issued: dict[tuple[int, int], list[int]] = collections.defaultdict(list)
+    while any(channels.values()):
+        a, b = rnd.choice([k for k, q in channels.items() if q])
+        seq, i = channels[(a, b)].popleft()
+        views[b].comm_for_data(a, 0).take_recv(seq)
+        issued[(b, a)].append(i)
+    assert all(order == list(range(count)) for order in issued.values())
+
+
+def test_early_unique_ids_are_held_bounded_and_dropped_with_old_views() -> None:
+    early = EarlyUids(limit=3)
+    uid = bytes(128)
+    early.hold(5, 1, 0, uid)
+    early.hold(6, 1, 0, uid)
+    early.hold(7, 2, 0, uid)
+    with pytest.raises(ProtocolViolation, match="more than 3"):
+        early.hold(8, 1, 0, uid)
+    assert early.take(6) == [(1, 0, uid)]  # view 5's are dropped with it
+    assert len(early) == 1
+    assert early.take(7) == [(2, 0, uid)] and len(early) == 0
