@@ -120,4 +120,5 @@ def test_minority_wedges_majority_continues_no_second_primary(
     assert all(set(members) <= {0, 1, 2} for v, members in views.items() if v >= 1)
     ends = {e["member"]: e for evs in events for e in evs if e["event"] == "end"}
     for i in (0, 1, 2):
+        assert i in ends, f"member {i} never ended: {events[i]}\n{outs[i][1][-3000:]}"
         assert ends[i]["appended"] > 0 and ends[i]["items"] > ends[3]["items"]
