@@ -198,7 +198,8 @@ def nccl_unavailable() -> str | None:
 
 # -- unique ids (pure) -------------------------------------------------------------------------
 def uid_to_bytes(uid: Sequence[int]) -> bytes:
-    """``cupy.cuda.nccl.get_unique_id()``'s tuple (C chars, signed or not) as 128 bytes."""
+    """``cupy.cuda.nccl.get_unique_id()``'s id (bytes, or a tuple of C chars signed or not) as
+    128 bytes."""
     if len(uid) != UID_BYTES or not all(type(b) is int and -128 <= b <= 255 for b in uid):
         raise ValueError(f"a NCCL unique id is {UID_BYTES} chars")
     return bytes(b & 0xFF for b in uid)
@@ -413,6 +414,7 @@ class NcclPlane:
         self._fence_event = int(self._rt.eventCreateWithFlags(0x2))  # cudaEventDisableTiming
         self._uint8 = int(getattr(nccl, "NCCL_UINT8", 1))  # ncclUint8: arrays travel as bytes
         self._signed_chars = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+        self._uid_form = "unknown"  # how this CuPy takes a unique id: "bytes" or "tuple"
         self._view: ViewComms | None = None
         self._early = EarlyUids()
         self._outgoing: dict[tuple[int, int, int], _Sent] = {}
@@ -658,7 +660,18 @@ class NcclPlane:
         return stream
 
     def _join(self, nranks: int, uid: bytes, rank: int) -> Any:
-        """``NcclCommunicator(nranks, uid, rank)``: blocks until every rank joined."""
+        """``NcclCommunicator(nranks, uid, rank)``: blocks until every rank joined.
+
+        CuPy 13 and later take the unique id as 128 bytes; earlier releases as a tuple of C
+        chars, whose signedness is the platform's. The argument is checked before NCCL is
+        called, so a rejected form costs nothing."""
+        if self._uid_form != "tuple":
+            try:
+                handle = self._nccl.NcclCommunicator(nranks, uid, rank)
+                self._uid_form = "bytes"
+                return handle
+            except TypeError:
+                self._uid_form = "tuple"
         for signed in (self._signed_chars, not self._signed_chars):
             try:
                 return self._nccl.NcclCommunicator(nranks, uid_to_tuple(uid, signed), rank)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import select
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,19 @@ def hosts() -> Iterator[tuple[list[str], list[str], list[str]]]:
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
+def _first_line(fd: int, deadline: float) -> str:
+    """One line from a child's stdout, read unbuffered: ``communicate`` reads the rest from the
+    same descriptor and would never see what a buffered reader took ahead."""
+    line = b""
+    while not line.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 1) if ready else b""
+        if not chunk:
+            break
+        line += chunk
+    return line.decode()
+
+
 def test_minority_wedges_majority_continues_no_second_primary(
     hosts: tuple[list[str], list[str], list[str]],
 ) -> None:
@@ -86,8 +100,15 @@ def test_minority_wedges_majority_continues_no_second_primary(
         )
         for i, ns in enumerate(namespaces)
     ]
+    firsts = [""] * N
     try:
-        time.sleep(3.0)  # formed and appending
+        # Cut only once every member is in view 0 (on a loaded machine forming it can take
+        # longer than any fixed pause), then let them append a while.
+        deadline = time.monotonic() + 30
+        for i, p in enumerate(procs):
+            assert p.stdout is not None
+            firsts[i] = _first_line(p.stdout.fileno(), deadline)
+        time.sleep(1.0)  # appending
         for h in host_ends[3:]:
             _ip("link", "set", h, "down")  # cut members 3 and 4 off
         time.sleep(2.5)
@@ -100,7 +121,7 @@ def test_minority_wedges_majority_continues_no_second_primary(
                 p.kill()
     events = [
         [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        for out, _err in outs
+        for out in (first + out for first, (out, _err) in zip(firsts, outs, strict=True))
     ]
     for i, evs in enumerate(events):
         assert evs, f"member {i} printed nothing: {outs[i][1][-2000:]}"
