@@ -65,8 +65,9 @@ def test_compare_quick_derecho_only(tmp_path: Path) -> None:
     assert sum("one-way" in r[1] for r in derecho) == 4
     assert all(_number(r[2]) > 0 for r in derecho)
     assert all("skipped" in r[2] for r in throughput if r[0] in ("PySyncObj", "pyzmq"))
-    (latency,) = table("2. Latency")
-    assert all(_number(c) > 0 for c in latency[2:])
+    latency = table("2. Latency")
+    assert [("one-way" in r[1]) for r in latency] == [False, True]  # replied, then one-way
+    assert all(_number(c) > 0 for r in latency for c in r[2:])
     sizes = table("3a. Message sizes")
     assert len(sizes) == 6 and all(_number(r[1]) > 0 and _number(r[2]) > 0 for r in sizes)
     for prefix in ("3b. Large", "3c. Large"):
