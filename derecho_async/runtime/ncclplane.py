@@ -133,6 +133,9 @@ UID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
 _MAX_EARLY_UIDS = 4096  # unique-id frames held for views not yet installed here
 _ASYNC_CHECK_S = 0.5  # how often communicators with broadcasts in flight are checked for errors
 _WARM_UP_BYTES = 4 << 20  # the second warm-up broadcast (see NcclPlane._warm_up)
+_STALL_S = 60.0  # a receiver's broadcast that long without progress fails its communicator
+_BROADCAST_PIECE = 1 << 30  # bytes per ncclBroadcast call (see NcclPlane._enqueue)
+_MAX_FRAME_BYTES = 1 << 30  # the transports' bound on one message (shm max_message, tcp max_frame)
 
 
 def _setup_timeout_s() -> float:
@@ -271,6 +274,19 @@ class Comm(Lane):
     # descriptors that arrived before the communicator was up, in order
     waiting: collections.deque[tuple[tuple[int, int, int], Descriptor]] = field(
         default_factory=collections.deque)
+
+    # the oldest broadcast in flight when last checked, and since when it has been the oldest
+    oldest: object = None
+    oldest_since: float = 0.0
+
+    def stalled(self, now: float, limit_s: float) -> bool:
+        """True when the same broadcast has been the oldest in flight for ``limit_s`` seconds
+        (checked at ``now``, monotonic): no broadcast of this communicator completed since."""
+        head = self.inflight[0] if self.inflight else None
+        if head is not self.oldest:
+            self.oldest, self.oldest_since = head, now
+            return False
+        return head is not None and now - self.oldest_since >= limit_s
 
     def take_send(self) -> int:
         """The sequence number of the root's next broadcast."""
@@ -460,16 +476,21 @@ class NcclPlane:
             lib = "torch" if info.lib == "torch" else "cupy"
             specs.append(ArraySpec(lib, info.dtype, tuple(arr.shape), int(arr.nbytes), BROADCAST))
             device.append(arr)
+        # The frame first: once broadcasts are queued the receivers must get it, so nothing
+        # that can refuse it (its size) may come after them.
+        body = Descriptor(payload.call, -1, tuple(specs)).encode()
+        frame = env.encode(env.NCCL_DATA, key[0], key[1], key[2], comm.spec.index,
+                           comm.next_send, body)
+        if len(frame) > _MAX_FRAME_BYTES:
+            return False  # host arrays too large to travel inline: the next plane
         try:
             self._enqueue(comm, [(int(a.data.ptr), int(a.nbytes)) for a in device])
         except Exception as exc:  # the ranks cannot follow a half-issued message: stop here
             self._fail(comm, f"enqueueing a broadcast failed: {exc!r}")
             return False
-        seq = comm.take_send()
-        body = Descriptor(payload.call, -1, tuple(specs)).encode()
-        frame_head = (key[0], key[1], key[2], comm.spec.index, seq)
+        comm.take_send()
         for dst in targets:
-            self._send(dst, env.encode(env.NCCL_DATA, *frame_head, body))
+            self._send(dst, frame)
         out = _Sent(tuple(device), comm)
         self._outgoing[key] = out
 
@@ -662,8 +683,8 @@ class NcclPlane:
     def _join(self, nranks: int, uid: bytes, rank: int) -> Any:
         """``NcclCommunicator(nranks, uid, rank)``: blocks until every rank joined.
 
-        CuPy 13 and later take the unique id as 128 bytes; earlier releases as a tuple of C
-        chars, whose signedness is the platform's. The argument is checked before NCCL is
+        Some CuPy releases take the unique id as 128 bytes (the H200 machine's does), others as
+        a tuple of C chars, whose signedness is the platform's. The argument is checked before NCCL is
         called, so a rejected form costs nothing."""
         if self._uid_form != "tuple":
             try:
@@ -789,8 +810,11 @@ class NcclPlane:
         rt.streamWaitEvent(stream.ptr, self._fence_event, 0)
         root = comm.spec.root_rank
         for ptr, nbytes in buffers:
-            if nbytes:
-                comm.handle.broadcast(ptr, ptr, nbytes, self._uint8, root, stream.ptr)
+            # in pieces: CuPy before 13.4 takes the count as a C int (under 2 GiB); root and
+            # receivers cut the same buffers the same way, so their broadcasts still match
+            for off in range(0, nbytes, _BROADCAST_PIECE):
+                n = min(_BROADCAST_PIECE, nbytes - off)
+                comm.handle.broadcast(ptr + off, ptr + off, n, self._uint8, root, stream.ptr)
 
     def _receive(self, comm: Comm, key: tuple[int, int, int], desc: Descriptor) -> None:
         """Allocate the arrays, enqueue the matching broadcasts, land them once complete."""
@@ -838,11 +862,21 @@ class NcclPlane:
         if vs is None or self._closed:
             return
         busy = [c for c in vs.comms.values() if c.inflight and c.handle is not None]
+        for comm in vs.comms.values():
+            if not comm.inflight:
+                comm.oldest = None  # it holds a finished broadcast's closure (its arrays)
+        now = time.monotonic()
         for comm in busy:
             try:
                 comm.handle.check_async_error()
             except Exception as exc:  # NcclError: a rank is gone, or the network failed
                 self._fail(comm, f"asynchronous NCCL error: {exc!r}")
+                continue
+            # A root that is alive but abandoned its side (its own NCCL error) reports nothing
+            # and its broadcasts never complete here: after _STALL_S without progress a
+            # receiver gives up on it, which reports the root and becomes a view change.
+            if comm.spec.root != self.member_id and comm.stalled(now, _STALL_S):
+                self._fail(comm, f"no broadcast completed in {_STALL_S:.0f} s")
         if any(c.inflight for c in vs.comms.values()):
             self._arm_check()
 

@@ -273,6 +273,23 @@ def test_broadcasts_are_taken_strictly_in_the_roots_order() -> None:
     comm.take_recv(2)
 
 
+def test_a_communicator_is_stalled_only_when_its_oldest_broadcast_never_moves() -> None:
+    """The receivers' watchdog: the same broadcast oldest in flight for the limit is a stall;
+    any completion (a new oldest) or an empty queue starts the clock again."""
+    comm = Comm(spec=CommSpec(3, 0, (3, 4)), rank=1)
+    assert not comm.stalled(0.0, 60.0)  # nothing in flight
+    first, second = (1, lambda: None, []), (2, lambda: None, [])
+    comm.inflight.extend([first, second])
+    assert not comm.stalled(10.0, 60.0)  # the clock starts at the first sight of `first`
+    assert not comm.stalled(69.0, 60.0)
+    comm.inflight.popleft()  # `first` completed at last: progress
+    assert not comm.stalled(75.0, 60.0)
+    assert not comm.stalled(134.0, 60.0)
+    assert comm.stalled(135.0, 60.0)  # `second` has been oldest for 60 s
+    comm.inflight.clear()
+    assert not comm.stalled(500.0, 60.0)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.integers(2, 5), st.integers(1, 30), st.randoms())
 def test_concurrent_senders_each_keep_their_own_order(n: int, count: int,
