@@ -352,7 +352,14 @@ def as_lib(arr: Any, lib: str) -> object:
             return torch.from_dlpack(arr)
         except ImportError:
             pass
+        except Exception as exc:  # e.g. a torch built without CUDA: the array still lands
+            if not _TORCH_FALLBACK_SAID:
+                _TORCH_FALLBACK_SAID.append(True)
+                log.warning("torch tensors arrive as CuPy arrays here: %r", exc)
     return arr
+
+
+_TORCH_FALLBACK_SAID: list[bool] = []  # as_lib's warning is given once per process
 
 
 def _itemsize(dtype: str) -> int:
@@ -418,7 +425,10 @@ class Completions:
                 q.popleft()
                 self._spare_events.append(ev)
                 self._busy_since = time.monotonic()
-                done()
+                try:
+                    done()
+                except Exception:  # one item's failure must not stall the others
+                    log.exception("finishing completed GPU work failed")
             if not q:
                 self._busy.pop(lane, None)
         if self._busy:
