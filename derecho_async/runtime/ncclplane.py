@@ -431,6 +431,7 @@ class NcclPlane:
         self._uint8 = int(getattr(nccl, "NCCL_UINT8", 1))  # ncclUint8: arrays travel as bytes
         self._signed_chars = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
         self._uid_form = "unknown"  # how this CuPy takes a unique id: "bytes" or "tuple"
+        self._parked: list[tuple[Any, Any]] = []  # warm-up (stream, scratch) of failed setups
         self._view: ViewComms | None = None
         self._early = EarlyUids()
         self._outgoing: dict[tuple[int, int, int], _Sent] = {}
@@ -673,9 +674,15 @@ class NcclPlane:
         cp = self._cp
         stream = cp.cuda.Stream(non_blocking=True)
         scratch = cp.empty(_WARM_UP_BYTES, cp.uint8)  # contents irrelevant: nobody reads them
-        for nbytes in (1, _WARM_UP_BYTES):
-            handle.broadcast(int(scratch.data.ptr), int(scratch.data.ptr), nbytes,
-                             self._uint8, root, stream.ptr)
+        try:
+            for nbytes in (1, _WARM_UP_BYTES):
+                handle.broadcast(int(scratch.data.ptr), int(scratch.data.ptr), nbytes,
+                                 self._uint8, root, stream.ptr)
+        except BaseException:
+            # a broadcast queued before the failure may still write into scratch, and waiting
+            # for it could mean waiting for a dead rank: keep it (4 MiB) for the process's life
+            self._parked.append((stream, scratch))
+            raise
         stream.synchronize()
         del scratch  # after the broadcasts completed
         return stream
@@ -683,9 +690,9 @@ class NcclPlane:
     def _join(self, nranks: int, uid: bytes, rank: int) -> Any:
         """``NcclCommunicator(nranks, uid, rank)``: blocks until every rank joined.
 
-        Some CuPy releases take the unique id as 128 bytes (the H200 machine's does), others as
-        a tuple of C chars, whose signedness is the platform's. The argument is checked before NCCL is
-        called, so a rejected form costs nothing."""
+        Some CuPy releases take the unique id as 128 bytes (the H200 machine's does), others
+        as a tuple of C chars, whose signedness is the platform's. The argument is checked
+        before NCCL is called, so a rejected form costs nothing."""
         if self._uid_form != "tuple":
             try:
                 handle = self._nccl.NcclCommunicator(nranks, uid, rank)
@@ -828,6 +835,9 @@ class NcclPlane:
             self._enqueue(comm, [(int(out.data.ptr), spec.nbytes) for spec, out in placed
                                  if out is not None])
         except Exception as exc:
+            if comm.stream is not None and any(out is not None for _, out in placed):
+                # broadcasts queued before the failure may still write into these arrays
+                self._done.after_stream(placed.clear, comm)
             self._abort_comm(comm, "failed", f"enqueueing a broadcast failed: {exc!r}")
             raise ProtocolViolation(
                 f"cannot receive member {comm.spec.root}'s broadcast: {exc!r}") from exc
