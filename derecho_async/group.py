@@ -57,7 +57,7 @@ from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import MAX_ARRAYS, OutOfBand
 from derecho_async.runtime.driver import Driver
 from derecho_async.runtime.runner import SerialRunner
-from derecho_async.transport.base import Transport
+from derecho_async.transport.base import GROUP_MESSAGE_LIMIT, Transport
 
 if TYPE_CHECKING:
     from derecho_async.transport.loopback import LoopbackFabric
@@ -140,7 +140,8 @@ def _make_transport(config: Config) -> Transport:
         spin = config.spin_us
         if spin is None:
             spin = 200.0 if (os.cpu_count() or 1) >= 8 else 0.0
-        return ShmTransport(config.group, config.member_id, spin_us=spin)
+        return ShmTransport(config.group, config.member_id, spin_us=spin,
+                            max_message=GROUP_MESSAGE_LIMIT)
     if config.transport == "tcp":
         import ssl
 
@@ -161,7 +162,7 @@ def _make_transport(config: Config) -> Transport:
             peers=peers,
             ssl_server=server_ctx,
             ssl_client=client_ctx,
-            max_frame=1 << 30,  # a data-plane frame carries a whole large call (up to 1 GiB)
+            max_frame=GROUP_MESSAGE_LIMIT,
         )
     if config.transport == "rdma":
         from derecho_async.transport.rdma import RdmaTransport
@@ -175,7 +176,7 @@ def _make_transport(config: Config) -> Transport:
             device=config.rdma_device,
             port=config.rdma_port,
             gid_index=config.rdma_gid_index,
-            max_frame=1 << 30,  # as for tcp: large messages take tcp while a link is not paired
+            max_frame=GROUP_MESSAGE_LIMIT,  # large messages take tcp while a link is not paired
         )
     if config.transport == "sim":
         from derecho_async.transport.loopback import LoopbackFabric

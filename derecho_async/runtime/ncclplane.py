@@ -111,6 +111,7 @@ from derecho_async.runtime.gpuplane import (
     as_lib,
     inline_array,
 )
+from derecho_async.transport.base import GROUP_MESSAGE_LIMIT
 
 __all__ = [
     "UID_BYTES",
@@ -135,7 +136,6 @@ _ASYNC_CHECK_S = 0.5  # how often communicators with broadcasts in flight are ch
 _WARM_UP_BYTES = 4 << 20  # the second warm-up broadcast (see NcclPlane._warm_up)
 _STALL_S = 60.0  # a receiver's broadcast that long without progress fails its communicator
 _BROADCAST_PIECE = 1 << 30  # bytes per ncclBroadcast call (see NcclPlane._enqueue)
-_MAX_FRAME_BYTES = 1 << 30  # the transports' bound on one message (shm max_message, tcp max_frame)
 
 
 def _setup_timeout_s() -> float:
@@ -482,7 +482,7 @@ class NcclPlane:
         body = Descriptor(payload.call, -1, tuple(specs)).encode()
         frame = env.encode(env.NCCL_DATA, key[0], key[1], key[2], comm.spec.index,
                            comm.next_send, body)
-        if len(frame) > _MAX_FRAME_BYTES:
+        if len(frame) > GROUP_MESSAGE_LIMIT:
             return False  # host arrays too large to travel inline: the next plane
         try:
             self._enqueue(comm, [(int(a.data.ptr), int(a.nbytes)) for a in device])
