@@ -35,12 +35,13 @@ def _child(
     use_uvloop: bool,
     linger: float = 0.3,
     one_way: bool = False,
+    release: Any = None,
 ) -> None:
     import derecho_async as da
     from derecho_async.workload import run_member
 
     config = da.Config(**fields)
-    coro = run_member(config, q, count, size, depth, sender, linger, one_way)
+    coro = run_member(config, q, count, size, depth, sender, linger, one_way, release)
     try:
         if use_uvloop:
             import uvloop
@@ -83,6 +84,7 @@ class _Run:
         self.view_times: dict[tuple[int, int], float] = {}  # (member, view_id) -> monotonic
         self.errors: dict[int, str] = {}
         self.linger = linger
+        self.released = self.ctx.Event()  # set by release(): the members stop lingering
         base: dict[str, Any] = {
             "group": self.group,
             "initial_members": members,
@@ -112,6 +114,7 @@ class _Run:
                     use_uvloop,
                     linger,
                     one_way,
+                    self.released,
                 ),
             )
             p.start()
@@ -148,6 +151,10 @@ class _Run:
             if time.monotonic() >= deadline:
                 break
         return out
+
+    def release(self) -> None:
+        """End the members' linger now (they leave the group and exit)."""
+        self.released.set()
 
     def alive(self) -> list[int]:
         return [m for m, p in self.procs.items() if p.is_alive()]

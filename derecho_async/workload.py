@@ -89,9 +89,14 @@ async def run_member(
     sender: bool = True,
     linger: float = 0.3,
     one_way: bool = False,
+    release: Any = None,
 ) -> None:
     """Run the workload as one member (see the module docstring); with ``one_way`` the appends
-    are one-way calls (``log.append.cast``: no replies; a call completes when delivered here)."""
+    are one-way calls (``log.append.cast``: no replies; a call completes when delivered here).
+
+    After reporting, the member stays in the group for ``linger`` seconds, or until ``release``
+    (an object with ``is_set()``, such as a ``multiprocessing.Event``) is set, whichever is first:
+    a test that brings in a joiner keeps the founders up for as long as the joiner needs."""
     me = config.member_id
     async with da.Group(config, actors=[ReplicatedLog]) as group:
         log = group.subgroup(ReplicatedLog)
@@ -173,7 +178,11 @@ async def run_member(
                 },
             )
         )
-        await asyncio.sleep(linger)
+        end = time.monotonic() + linger
+        while (left := end - time.monotonic()) > 0:
+            if release is not None and release.is_set():
+                break
+            await asyncio.sleep(min(0.05, left))
 
 
 def _per_sender(items: list[bytes]) -> dict[int, int]:

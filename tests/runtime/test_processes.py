@@ -99,7 +99,7 @@ def test_a_new_process_joins_a_running_group_and_receives_the_state(transport: s
         heartbeat_ms=25,
         suspect_after_ms=1000,
         use_uvloop=True,
-        linger=8.0,
+        linger=600.0,  # until released below: the founders must outlast a slow joiner
     )
     try:
         wait_for(run, lambda: len(run.reports) == 3, 60)
@@ -116,6 +116,7 @@ def test_a_new_process_joins_a_running_group_and_receives_the_state(transport: s
             got = [m for m in run.poll(0.2) if m[0] == "joined"]
         p.join(10)
     finally:
+        run.release()
         run.finish(15)
     assert got, f"the joiner never reported; errors {run.errors}"
     joined = got[0][2]

@@ -1524,7 +1524,9 @@ def test_a_process_joins_a_running_rdma_group_and_gets_state_and_ordered_traffic
 
     from derecho_async.cli import _Run
 
-    run = _Run(3, "rdma", 60, 64, 8, 3, heartbeat_ms=25, suspect_after_ms=3000, linger=40.0)
+    # The founders stay until released: a slow machine (CI runs this in a VM) must not see them
+    # leave before the joiner has made its calls (they lingered 40 s once, and that was too short).
+    run = _Run(3, "rdma", 60, 64, 8, 3, heartbeat_ms=25, suspect_after_ms=3000, linger=600.0)
     got: list[tuple[object, ...]] = []
     try:
         deadline = time.monotonic() + 180
@@ -1533,20 +1535,24 @@ def test_a_process_joins_a_running_rdma_group_and_gets_state_and_ordered_traffic
         assert len(run.reports) == 3, f"founders: {run.progress} {run.errors}"
         fields = dict(run.base, member_id=7, listen=f"127.0.0.1:{free_ports(1)[0]}")
         p = run.ctx.Process(target=rdma_group.joiner, args=(fields, run.q, 2 << 20))
+        started = time.monotonic()
         p.start()
         deadline = time.monotonic() + 120
         while not got and time.monotonic() < deadline and 7 not in run.errors:
             got = [m for m in run.poll(0.2) if m[0] == "joined"]
+        took = time.monotonic() - started
         p.join(10)
         if p.is_alive():
             p.kill()
             p.join()
     finally:
-        run.finish(5)
+        run.release()
+        run.finish(15)
     assert got, f"the joiner never reported; errors {run.errors}"
     joined = got[0][2]
     assert isinstance(joined, dict)
-    assert joined["view"] == [0, 1, 2, 7]
+    print(f"\njoiner: reported {took:.1f} s after it was started")
+    assert joined["view"] == [0, 1, 2, 7], f"after {took:.1f} s; errors {run.errors}"
     assert joined["replies"] == [[0, 1, 2, 7], [0, 1, 2, 7]]
     assert joined["at_join"] == run.reports[0]["delivered"]  # state transfer: the whole log
     assert joined["items"] == joined["at_join"] + 2 and joined["big_ok"]
