@@ -90,6 +90,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import os
 import platform
 import threading
@@ -135,20 +136,35 @@ _MAX_EARLY_UIDS = 4096  # unique-id frames held for views not yet installed here
 _ASYNC_CHECK_S = 0.5  # how often communicators with broadcasts in flight are checked for errors
 _WARM_UP_BYTES = 4 << 20  # the second warm-up broadcast (see NcclPlane._warm_up)
 _STALL_S = 60.0  # a receiver's broadcast that long without progress fails its communicator
+_STALL_FLOOR_BPS = 100e6  # ... plus its bytes at this rate (a slow network's large message)
+_STALL_GAP_S = 5.0  # watchdog checks further apart than this (a blocked loop) restart its clock
 _BROADCAST_PIECE = 1 << 30  # bytes per ncclBroadcast call (see NcclPlane._enqueue)
+_FRAME_MARGIN = 1024  # room under GROUP_MESSAGE_LIMIT for a transport's own header (rdma's)
+
+
+def _seconds_from_env(name: str, default: float) -> float:
+    """A duration in seconds from environment variable ``name``: ``default`` when unset, or
+    (with a warning) when it is not a number in (0, 86400]."""
+    raw = os.environ.get(name, "")
+    try:
+        s = float(raw) if raw else default
+    except ValueError:
+        s = -1.0
+    if not 0.0 < s <= 86400.0:
+        log.warning("ignoring %s=%r: not in (0, 86400]", name, raw)
+        s = default
+    return s
 
 
 def _setup_timeout_s() -> float:
     """Seconds a member waits for a root's unique id: 60, or ``DERECHO_ASYNC_NCCL_SETUP_S``."""
-    raw = os.environ.get("DERECHO_ASYNC_NCCL_SETUP_S", "")
-    try:
-        s = float(raw) if raw else 60.0
-    except ValueError:
-        s = -1.0
-    if not 0.0 < s <= 86400.0:
-        log.warning("ignoring DERECHO_ASYNC_NCCL_SETUP_S=%r: not in (0, 86400]", raw)
-        s = 60.0
-    return s
+    return _seconds_from_env("DERECHO_ASYNC_NCCL_SETUP_S", 60.0)
+
+
+def _stall_s() -> float:
+    """Seconds a receiver's oldest broadcast may go without progress, before its bytes are
+    counted: 60, or ``DERECHO_ASYNC_NCCL_STALL_S``."""
+    return _seconds_from_env("DERECHO_ASYNC_NCCL_STALL_S", _STALL_S)
 
 
 # -- plane selection (pure) --------------------------------------------------------------------
@@ -275,18 +291,29 @@ class Comm(Lane):
     waiting: collections.deque[tuple[tuple[int, int, int], Descriptor]] = field(
         default_factory=collections.deque)
 
-    # the oldest broadcast in flight when last checked, and since when it has been the oldest
+    # the oldest broadcast in flight when last checked, since when it has been the oldest, and
+    # when the watchdog last looked
     oldest: object = None
     oldest_since: float = 0.0
+    checked: float = -math.inf
 
-    def stalled(self, now: float, limit_s: float) -> bool:
+    def stalled(self, now: float, limit_s: float, bytes_per_s: float = _STALL_FLOOR_BPS,
+                gap_s: float = _STALL_GAP_S) -> bool:
         """True when the same broadcast has been the oldest in flight for ``limit_s`` seconds
-        (checked at ``now``, monotonic): no broadcast of this communicator completed since."""
+        plus its bytes at ``bytes_per_s`` (checked at ``now``, monotonic): no broadcast of this
+        communicator completed since. Completed work must have been polled off ``inflight``
+        first. A check more than ``gap_s`` after the previous one restarts the clock: a loop
+        that was blocked saw no progress it could have seen."""
         head = self.inflight[0] if self.inflight else None
-        if head is not self.oldest:
+        late = now - self.checked > gap_s
+        self.checked = now
+        if head is not self.oldest or late:
             self.oldest, self.oldest_since = head, now
             return False
-        return head is not None and now - self.oldest_since >= limit_s
+        if head is None:
+            return False
+        nbytes = sum(n for _, n in head[2])  # the regions it writes (see NcclPlane._receive)
+        return now - self.oldest_since >= limit_s + nbytes / bytes_per_s
 
     def take_send(self) -> int:
         """The sequence number of the root's next broadcast."""
@@ -426,12 +453,14 @@ class NcclPlane:
         self._suspect = suspect
         self._min_ranks = min_ranks
         self._setup_timeout_s = _setup_timeout_s()
+        self._stall_s = _stall_s()
         self._done = Completions(self._rt, self.device)
         self._fence_event = int(self._rt.eventCreateWithFlags(0x2))  # cudaEventDisableTiming
         self._uint8 = int(getattr(nccl, "NCCL_UINT8", 1))  # ncclUint8: arrays travel as bytes
         self._signed_chars = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
         self._uid_form = "unknown"  # how this CuPy takes a unique id: "bytes" or "tuple"
-        self._parked: list[tuple[Any, Any]] = []  # warm-up (stream, scratch) of failed setups
+        # memory a failed setup or receive may still write into, with its stream: held for good
+        self._parked: list[tuple[Any, Any]] = []
         self._view: ViewComms | None = None
         self._early = EarlyUids()
         self._outgoing: dict[tuple[int, int, int], _Sent] = {}
@@ -482,7 +511,7 @@ class NcclPlane:
         body = Descriptor(payload.call, -1, tuple(specs)).encode()
         frame = env.encode(env.NCCL_DATA, key[0], key[1], key[2], comm.spec.index,
                            comm.next_send, body)
-        if len(frame) > GROUP_MESSAGE_LIMIT:
+        if len(frame) > GROUP_MESSAGE_LIMIT - _FRAME_MARGIN:
             return False  # host arrays too large to travel inline: the next plane
         try:
             self._enqueue(comm, [(int(a.data.ptr), int(a.nbytes)) for a in device])
@@ -490,9 +519,16 @@ class NcclPlane:
             self._fail(comm, f"enqueueing a broadcast failed: {exc!r}")
             return False
         comm.take_send()
-        for dst in targets:
-            self._send(dst, frame)
         out = _Sent(tuple(device), comm)
+        try:
+            for dst in targets:
+                self._send(dst, frame)
+        except Exception as exc:  # a closing transport: the broadcasts are queued, so this
+            # plane keeps the message (no other plane may send it as well); receivers that got
+            # the frame see the communicator fail and report this member
+            self._outgoing[key] = out
+            self._fail(comm, f"sending a descriptor failed: {exc!r}")
+            return True
         self._outgoing[key] = out
 
         def broadcast_done() -> None:
@@ -778,6 +814,7 @@ class NcclPlane:
             return
         comm.state, comm.why = state, why
         comm.waiting.clear()
+        comm.oldest = None  # the watchdog's reference to a broadcast's closure (its arrays)
         handle, comm.handle = comm.handle, None
         held = list(comm.inflight)  # their closures hold the destination arrays
         held_out = [o for o in self._outgoing.values() if o.comm is comm]
@@ -837,14 +874,20 @@ class NcclPlane:
         except Exception as exc:
             if comm.stream is not None and any(out is not None for _, out in placed):
                 # broadcasts queued before the failure may still write into these arrays
-                self._done.after_stream(placed.clear, comm)
+                try:
+                    self._done.after_stream(placed.clear, comm)
+                except Exception:  # a broken context: hold them for good rather than free
+                    self._parked.append((comm.stream, list(placed)))
             self._abort_comm(comm, "failed", f"enqueueing a broadcast failed: {exc!r}")
             raise ProtocolViolation(
                 f"cannot receive member {comm.spec.root}'s broadcast: {exc!r}") from exc
         if not any(out is not None for _, out in placed):
             self._finish(key, desc.call, placed)
             return
-        self._done.track(comm, lambda: self._finish(key, desc.call, placed))
+        # the regions it writes: their size scales the receivers' stall watchdog
+        self._done.track(comm, lambda: self._finish(key, desc.call, placed),
+                         [(int(out.data.ptr), spec.nbytes) for spec, out in placed
+                          if out is not None])
         self._arm_check()
 
     def _finish(self, key: tuple[int, int, int], call: bytes,
@@ -871,6 +914,7 @@ class NcclPlane:
         vs = self._view
         if vs is None or self._closed:
             return
+        self._done.poll()  # completed work off the queues first: it is progress
         busy = [c for c in vs.comms.values() if c.inflight and c.handle is not None]
         for comm in vs.comms.values():
             if not comm.inflight:
@@ -885,8 +929,9 @@ class NcclPlane:
             # A root that is alive but abandoned its side (its own NCCL error) reports nothing
             # and its broadcasts never complete here: after _STALL_S without progress a
             # receiver gives up on it, which reports the root and becomes a view change.
-            if comm.spec.root != self.member_id and comm.stalled(now, _STALL_S):
-                self._fail(comm, f"no broadcast completed in {_STALL_S:.0f} s")
+            if comm.spec.root != self.member_id and comm.stalled(now, self._stall_s):
+                self._fail(comm, f"no broadcast completed in {self._stall_s:.0f} s "
+                                 "plus its size at 100 MB/s")
         if any(c.inflight for c in vs.comms.values()):
             self._arm_check()
 

@@ -39,8 +39,9 @@ from derecho_async.errors import GroupClosed, UsageError
 
 __all__ = ["GROUP_MESSAGE_LIMIT", "PushGate", "Transport", "TransportHandler"]
 
-#: the largest channel message a group's transport carries (shm ``max_message``, tcp and rdma
-#: ``max_frame``): a data-plane frame may hold a whole large call, up to 1 GiB
+#: the bound on a group's channel messages (shm ``max_message``, tcp and rdma ``max_frame``;
+#: rdma's channel carries that less its own 17-byte header): a data-plane frame may hold a
+#: whole large call, up to 1 GiB
 GROUP_MESSAGE_LIMIT = 1 << 30
 
 log = logging.getLogger("derecho_async.transport")

@@ -273,21 +273,56 @@ def test_broadcasts_are_taken_strictly_in_the_roots_order() -> None:
     comm.take_recv(2)
 
 
+def _watch(comm: Comm, start: float, end: float, limit_s: float = 60.0) -> float | None:
+    """Run the watchdog every 0.5 s (as NcclPlane._check_async does) from ``start`` to ``end``:
+    the first time it calls ``comm`` stalled, or None."""
+    t = start
+    while t <= end:
+        if comm.stalled(t, limit_s):
+            return t
+        t += 0.5
+    return None
+
+
 def test_a_communicator_is_stalled_only_when_its_oldest_broadcast_never_moves() -> None:
     """The receivers' watchdog: the same broadcast oldest in flight for the limit is a stall;
     any completion (a new oldest) or an empty queue starts the clock again."""
     comm = Comm(spec=CommSpec(3, 0, (3, 4)), rank=1)
-    assert not comm.stalled(0.0, 60.0)  # nothing in flight
+    assert _watch(comm, 0.0, 9.5) is None  # nothing in flight
     first, second = (1, lambda: None, []), (2, lambda: None, [])
     comm.inflight.extend([first, second])
-    assert not comm.stalled(10.0, 60.0)  # the clock starts at the first sight of `first`
-    assert not comm.stalled(69.0, 60.0)
+    assert _watch(comm, 10.0, 69.5) is None  # the clock starts at the first sight of `first`
     comm.inflight.popleft()  # `first` completed at last: progress
-    assert not comm.stalled(75.0, 60.0)
-    assert not comm.stalled(134.0, 60.0)
-    assert comm.stalled(135.0, 60.0)  # `second` has been oldest for 60 s
+    assert _watch(comm, 70.0, 200.0) == 130.0  # `second` has been oldest for 60 s
     comm.inflight.clear()
-    assert not comm.stalled(500.0, 60.0)
+    assert _watch(comm, 200.5, 500.0) is None
+
+
+def test_the_stall_limit_grows_with_the_broadcasts_size() -> None:
+    """A large broadcast on a slow network is not a stall: its bytes at 100 MB/s are added."""
+    comm = Comm(spec=CommSpec(3, 0, (3, 4)), rank=1)
+    big = (1, lambda: None, [(0x1000, 10 << 30), (0x9000, 2 << 30)])  # 12 GiB it writes
+    comm.inflight.append(big)
+    assert _watch(comm, 0.0, 1000.0) == 60.0 + 129.0  # 60 s + 12 GiB / 100 MB/s, rounded up
+
+
+def test_a_late_watchdog_check_restarts_the_clock() -> None:
+    """A loop blocked past the limit saw no progress it could have seen: no stall then."""
+    comm = Comm(spec=CommSpec(3, 0, (3, 4)), rank=1)
+    comm.inflight.append((1, lambda: None, []))
+    assert not comm.stalled(0.0, 60.0)
+    assert not comm.stalled(100.0, 60.0)  # 100 s since the last check: the clock restarts
+    assert _watch(comm, 100.5, 200.0) == 160.0
+
+
+def test_the_stall_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from derecho_async.runtime import ncclplane
+
+    monkeypatch.setenv("DERECHO_ASYNC_NCCL_STALL_S", "300")
+    assert ncclplane._stall_s() == 300.0
+    for bad in ("soon", "0", "-5", "1e9"):
+        monkeypatch.setenv("DERECHO_ASYNC_NCCL_STALL_S", bad)
+        assert ncclplane._stall_s() == 60.0  # ignored, with a warning
 
 
 @settings(max_examples=100, deadline=None)
