@@ -368,6 +368,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="derecho-async",
@@ -379,9 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     def common(p: argparse.ArgumentParser, members: int, messages: int) -> None:
         p.add_argument("--members", type=int, default=members)
         p.add_argument("--transport", choices=["shm", "tcp", "rdma"], default="shm")
-        p.add_argument("--messages", type=int, default=messages, help="appends per sender")
-        p.add_argument("--size", type=int, default=1024, help="message size in bytes")
-        p.add_argument("--depth", type=int, default=32, help="outstanding calls per sender")
+        p.add_argument("--messages", type=_count, default=messages, help="appends per sender")
+        p.add_argument("--size", type=_count, default=1024, help="message size in bytes")
+        p.add_argument("--depth", type=_count, default=32, help="outstanding calls per sender")
         p.add_argument("--heartbeat-ms", type=float, default=50.0)
         p.add_argument("--suspect-after-ms", type=float, default=500.0)
         p.add_argument("--timeout", type=float, default=300.0)
@@ -396,9 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.set_defaults(fn=cmd_bench)
     member = sub.add_parser("member", help="run one member of a multi-host group")
     member.add_argument("--config", required=True, help="TOML file (see README)")
-    member.add_argument("--messages", type=int, default=1000)
-    member.add_argument("--size", type=int, default=1024)
-    member.add_argument("--depth", type=int, default=32)
+    member.add_argument("--messages", type=_count, default=1000)
+    member.add_argument("--size", type=_count, default=1024)
+    member.add_argument("--depth", type=_count, default=32)
     member.set_defaults(fn=cmd_member)
     status = sub.add_parser("status", help="list local groups' shared-memory segments")
     status.set_defaults(fn=cmd_status)

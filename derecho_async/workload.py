@@ -97,6 +97,8 @@ async def run_member(
     After reporting, the member stays in the group for ``linger`` seconds, or until ``release``
     (an object with ``is_set()``, such as a ``multiprocessing.Event``) is set, whichever is first:
     a test that brings in a joiner keeps the founders up for as long as the joiner needs."""
+    if depth < 1:
+        raise da.UsageError(f"depth must be at least 1 (outstanding calls), not {depth}")
     me = config.member_id
     async with da.Group(config, actors=[ReplicatedLog]) as group:
         log = group.subgroup(ReplicatedLog)
@@ -127,17 +129,23 @@ async def run_member(
         latencies: list[float] = []
         pad = b"." * max(0, size - 16)
         append = log.append.cast if one_way else log.append
-        sem = asyncio.Semaphore(depth)
         t0 = time.perf_counter()
         last_report = t0
+        calls = count if sender else 0
+        issued = 0
 
-        async def one(i: int) -> None:
-            async with sem:
+        async def worker() -> None:
+            # ``depth`` workers each keep one call outstanding: no task per call, and the
+            # parent's progress loop watches ``depth`` tasks, not ``count``
+            nonlocal issued
+            while issued < calls:
+                i = issued
+                issued += 1
                 start = time.perf_counter()
                 await append(b"%d:%d:" % (me, i) + pad)
                 latencies.append(time.perf_counter() - start)
 
-        tasks = [asyncio.ensure_future(one(i)) for i in range(count if sender else 0)]
+        tasks = [asyncio.ensure_future(worker()) for _ in range(min(depth, calls))]
         while tasks and not all(t.done() for t in tasks):
             await asyncio.sleep(0.05)
             now = time.perf_counter()

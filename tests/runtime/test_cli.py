@@ -44,6 +44,17 @@ def test_bench_prints_a_table() -> None:
     assert float(row.split()[5]) > 0
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "why"),
+    [("--depth", "0", "must be at least 1, not 0"), ("--messages", "many", "not an integer")],
+)
+def test_bench_refuses_a_count_it_cannot_run(flag: str, value: str, why: str) -> None:
+    """A depth of 0 used to wait forever for a free slot; now the command line says why."""
+    r = _cli("bench", flag, value, timeout=30)
+    assert r.returncode == 2
+    assert f"argument {flag}: {why}" in r.stderr
+
+
 def test_member_with_a_bad_config_names_the_key(tmp_path: Path) -> None:
     bad = tmp_path / "member.toml"
     bad.write_text('[derecho_async]\ngroup = "g"\nmember_id = 0\nheartbeat_ms = -5\n')
