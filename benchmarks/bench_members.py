@@ -39,6 +39,7 @@ from typing import Any
 
 import derecho_async as da
 from derecho_async.launch import free_ports
+from derecho_async.workload import pipelined
 
 __all__ = ["BenchSink", "GroupRun", "RunFailed", "percentile"]
 
@@ -142,26 +143,20 @@ async def _stream(
     method = handle.blob if ph["kind"] == "blob" else handle.put
     if ph.get("one_way"):
         method = method.cast  # no replies: a call completes when it is delivered here
-    next_i = 0
-
-    async def worker() -> None:
-        nonlocal next_i
-        while next_i < count:
-            next_i += 1
-            start = time.perf_counter()
-            await method(payload)
-            latencies.append(time.perf_counter() - start)
-
-    workers = [asyncio.ensure_future(worker()) for _ in range(depth)] if me in senders else []
+    calls = (
+        asyncio.ensure_future(pipelined(lambda _: method(payload), count, depth, latencies))
+        if me in senders
+        else None
+    )
     while sink.puts < sink.target:
-        for w in workers:  # a failed call (e.g. this member was partitioned) ends the run
-            if w.done() and not w.cancelled() and w.exception() is not None:
-                raise w.exception()  # type: ignore[misc]
+        # a failed call (e.g. this member was partitioned) ends the run
+        if calls is not None and calls.done() and not calls.cancelled():
+            calls.result()
         sink.wake.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(sink.wake.wait(), 0.5)
-    if workers:
-        await asyncio.gather(*workers)
+    if calls is not None:
+        await calls
     elapsed = max(sink.last - sink.t0, 1e-9)
     report: dict[str, Any] = {
         "delivered": sink.puts,

@@ -27,11 +27,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import derecho_async as da
+from derecho_async.workload import pipelined
 
 
 class Sink(da.Actor):
@@ -58,24 +58,6 @@ def _in_flight(size: int, receivers: int) -> int:
     copies (up to the window, 64), few enough that the receivers' pools together hold at most
     16 GiB of payload in flight."""
     return max(4, min(64, (16 << 30) // (size * max(1, receivers))))
-
-
-async def _pipeline(call: Callable[[Any], Awaitable[object]], arg: Any, reps: int,
-                    depth: int) -> None:
-    """``reps`` calls ``call(arg)``, ``depth`` outstanding: ``depth`` workers each make the next
-    call when their last one completes (no task or semaphore per call: the harness's own cost
-    per call stays small beside the runtime's)."""
-    import asyncio
-
-    left = reps
-
-    async def worker() -> None:
-        nonlocal left
-        while left > 0:
-            left -= 1
-            await call(arg)
-
-    await asyncio.gather(*(worker() for _ in range(min(depth, reps))))
 
 
 async def bench_member(config: da.Config) -> None:
@@ -125,15 +107,15 @@ async def _bench_member(config: da.Config, sizes: list[int]) -> None:
                 # one-way calls are done when delivered here: stable, so every member holds them
                 call = sink.take.cast if mode == "oneway" else sink.take
                 t0 = time.perf_counter()
-                await _pipeline(call, x, reps, in_flight)
+                await pipelined(lambda _, call=call, x=x: call(x), reps, in_flight)
                 row[mode] = time.perf_counter() - t0
                 del x
             results["bandwidth"].append(row)
             print(f"member 0: {size} bytes done", file=sys.stderr, flush=True)
         host = b"x" * 4096
-        await _pipeline(sink.take_bytes, host, 100, 64)
+        await pipelined(lambda _: sink.take_bytes(host), 100, 64)
         t0 = time.perf_counter()
-        await _pipeline(sink.take_bytes, host, 2000, 64)
+        await pipelined(lambda _: sink.take_bytes(host), 2000, 64)
         results["host_rate"] = 2000 / (time.perf_counter() - t0)
         for mode in ("gpu staged", "gpu in place", "host"):
             if mode == "gpu in place":

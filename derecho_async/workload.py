@@ -18,11 +18,12 @@ import asyncio
 import contextlib
 import hashlib
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import derecho_async as da
 
-__all__ = ["ReplicatedLog", "percentile", "run_member"]
+__all__ = ["ReplicatedLog", "percentile", "pipelined", "run_member"]
 
 
 class ReplicatedLog(da.Actor):
@@ -80,6 +81,29 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
+async def pipelined(call: Callable[[int], Awaitable[object]], count: int, depth: int,
+                    latencies: list[float] | None = None) -> None:
+    """Await ``call(0)`` .. ``call(count - 1)``, at most ``depth`` outstanding: ``depth`` workers
+    each make the next call when their last one completes (no task per call, so the caller's
+    own cost per call stays small beside the runtime's). With ``latencies``, each call's
+    duration in seconds is appended. A failed call is raised at once; the other workers go on."""
+    issued = 0
+
+    async def worker() -> None:
+        nonlocal issued
+        while issued < count:
+            i = issued
+            issued += 1
+            if latencies is None:
+                await call(i)
+                continue
+            start = time.perf_counter()
+            await call(i)
+            latencies.append(time.perf_counter() - start)
+
+    await asyncio.gather(*(worker() for _ in range(min(depth, count))))
+
+
 async def run_member(
     config: da.Config,
     queue: Any,
@@ -131,32 +155,18 @@ async def run_member(
         append = log.append.cast if one_way else log.append
         t0 = time.perf_counter()
         last_report = t0
-        calls = count if sender else 0
-        issued = 0
-
-        async def worker() -> None:
-            # ``depth`` workers each keep one call outstanding: no task per call, and the
-            # parent's progress loop watches ``depth`` tasks, not ``count``
-            nonlocal issued
-            while issued < calls:
-                i = issued
-                issued += 1
-                start = time.perf_counter()
-                await append(b"%d:%d:" % (me, i) + pad)
-                latencies.append(time.perf_counter() - start)
-
-        tasks = [asyncio.ensure_future(worker()) for _ in range(min(depth, calls))]
-        while tasks and not all(t.done() for t in tasks):
+        calls = pipelined(
+            lambda i: append(b"%d:%d:" % (me, i) + pad), count if sender else 0, depth, latencies
+        )
+        task = asyncio.ensure_future(calls)
+        while not task.done():
             await asyncio.sleep(0.05)
             now = time.perf_counter()
             report_views()
             if now - last_report > 0.05:
                 queue.put(("progress", me, len(mine.items)))
                 last_report = now
-        for t in tasks:
-            exc = t.exception()
-            if exc is not None:
-                raise exc
+        task.result()  # a failed call
         await append(b"done-%d" % me)
         while not need() <= done_seen:
             with contextlib.suppress(TimeoutError):

@@ -519,17 +519,15 @@ class NcclPlane:
             self._fail(comm, f"enqueueing a broadcast failed: {exc!r}")
             return False
         comm.take_send()
-        out = _Sent(tuple(device), comm)
+        out = self._outgoing[key] = _Sent(tuple(device), comm)
         try:
             for dst in targets:
                 self._send(dst, frame)
         except Exception as exc:  # a closing transport: the broadcasts are queued, so this
             # plane keeps the message (no other plane may send it as well); receivers that got
             # the frame see the communicator fail and report this member
-            self._outgoing[key] = out
             self._fail(comm, f"sending a descriptor failed: {exc!r}")
             return True
-        self._outgoing[key] = out
 
         def broadcast_done() -> None:
             out.sent = True
@@ -927,11 +925,11 @@ class NcclPlane:
                 self._fail(comm, f"asynchronous NCCL error: {exc!r}")
                 continue
             # A root that is alive but abandoned its side (its own NCCL error) reports nothing
-            # and its broadcasts never complete here: after _STALL_S without progress a
+            # and its broadcasts never complete here: past the stall limit without progress a
             # receiver gives up on it, which reports the root and becomes a view change.
             if comm.spec.root != self.member_id and comm.stalled(now, self._stall_s):
-                self._fail(comm, f"no broadcast completed in {self._stall_s:.0f} s "
-                                 "plus its size at 100 MB/s")
+                self._fail(comm, f"no broadcast completed in {self._stall_s:.0f} s plus its "
+                                 f"size at {_STALL_FLOOR_BPS / 1e6:.0f} MB/s")
         if any(c.inflight for c in vs.comms.values()):
             self._arm_check()
 
