@@ -248,6 +248,14 @@ class _Encoder:
 
     def other(self, obj: object, depth: int) -> object:
         np = _numpy_module()
+        if is_cupy_array(obj):  # the device hot path first (it is none of the types below)
+            if self.buffers is None:
+                raise _EncodeFailure(
+                    TypeError,
+                    f"cannot encode device/DLPack array of type {type(obj).__name__} inline; "
+                    "pass buffers=[] to send it out of band",
+                )
+            return self.reference(obj, np)
         if np is not None:
             if isinstance(obj, np.ndarray):
                 return self.ndarray(obj, np)
@@ -337,21 +345,29 @@ def numpy_dtype_name(dtype: Any) -> str:
 
 def _buffer_meta(obj: object, np: Any) -> tuple[str, list[int], str]:
     """(dtype name, shape, kind) of an array-like, or ValueError saying why it is unsupported."""
+    if is_cupy_array(obj):  # the device hot path: CuPy shapes are tuples of ints >= 0
+        c: Any = obj
+        cname = _TYPESTRS.get(c.dtype.str)
+        if cname is None:
+            raise ValueError(
+                f"cannot send {type(obj).__name__} of typestr {c.dtype.str!r}; "
+                f"allowed: {', '.join(DTYPES)} (little-endian)"
+            )
+        cshape = list(c.shape)
+        if len(cshape) > MAX_NDIM:
+            raise ValueError(f"{type(obj).__name__} has an unsupported shape {cshape!r}")
+        return cname, cshape, "cuda"
     if np is not None and isinstance(obj, np.ndarray):
         name = numpy_dtype_name(obj.dtype)
         if name not in DTYPES or obj.dtype.fields is not None:
             raise ValueError(f"cannot send numpy data of dtype {obj.dtype.str!r}")
         shape = list(obj.shape)
         kind = "numpy"
-    elif is_cupy_array(obj) or hasattr(obj, "__cuda_array_interface__"):
-        if is_cupy_array(obj):
-            a: Any = obj
-            typestr, shape = a.dtype.str, list(a.shape)
-        else:
-            cai = getattr(obj, "__cuda_array_interface__", None)
-            if not isinstance(cai, dict):
-                raise ValueError(f"{type(obj).__name__}.__cuda_array_interface__ is not a dict")
-            typestr, shape = cai.get("typestr"), list(cai.get("shape", ()))
+    elif hasattr(obj, "__cuda_array_interface__"):
+        cai = getattr(obj, "__cuda_array_interface__", None)
+        if not isinstance(cai, dict):
+            raise ValueError(f"{type(obj).__name__}.__cuda_array_interface__ is not a dict")
+        typestr, shape = cai.get("typestr"), list(cai.get("shape", ()))
         if typestr not in _TYPESTRS:
             raise ValueError(
                 f"cannot send {type(obj).__name__} of typestr {typestr!r}; "
@@ -773,11 +789,13 @@ def _decode_call_fast(
     the usual shape": the general path then decodes it and reports what is wrong.
 
     A first attempt unpacks without a :class:`_Decoder` (no per-call object): most calls hold
-    no ext record (tuple, array, buffer reference). The first ext record met abandons it and
+    no ext record (tuple, array, buffer reference); calls given ``buffers`` skip it. The first ext record met abandons it and
     the message is unpacked again with a decoder, exactly as before; without one, the decoder
     would not have been called and the outcome is the same."""
     resolved = _NOTHING_RESOLVED
     try:
+        if buffers:  # a call with out-of-band arrays holds references: no plain attempt
+            raise _HasExt
         envelope = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_no_ext)
     except _HasExt:
         decoder = _Decoder(buffers)

@@ -32,17 +32,20 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class DataKey:
-    """Names one large message's bytes on the data plane: unique per view, sender and message."""
+class DataKey(NamedTuple):
+    """Names one large message's bytes on the data plane: unique per view, sender and message.
+
+    The per-message records of the large-message path (this, :class:`Push`, :class:`Transfer`,
+    :class:`Expect`) are named tuples for the reason :class:`Delivered` gives; a data plane may
+    use a key as the plain ``(view_id, sender, msg_no)`` tuple it equals.
+    """
 
     view_id: int
     sender: int
     msg_no: int
 
 
-@dataclass(frozen=True, slots=True)
-class Push:
+class Push(NamedTuple):
     """Copy ``data`` into table offset ``offset`` of view ``view_id`` at each of ``targets``."""
 
     view_id: int
@@ -64,8 +67,7 @@ class Send:
     attach_state: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Transfer:
+class Transfer(NamedTuple):
     """Start moving a large payload (``nbytes`` long) to ``targets`` on the data plane."""
 
     key: DataKey
@@ -74,8 +76,7 @@ class Transfer:
     targets: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Expect:
+class Expect(NamedTuple):
     """A descriptor arrived: ``nbytes`` of ``key`` are on their way (pull-based data planes
     start fetching here); report arrival with ``Member.data_landed``."""
 

@@ -29,7 +29,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -59,9 +59,13 @@ _PLAIN = 0
 _CALL = 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OutOfBand:
-    """An encoded call and the arrays its buffer references point at, in order."""
+    """An encoded call and the arrays its buffer references point at, in order.
+
+    Treat it as immutable. It is not a frozen dataclass because one is made per large message
+    at the sender and at every receiver, and a frozen dataclass sets each field through
+    ``object.__setattr__`` (several times the cost of a plain slot store)."""
 
     call: bytes
     arrays: tuple[object, ...]
@@ -73,8 +77,7 @@ class OutOfBand:
         payload and the staging all need it, on the sender's hot path)."""
         infos = self._infos
         if infos is None:
-            infos = tuple(array_info(a) for a in self.arrays)
-            object.__setattr__(self, "_infos", infos)
+            infos = self._infos = tuple(array_info(a) for a in self.arrays)
         return infos
 
     @property
@@ -82,46 +85,47 @@ class OutOfBand:
         return len(self.call) + sum(info.nbytes for info in self.infos())
 
 
-@dataclass(frozen=True, slots=True)
-class ArrayInfo:
-    """What the data plane needs to know of an array (DESIGN.md §6's adapter)."""
+class ArrayInfo(NamedTuple):
+    """What the data plane needs to know of an array (DESIGN.md §6's adapter); a named tuple
+    (made per array per message on the sender's hot path: see ``core.effects.Delivered``)."""
 
     lib: str  # "numpy" | "cupy" | "torch" | "cuda" (other __cuda_array_interface__ objects)
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
-    pointer: int
-    device: int  # -1 for host memory
     is_gpu: bool
 
 
 def array_info(arr: object) -> ArrayInfo:
-    """Describe ``arr`` (numpy, CuPy, torch or any CUDA-array-interface object)."""
-    mod = type(arr).__module__.split(".")[0]
+    """Describe ``arr`` (numpy, CuPy, torch or any CUDA-array-interface object).
+
+    CuPy and numpy arrays, the common cases, are read directly: CuPy builds
+    ``__cuda_array_interface__`` anew on every access, numpy ``__array_interface__`` too (a dict
+    each time), and ``str(numpy dtype)`` takes microseconds where the typestr lookup takes 0.1."""
+    if is_cupy_array(arr):
+        c: Any = arr
+        return ArrayInfo("cupy", _TYPESTRS.get(c.dtype.str) or str(c.dtype), c.shape,
+                         int(c.nbytes), True)
+    cls = type(arr)
+    mod = cls.__module__.split(".")[0]
+    if mod == "numpy" and hasattr(cls, "__array_interface__"):
+        n: Any = arr
+        return ArrayInfo("numpy", numpy_dtype_name(n.dtype), n.shape, int(n.nbytes), False)
     if mod == "torch":
         t: Any = arr
         dtype = str(t.dtype).removeprefix("torch.")
-        is_gpu = bool(t.is_cuda)
         return ArrayInfo("torch", dtype, tuple(t.shape), int(t.numel() * t.element_size()),
-                         int(t.data_ptr()), int(t.device.index) if is_gpu else -1, is_gpu)
-    if is_cupy_array(arr):  # read directly: the interface dict costs microseconds per access
-        c: Any = arr
-        size = int(c.nbytes)
-        return ArrayInfo("cupy", _TYPESTRS.get(c.dtype.str) or str(c.dtype), c.shape, size,
-                         int(c.data.ptr) if size else 0, int(c.device.id), True)
+                         bool(t.is_cuda))
     if hasattr(arr, "__cuda_array_interface__"):
         a: Any = arr
         cai = a.__cuda_array_interface__
-        lib = "cupy" if mod == "cupy" else "cuda"
-        device = int(a.device.id) if hasattr(a, "device") and hasattr(a.device, "id") else 0
-        # the typestr names the dtype in ~0.1 µs; str(numpy dtype) takes ~5 µs
         dtype = _TYPESTRS.get(cai.get("typestr")) or str(a.dtype)
-        return ArrayInfo(lib, dtype, tuple(cai["shape"]), int(a.nbytes),
-                         int(cai["data"][0]), device, True)
+        return ArrayInfo("cupy" if mod == "cupy" else "cuda", dtype, tuple(cai["shape"]),
+                         int(a.nbytes), True)
     if hasattr(arr, "__array_interface__"):
-        n: Any = arr
-        return ArrayInfo("numpy", numpy_dtype_name(n.dtype), tuple(n.shape), int(n.nbytes),
-                         int(n.__array_interface__["data"][0]), -1, False)
+        h: Any = arr
+        return ArrayInfo("numpy", numpy_dtype_name(h.dtype), tuple(h.shape), int(h.nbytes),
+                         False)
     raise TypeError(f"{type(arr).__name__} is not an array the data plane can move")
 
 

@@ -233,11 +233,18 @@ class Driver:
         from derecho_async.runtime.gpuplane import IpcPlane
 
         send = self.transport.send
+
+        def send_descriptor(targets: tuple[int, ...], key: tuple[int, int, int],
+                            body: bytes) -> None:
+            frame = env.encode(env.GPU_DATA, *key, body)  # one frame, the same for every target
+            for dst in targets:
+                send(dst, frame)
+
         self.gpuplane = IpcPlane(
             self.member_id,
             self.config.gpu_pool_mb << 20,
             lambda dst, body: send(dst, env.encode(env.GPU_POOL, body)),
-            lambda dst, key, body: send(dst, env.encode(env.GPU_DATA, *key, body)),
+            send_descriptor,
             self._data_landed,
         )
         self.add_plane(self.gpuplane, first=True)
@@ -388,7 +395,7 @@ class Driver:
                 message = Welcome(message.view_id, message.members, self.host.snapshot())
             transport.send(s.to, env.encode(env.CORE, encode_message(message)))
         for t in ready.transfers:
-            self.start_transfer((t.key.view_id, t.key.sender, t.key.msg_no), t.payload, t.targets)
+            self.start_transfer(t.key, t.payload, t.targets)
         for v in ready.violations:
             log.warning("member %d: protocol violation: %s", self.member_id, v)
 

@@ -22,8 +22,9 @@ costs about 150 µs each way (``benchmarks/cuda_call_costs.py``), far more than 
 Receiving: the descriptor is validated against what the sender announced (segment index, offset
 and length within the segment, event index, dtype, element count). For each array the receiver
 takes a region of its *own* pool, makes the stream it keeps for that sender wait on the sender's
-event, and issues a device-to-device copy (a peer copy when the sender's GPU is another one), then
-records a local event. One *non-blocking* stream per sender: a sender that dies leaves an event
+event, and issues a device-to-device copy (a peer copy when the sender's GPU is another one); at
+the loop's next turn one local event is recorded after all the copies issued for that sender
+since the last one (descriptors arrive in bursts). One *non-blocking* stream per sender: a sender that dies leaves an event
 that may never complete, and a wait on it must stall only that sender's copies (which the view
 change trims anyway), not other senders' copies nor the application's work on the default stream.
 Completion is noticed without blocking the loop: while copies complete the loop polls the
@@ -68,11 +69,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async.codec import DTYPES
+from derecho_async.codec import DTYPES, _pack
 from derecho_async.core import ViewInstalled
 from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
@@ -232,10 +233,10 @@ BROADCAST = -2  # ArraySpec.segment of an array that arrives by an NCCL broadcas
 MAX_BROADCAST_BYTES = 1 << 40  # device bytes one NCCL descriptor may announce, all arrays together
 
 
-@dataclass(frozen=True, slots=True)
-class ArraySpec:
+class ArraySpec(NamedTuple):
     """One array of a descriptor: in the sender's pool (segment >= 0), inline host bytes
-    (segment -1), or arriving by an NCCL broadcast (segment :data:`BROADCAST`)."""
+    (segment -1), or arriving by an NCCL broadcast (segment :data:`BROADCAST`). A named tuple,
+    like :class:`Descriptor`: both are made per message on both sides of the hot path."""
 
     lib: str
     dtype: str
@@ -246,13 +247,12 @@ class ArraySpec:
     inline: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Descriptor:
+class Descriptor(NamedTuple):
     """What a receiver needs to copy one message's arrays out of the sender's pool."""
 
     call: bytes
     event: int
-    arrays: tuple[ArraySpec, ...] = field(default_factory=tuple)
+    arrays: tuple[ArraySpec, ...] = ()
 
     def encode(self) -> bytes:
         specs: list[list[object]] = []
@@ -263,9 +263,7 @@ class Descriptor:
                 specs.append([a.lib, a.dtype, list(a.shape), a.nbytes])
             else:
                 specs.append([a.lib, a.dtype, list(a.shape), -1, a.inline or b""])
-        out = msgpack.packb([self.call, self.event, specs], use_bin_type=True)
-        assert isinstance(out, bytes)
-        return out
+        return _pack([self.call, self.event, specs])
 
     @classmethod
     def decode(cls, raw: bytes, announced: PoolAnnouncement | None, *,
@@ -509,6 +507,10 @@ class _Peer(Lane):
     mapped: dict[int, int] = field(default_factory=dict)  # segment index -> local pointer
     events: dict[int, int] = field(default_factory=dict)  # event index -> local event
     fenced: tuple[int, int] = (0, 0)  # (reclaimed, released) counts at this stream's last fence
+    # copies issued since the last flush, not yet tracked: (key, call, placed), and their regions
+    batch: list[tuple[tuple[int, int, int], bytes, list[tuple[ArraySpec, int, int]]]] = field(
+        default_factory=list)
+    batch_regions: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -531,7 +533,7 @@ class IpcPlane:
 
     def __init__(self, member_id: int, segment_bytes: int,
                  send_pool: Callable[[int, bytes], None],
-                 send_descriptor: Callable[[int, tuple[int, int, int], bytes], None],
+                 send_descriptor: Callable[[tuple[int, ...], tuple[int, int, int], bytes], None],
                  landed: Callable[[tuple[int, int, int], object], None]) -> None:
         import cupy
 
@@ -555,6 +557,7 @@ class IpcPlane:
         self._view_members: tuple[int, ...] = ()
         self._outgoing: dict[tuple[int, int, int], _Outgoing] = {}
         self._reclaim: collections.deque[tuple[int, int]] = collections.deque()
+        self._unflushed: list[_Peer] = []  # peers with copies not yet tracked (see _flush)
         self._closed = False
         self._done = Completions(self._rt, self.device)  # copies in flight, per peer
         self._reclaimed = 0  # regions that arrays gave back (their last use: the app's stream)
@@ -669,6 +672,7 @@ class IpcPlane:
         """Forget a departed peer: once its stream has drained, free the regions its copies
         were writing and close its handles (never, if the stream stalled on its dead event)."""
         peer = self._peers.pop(member)
+        self._flush_peer(peer)  # copies not yet tracked: forgotten with the rest
         regions, events = self._done.forget(peer)
 
         def drained() -> None:
@@ -729,13 +733,19 @@ class IpcPlane:
     def start(self, key: tuple[int, int, int], payload: object,
               targets: tuple[int, ...]) -> bool:
         """Take ``payload`` if it holds device arrays and every target announced a pool."""
-        if not isinstance(payload, OutOfBand) or not all(self.peer_ready(m) for m in targets):
+        if type(payload) is not OutOfBand:
             return False
+        peers = self._peers
+        for m in targets:
+            p = peers.get(m)
+            if p is None or p.announced is None:
+                return False
         infos = payload.infos()
-        if not any(info.is_gpu for info in infos):
-            return False
-        self.send(key, payload, targets, infos)
-        return True
+        for info in infos:
+            if info.is_gpu:
+                self.send(key, payload, targets, infos)
+                return True
+        return False
 
     def receive(self, sender: int, msg: list[Any], raw: bytes) -> None:
         """One of this plane's frames arrived from ``sender``."""
@@ -786,7 +796,12 @@ class IpcPlane:
             specs.append(None)
         regions: list[tuple[int, int]] = []
         ev = -1
-        if any(d[4] is None for d in device) or rt.streamQuery(current.ptr) != 0:
+        staged = False
+        for d in device:
+            if d[4] is None:
+                staged = True
+                break
+        if staged or rt.streamQuery(current.ptr) != 0:
             # Staging copies, or the application's stream may still be writing an array sent in
             # place: order the copies after it and let receivers wait on an event. (Otherwise
             # the arrays are final already, and receivers copy at once: no work of this
@@ -812,8 +827,7 @@ class IpcPlane:
             specs[i] = ArraySpec(lib, dtype, tuple(arr.shape), int(arr.nbytes), *place)
         self._outgoing[key] = _Outgoing(regions, ev, tuple(d[1] for d in device))
         body = Descriptor(payload.call, ev, tuple(s for s in specs if s is not None)).encode()
-        for dst in targets:
-            self._send_descriptor(dst, key, body)
+        self._send_descriptor(targets, key, body)
 
     def release(self, key: tuple[int, int, int]) -> None:
         """The message ``key`` was delivered here (or its view ended): free what it held."""
@@ -834,11 +848,11 @@ class IpcPlane:
         rt = self._rt
         stream: Any = None
         waited = False
-        placed: list[tuple[ArraySpec, int, int] | ArraySpec] = []
+        placed: list[tuple[ArraySpec, int, int]] = []  # (spec, seg, off); seg -1: inline
         try:
             for spec in desc.arrays:
                 if spec.segment < 0:
-                    placed.append(spec)
+                    placed.append((spec, -1, 0))
                     continue
                 assert peer is not None and peer.announced is not None
                 if not waited:
@@ -861,7 +875,7 @@ class IpcPlane:
                                    spec.nbytes, _CUDA_MEMCPY_DEFAULT, stream.ptr)
                 placed.append((spec, seg, off))
         except Exception as exc:
-            regions = [(p[1], p[2]) for p in placed if isinstance(p, tuple)]
+            regions = [(seg, off) for _, seg, off in placed if seg >= 0]
             if regions:  # copies into them may be queued: free them once the stream is past
                 assert peer is not None
                 self._done.after_stream(lambda: self._free_regions(regions), peer)
@@ -873,8 +887,36 @@ class IpcPlane:
             self._finish(key, desc.call, placed)
             return
         assert peer is not None
-        regions = [(p[1], p[2]) for p in placed if isinstance(p, tuple)]
-        self._done.track(peer, lambda: self._finish(key, desc.call, placed), regions)
+        # Tracked in batches: one event per peer for every copy issued until the loop's next
+        # turn (descriptors arrive in bursts; an event record and query each cost about as
+        # much as the copy's own call).
+        if not peer.batch:
+            self._unflushed.append(peer)
+            if len(self._unflushed) == 1:
+                (self._done.loop or asyncio.get_running_loop()).call_soon(self._flush)
+        peer.batch.append((key, desc.call, placed))
+        peer.batch_regions.extend((seg, off) for _, seg, off in placed if seg >= 0)
+
+    def _flush(self) -> None:
+        """Track the copies issued since the last flush: one completion per peer."""
+        peers, self._unflushed = self._unflushed, []
+        for peer in peers:
+            self._flush_peer(peer)
+
+    def _flush_peer(self, peer: _Peer) -> None:
+        items, peer.batch = peer.batch, []
+        regions, peer.batch_regions = peer.batch_regions, []
+        if items and not self._closed:
+            self._done.track(peer, lambda: self._finish_batch(items), regions)
+
+    def _finish_batch(
+        self, items: list[tuple[tuple[int, int, int], bytes, list[tuple[ArraySpec, int, int]]]]
+    ) -> None:
+        for key, call, placed in items:
+            try:
+                self._finish(key, call, placed)
+            except Exception:  # one message's failure must not keep the others from landing
+                log.exception("landing a device message failed")
 
     def _stream_for(self, peer: _Peer) -> Any:
         """The stream of ``peer``'s copies, fenced after the last use of reclaimed memory."""
@@ -897,13 +939,12 @@ class IpcPlane:
         self._done.poll()
 
     def _finish(self, key: tuple[int, int, int], call: bytes,
-                placed: list[tuple[ArraySpec, int, int] | ArraySpec]) -> None:
+                placed: list[tuple[ArraySpec, int, int]]) -> None:
         arrays: list[object] = []
-        for p in placed:
-            if isinstance(p, ArraySpec):
-                arrays.append(inline_array(p))
+        for spec, seg, off in placed:
+            if seg < 0:
+                arrays.append(inline_array(spec))
                 continue
-            spec, seg, off = p
             arrays.append(as_lib(self._array_over(seg, off, spec.shape, spec.dtype), spec.lib))
         if not self._closed:
             self._landed(key, OutOfBand(call, tuple(arrays)))
