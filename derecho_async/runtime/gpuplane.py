@@ -103,6 +103,7 @@ _MAX_SEGMENTS = 4096
 _MAX_EVENTS = 1 << 16
 _MAX_ARRAYS = 4096
 _EVENT_BATCH = 64
+_BATCH_BYTES = 8 << 20  # copies tracked by one event at most (see IpcPlane.receive_descriptor)
 _CUDA_MEMCPY_DEFAULT = 4
 _IPC_LAZY_PEER_ACCESS = 1
 _EVENT_FLAGS = 0x2 | 0x4  # cudaEventDisableTiming | cudaEventInterprocess
@@ -511,6 +512,7 @@ class _Peer(Lane):
     batch: list[tuple[tuple[int, int, int], bytes, list[tuple[ArraySpec, int, int]]]] = field(
         default_factory=list)
     batch_regions: list[tuple[int, int]] = field(default_factory=list)
+    batch_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -887,15 +889,21 @@ class IpcPlane:
             self._finish(key, desc.call, placed)
             return
         assert peer is not None
-        # Tracked in batches: one event per peer for every copy issued until the loop's next
-        # turn (descriptors arrive in bursts; an event record and query each cost about as
-        # much as the copy's own call).
+        # Tracked in batches: one event per peer for the copies issued until the loop's next
+        # turn (descriptors arrive in bursts; for small copies an event record and query cost
+        # about as much as the copy's own call). Copies of _BATCH_BYTES or more close the batch
+        # at once: a message held back until a later large copy finished would land late.
         if not peer.batch:
             self._unflushed.append(peer)
             if len(self._unflushed) == 1:
                 (self._done.loop or asyncio.get_running_loop()).call_soon(self._flush)
         peer.batch.append((key, desc.call, placed))
-        peer.batch_regions.extend((seg, off) for _, seg, off in placed if seg >= 0)
+        for spec, seg, off in placed:
+            if seg >= 0:
+                peer.batch_regions.append((seg, off))
+                peer.batch_bytes += spec.nbytes
+        if peer.batch_bytes >= _BATCH_BYTES:
+            self._flush_peer(peer)
 
     def _flush(self) -> None:
         """Track the copies issued since the last flush: one completion per peer."""
@@ -906,6 +914,7 @@ class IpcPlane:
     def _flush_peer(self, peer: _Peer) -> None:
         items, peer.batch = peer.batch, []
         regions, peer.batch_regions = peer.batch_regions, []
+        peer.batch_bytes = 0
         if items and not self._closed:
             self._done.track(peer, lambda: self._finish_batch(items), regions)
 
