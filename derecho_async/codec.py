@@ -249,13 +249,7 @@ class _Encoder:
     def other(self, obj: object, depth: int) -> object:
         np = _numpy_module()
         if is_cupy_array(obj):  # the device hot path first (it is none of the types below)
-            if self.buffers is None:
-                raise _EncodeFailure(
-                    TypeError,
-                    f"cannot encode device/DLPack array of type {type(obj).__name__} inline; "
-                    "pass buffers=[] to send it out of band",
-                )
-            return self.reference(obj, np)
+            return self.device_reference(obj, np)
         if np is not None:
             if isinstance(obj, np.ndarray):
                 return self.ndarray(obj, np)
@@ -273,16 +267,19 @@ class _Encoder:
             return obj.tobytes()
         if isinstance(obj, list | tuple | dict):
             return self.container(obj, depth)
-        if (is_cupy_array(obj) or hasattr(obj, "__cuda_array_interface__")
-                or hasattr(obj, "__dlpack__")):
-            if self.buffers is None:
-                raise _EncodeFailure(
-                    TypeError,
-                    f"cannot encode device/DLPack array of type {type(obj).__name__} inline; "
-                    "pass buffers=[] to send it out of band",
-                )
-            return self.reference(obj, np)
+        if hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack__"):
+            return self.device_reference(obj, np)
         raise _EncodeFailure(TypeError, f"cannot encode object of type {type(obj).__qualname__}")
+
+    def device_reference(self, obj: object, np: Any) -> object:
+        """A device or DLPack array: only by reference (out of band)."""
+        if self.buffers is None:
+            raise _EncodeFailure(
+                TypeError,
+                f"cannot encode device/DLPack array of type {type(obj).__name__} inline; "
+                "pass buffers=[] to send it out of band",
+            )
+        return self.reference(obj, np)
 
     def ndarray(self, arr: numpy.ndarray[Any, Any], np: Any) -> object:
         if type(arr).__module__.startswith("numpy.ma"):
