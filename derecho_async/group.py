@@ -707,7 +707,8 @@ class Group:
         elif isinstance(event, Evicted):
             self._close(GroupClosed(f"member {self.member_id} was removed from the group"))
         elif isinstance(event, Left):
-            self._close(GroupClosed("this member left the group"))
+            why = f": {event.reason}" if event.reason else ""
+            self._close(GroupClosed(f"this member left the group{why}"))
 
     def flush(self) -> None:
         """Send the replies batched while the driver reported a step's events."""

@@ -139,9 +139,11 @@ class Evicted:
 
 @dataclass(frozen=True, slots=True)
 class Left:
-    """This member left the group voluntarily."""
+    """This member left the group: asked to by the application, or (``reason`` says why) because
+    a message could not land here and would otherwise hold the others up for good."""
 
     view_id: int
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

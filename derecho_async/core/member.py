@@ -264,8 +264,9 @@ class Member:
         if member in self.view.members:
             self._suspect(self.view.members.index(member))
 
-    def leave(self) -> None:
-        """Leave the group: the others remove this member in the next view."""
+    def leave(self, reason: str = "") -> None:
+        """Leave the group: the others remove this member in the next view. ``reason`` (empty
+        for a leave the application asked for) goes into the :class:`Left` event."""
         if self.state is not MemberState.ACTIVE:
             return
         self.leaving = True
@@ -273,7 +274,7 @@ class Member:
         self._publish_suspicions()
         self._fail_queued("this member left the group")
         self.state = MemberState.LEFT
-        self._ready.events.append(Left(self.view.view_id))
+        self._ready.events.append(Left(self.view.view_id, reason))
 
     # -- the protocol step ---------------------------------------------------------------------
     def poll(self) -> None:

@@ -224,7 +224,8 @@ class Driver:
             return [(s.members, s.senders) for s in layout.assign(members).shards]
 
         self.ncclplane = NcclPlane(self.member_id, shards_of, self.transport.send,
-                                   self._data_landed, self.on_failure)
+                                   self._data_landed, self.on_failure,
+                                   failed=self._landing_failed)
         self.add_plane(self.ncclplane, first=True)
         log.info("member %d: device arrays travel by NCCL broadcasts (GPU %d)",
                  self.member_id, self.ncclplane.device)
@@ -246,6 +247,7 @@ class Driver:
             lambda dst, body: send(dst, env.encode(env.GPU_POOL, body)),
             send_descriptor,
             self._data_landed,
+            failed=self._landing_failed,
         )
         self.add_plane(self.gpuplane, first=True)
         log.info("member %d: device arrays travel by CUDA IPC (GPU %s)",
@@ -321,6 +323,19 @@ class Driver:
         if self.core is not None:
             self.core.data_landed(DataKey(*key), payload)
             self.kick()
+
+    def _landing_failed(self, key: tuple[int, int, int], exc: BaseException) -> None:
+        """A message's bytes arrived but could not be made into its payload here (a GPU plane's
+        completion raised). It never lands, so it would never be stable and the group would
+        wait on this member for good: leave instead, and let the others go on without it."""
+        core = self.core
+        if core is None or core.state is not MemberState.ACTIVE:
+            return
+        reason = f"message {key} could not land here: {exc!r}"
+        log.error("member %d: %s; leaving the group so the others are not held up",
+                  self.member_id, reason)
+        core.leave(reason)
+        self.kick()
 
     # -- stepping ------------------------------------------------------------------------------
     def kick(self) -> None:

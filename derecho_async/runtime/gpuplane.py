@@ -103,6 +103,7 @@ _MAX_SEGMENTS = 4096
 _MAX_EVENTS = 1 << 16
 _MAX_ARRAYS = 4096
 _EVENT_BATCH = 64
+_LIBS = frozenset(("numpy", "cupy", "torch", "cuda"))  # what a received array may be made as
 _BATCH_BYTES = 8 << 20  # copies tracked by one event at most (see IpcPlane.receive_descriptor)
 _CUDA_MEMCPY_DEFAULT = 4
 _IPC_LAZY_PEER_ACCESS = 1
@@ -287,18 +288,23 @@ class Descriptor(NamedTuple):
         device_arrays = False
         broadcast_bytes = 0
         specs: list[ArraySpec] = []
+        lengths = (4, 5) if broadcast else (5, 6)
         for spec in raw_specs:
-            if not (isinstance(spec, list) and len(spec) in ((4, 5) if broadcast else (5, 6))):
+            if type(spec) is not list or len(spec) not in lengths:
                 raise ProtocolViolation("array spec has the wrong number of fields")
             lib, dtype, shape = spec[0], spec[1], spec[2]
-            if not (isinstance(lib, str) and isinstance(dtype, str)) or (
-                lib not in ("numpy", "cupy", "torch", "cuda") or dtype not in DTYPES
+            if not (type(lib) is str and type(dtype) is str) or (
+                lib not in _LIBS or dtype not in DTYPES
             ):
                 raise ProtocolViolation(f"array of lib {lib!r} dtype {dtype!r}")
-            if not (isinstance(shape, list) and len(shape) <= 32
-                    and all(type(n) is int and 0 <= n < 1 << 48 for n in shape)):
+            if type(shape) is not list or len(shape) > 32:
                 raise ProtocolViolation(f"bad array shape {shape!r}")
-            nbytes = math.prod(shape) * _itemsize(dtype)
+            count = 1
+            for n in shape:
+                if type(n) is not int or not 0 <= n < 1 << 48:
+                    raise ProtocolViolation(f"bad array shape {shape!r}")
+                count *= n
+            nbytes = count * DTYPES[dtype]
             if len(spec) == 5:
                 if spec[3] != -1 or not isinstance(spec[4], bytes) or len(spec[4]) != nbytes:
                     raise ProtocolViolation("inline array must be [lib, dtype, shape, -1, bytes]")
@@ -528,7 +534,8 @@ class IpcPlane:
     A :class:`~derecho_async.runtime.dataplane.Plane` for the driver: it takes payloads with
     device arrays bound for peers that announced a pool. ``send_pool`` and ``send_descriptor``
     put its frames on the reliable channel; ``landed(key, payload)`` reports a message whose bytes
-    are all here. See the module docstring.
+    are all here, ``failed(key, exc)`` one whose bytes came but whose arrays could not be made
+    (it will never land). See the module docstring.
     """
 
     kinds: tuple[int, ...] = (env.GPU_POOL, env.GPU_DATA)
@@ -536,7 +543,9 @@ class IpcPlane:
     def __init__(self, member_id: int, segment_bytes: int,
                  send_pool: Callable[[int, bytes], None],
                  send_descriptor: Callable[[tuple[int, ...], tuple[int, int, int], bytes], None],
-                 landed: Callable[[tuple[int, int, int], object], None]) -> None:
+                 landed: Callable[[tuple[int, int, int], object], None], *,
+                 failed: Callable[[tuple[int, int, int], BaseException], None] | None = None,
+                 ) -> None:
         import cupy
 
         self._cp = cupy
@@ -548,6 +557,7 @@ class IpcPlane:
         self._send_pool = send_pool
         self._send_descriptor = send_descriptor
         self._landed = landed
+        self._failed = failed
         self._stream = cupy.cuda.Stream(non_blocking=False)
         self._segments: list[_Segment] = []
         self._events: list[int] = []
@@ -605,11 +615,9 @@ class IpcPlane:
 
     def reclaim(self) -> None:
         """Return the regions of garbage-collected arrays to the pool (on the loop)."""
-        while True:
-            try:
-                seg, off = self._reclaim.popleft()
-            except IndexError:
-                return
+        q = self._reclaim
+        while q:  # only this loop takes from the queue (finalizers append): popleft cannot fail
+            seg, off = q.popleft()
             self._segments[seg].alloc.free(off)
             self._reclaimed += 1
 
@@ -924,8 +932,10 @@ class IpcPlane:
         for key, call, placed in items:
             try:
                 self._finish(key, call, placed)
-            except Exception:  # one message's failure must not keep the others from landing
-                log.exception("landing a device message failed")
+            except Exception as exc:  # the others of the batch still land
+                log.exception("landing device message %s failed", key)
+                if self._failed is not None:
+                    self._failed(key, exc)
 
     def _stream_for(self, peer: _Peer) -> Any:
         """The stream of ``peer``'s copies, fenced after the last use of reclaimed memory."""

@@ -428,7 +428,8 @@ class NcclPlane:
     A :class:`~derecho_async.runtime.dataplane.Plane`. ``shards_of(members)`` lists a view's
     shards as (members, senders); ``send(dst, frame)`` puts a frame on the reliable channel;
     ``landed(key, payload)`` reports a message whose arrays are all here; ``suspect(member,
-    why)`` reports a member whose communicator failed (the driver's ``on_failure``).
+    why)`` reports a member whose communicator failed (the driver's ``on_failure``); ``failed(key,
+    exc)`` a message whose bytes came but whose arrays could not be made (it never lands).
     """
 
     kinds: tuple[int, ...] = (env.NCCL_UID, env.NCCL_DATA)
@@ -438,7 +439,9 @@ class NcclPlane:
                                                                        Sequence[int]]]],
                  send: Callable[[int, bytes], None],
                  landed: Callable[[tuple[int, int, int], object], None],
-                 suspect: Callable[[int, str], None], *, min_ranks: int = 2) -> None:
+                 suspect: Callable[[int, str], None], *, min_ranks: int = 2,
+                 failed: Callable[[tuple[int, int, int], BaseException], None] | None = None,
+                 ) -> None:
         import cupy
         from cupy.cuda import nccl
 
@@ -451,6 +454,7 @@ class NcclPlane:
         self._send = send
         self._landed = landed
         self._suspect = suspect
+        self._failed = failed
         self._min_ranks = min_ranks
         self._setup_timeout_s = _setup_timeout_s()
         self._stall_s = _stall_s()
@@ -890,12 +894,18 @@ class NcclPlane:
 
     def _finish(self, key: tuple[int, int, int], call: bytes,
                 placed: list[tuple[ArraySpec, Any]]) -> None:
-        arrays = tuple(inline_array(spec) if out is None else as_lib(out, spec.lib)
-                       for spec, out in placed)
-        if not self._closed:
-            self.received += 1
-            self._received_view += 1
-            self._landed(key, OutOfBand(call, arrays))
+        try:
+            arrays = tuple(inline_array(spec) if out is None else as_lib(out, spec.lib)
+                           for spec, out in placed)
+            if not self._closed:
+                self.received += 1
+                self._received_view += 1
+                self._landed(key, OutOfBand(call, arrays))
+        except Exception as exc:
+            log.exception("landing device message %s failed", key)
+            if self._failed is None:
+                raise
+            self._failed(key, exc)
 
     def poll(self) -> None:
         """Finish every tracked broadcast that has completed (called from the event loop)."""

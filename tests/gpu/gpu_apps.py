@@ -197,6 +197,51 @@ async def killed_mid_transfer(config: da.Config) -> None:
         await asyncio.sleep(0.5)
 
 
+async def landing_fails(config: da.Config) -> None:
+    """Member 2's third device array cannot be made (an injected MemoryError where the plane
+    builds it): member 2 must leave with the reason, members 0 and 1 go on without it."""
+    import cupy
+
+    me = config.member_id
+    async with da.Group(config, actors=[Checker]) as group:
+        chk = group.subgroup(Checker)
+        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        if me == 2:
+            driver = group._driver
+            assert driver is not None and driver.gpuplane is not None
+            plane = driver.gpuplane
+            real = plane._array_over
+            made = [0]
+
+            def failing(*args: Any) -> Any:
+                made[0] += 1
+                if made[0] == 3:
+                    raise MemoryError("injected: no room for the array")
+                return real(*args)
+
+            plane._array_over = failing  # type: ignore[method-assign]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while group._closed is None:
+                if loop.time() > deadline:
+                    raise TimeoutError("member 2 never left")
+                await asyncio.sleep(0.01)
+            _write(os.environ["DA_GPU_OUT"], me, {
+                "closed": str(group._closed), "seen": len(local.seen)})
+            return
+        if me == 0:
+            for i in range(6):
+                x = cupy.full((4096,), float(i + 1), dtype=cupy.float32)
+                r = await asyncio.wait_for(chk.put(x, f"c{i}", float(i + 1)), 60)
+                assert r[0] is True and r[1] is True, r
+        await _wait_seen(local, 6, 60)
+        digest = hashlib.sha256(json.dumps(local.seen).encode()).hexdigest()
+        _write(os.environ["DA_GPU_OUT"], me, {
+            "digest": digest, "seen": len(local.seen), "members": list(group.view.members),
+            "bad": sum(1 for _, ok in local.seen if not ok)})
+        await asyncio.sleep(0.5)
+
+
 # -- the NCCL plane: one member per GPU (gpu_plane="nccl") ---------------------------------------
 def _use_own_gpu(me: int) -> int:
     """Put member ``me`` on GPU ``me % count`` (CuPy and torch) before its group starts."""

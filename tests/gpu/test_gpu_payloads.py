@@ -97,3 +97,21 @@ def test_sender_sigkilled_mid_transfer_leaves_survivors_consistent(
     # the two calls it completed before the stream are delivered; the rest all-or-nothing
     assert 2 <= results[0]["victim_msgs"] <= 6
     print("victim messages delivered:", results[0]["victim_msgs"], "of the 6 it sent")
+
+
+def test_a_member_that_cannot_make_a_received_array_leaves_and_the_others_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A completion whose landing raises (here an injected MemoryError in member 2's plane) must
+    not hold the group up for good: that member leaves, saying why; the others keep delivering."""
+    _need_gpu()
+    from tests.gpu import gpu_apps
+
+    monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
+    codes = da.launch_local(3, gpu_apps.landing_fails, group=f"gpuland{os.getpid()}", timeout=120)
+    assert codes == [0, 0, 0], codes
+    r0, r1, r2 = (json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(3))
+    assert r0["digest"] == r1["digest"] and r0["seen"] == r1["seen"] == 6
+    assert r0["bad"] == r1["bad"] == 0 and r0["members"] == r1["members"] == [0, 1]
+    assert "could not land here" in r2["closed"] and "MemoryError" in r2["closed"], r2
+    assert r2["seen"] == 2, r2

@@ -276,6 +276,25 @@ async def test_a_member_that_leaves_before_replying_is_reported_as_failed() -> N
         await close(gs)
 
 
+async def test_a_member_that_cannot_land_a_message_leaves_and_the_others_go_on() -> None:
+    """A data plane reports a message whose bytes came but whose payload could not be made here
+    (the GPU planes do, when a completion's landing raises): it would never be stable, so the
+    member leaves rather than hold the group up, and says why to its application."""
+    _, gs = await start(3)
+    try:
+        await gs[0].subgroup(Log).append(b"before")
+        driver = gs[2]._driver
+        assert driver is not None
+        driver._landing_failed((0, 0, 99), MemoryError("no room for the arrays"))
+        r = await asyncio.wait_for(gs[0].subgroup(Log).append(b"after"), 10)
+        assert set(r) == {0, 1} and gs[0].view.members == (0, 1)
+        with pytest.raises(da.GroupClosed, match="could not land here: MemoryError"):
+            await gs[2].subgroup(Log).append(b"from the departed")
+        assert gs[0].local(Log).items == gs[1].local(Log).items == [b"before", b"after"]  # type: ignore[attr-defined]
+    finally:
+        await close(gs)
+
+
 async def test_misuse_gets_clear_errors() -> None:
     with pytest.raises(da.UsageError):
         da.Group(cfg("x", 0), actors=[int])  # type: ignore[list-item]
