@@ -233,19 +233,10 @@ class Driver:
     def _start_ipc_plane(self) -> None:
         from derecho_async.runtime.gpuplane import IpcPlane
 
-        send = self.transport.send
-
-        def send_descriptor(targets: tuple[int, ...], key: tuple[int, int, int],
-                            body: bytes) -> None:
-            frame = env.encode(env.GPU_DATA, *key, body)  # one frame, the same for every target
-            for dst in targets:
-                send(dst, frame)
-
         self.gpuplane = IpcPlane(
             self.member_id,
             self.config.gpu_pool_mb << 20,
-            lambda dst, body: send(dst, env.encode(env.GPU_POOL, body)),
-            send_descriptor,
+            self.transport.send,
             self._data_landed,
             failed=self._landing_failed,
         )

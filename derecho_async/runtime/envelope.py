@@ -18,6 +18,7 @@ __all__ = [
     "BLOCK",
     "CORE",
     "DATA",
+    "GPU_BATCH",
     "GPU_DATA",
     "GPU_POOL",
     "NCCL_DATA",
@@ -47,6 +48,8 @@ GPU_DATA = 9  # [GPU_DATA, view_id, sender, msg_no, device descriptor bytes]
 NCCL_UID = 10
 # [NCCL_DATA, view_id, sender, msg_no, communicator index, broadcast seq, descriptor bytes]
 NCCL_DATA = 11
+# [GPU_BATCH, view_id, sender, [msg_no, device descriptor bytes, ...]]: the GPU_DATA of one step
+GPU_BATCH = 12
 
 _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     CORE: (list,),
@@ -61,6 +64,7 @@ _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     GPU_DATA: (int, int, int, bytes),
     NCCL_UID: (int, int, bytes),
     NCCL_DATA: (int, int, int, int, int, bytes),
+    GPU_BATCH: (int, int, list),
 }
 _MAX_INT = (1 << 63) - 1
 

@@ -12,7 +12,9 @@ sender's pool (allocated with :meth:`IpcPlane.device_buffer`) is sent in place (
 other array is copied into a fresh pool region on the plane's stream. The plane then records one
 of its interprocess events on that stream and sends each receiver a small descriptor frame: the
 encoded call, the event's index, and per array its kind, dtype, shape and (segment, offset)
-(host arrays in the same call ride inline). Nothing waits on the GPU on the event loop. When every
+(host arrays in the same call ride inline); the descriptors made in one turn of the loop (a driver
+step sends several messages) travel in one GPU_BATCH frame. Nothing waits on the GPU on the
+event loop. When every
 array goes in place and the application's current stream has nothing queued (``cudaStreamQuery``,
 a host-side check), the arrays are final: the descriptor names no event (-1) and the sender's GPU
 context does no work for the message at all. This matters because processes sharing a GPU without
@@ -103,6 +105,7 @@ _MAX_SEGMENTS = 4096
 _MAX_EVENTS = 1 << 16
 _MAX_ARRAYS = 4096
 _EVENT_BATCH = 64
+_MAX_BATCH = 1 << 16  # descriptors in one GPU_BATCH frame (a step sends at most a window's worth)
 _LIBS = frozenset(("numpy", "cupy", "torch", "cuda"))  # what a received array may be made as
 _BATCH_BYTES = 8 << 20  # copies tracked by one event at most (see IpcPlane.receive_descriptor)
 _CUDA_MEMCPY_DEFAULT = 4
@@ -532,17 +535,16 @@ class IpcPlane:
     """Moves device arrays between members of one host through pooled CUDA IPC buffers.
 
     A :class:`~derecho_async.runtime.dataplane.Plane` for the driver: it takes payloads with
-    device arrays bound for peers that announced a pool. ``send_pool`` and ``send_descriptor``
-    put its frames on the reliable channel; ``landed(key, payload)`` reports a message whose bytes
+    device arrays bound for peers that announced a pool. ``send(dst, frame)`` puts its frames
+    on the reliable channel (the descriptors made in one turn of the loop go together); ``landed(key, payload)`` reports a message whose bytes
     are all here, ``failed(key, exc)`` one whose bytes came but whose arrays could not be made
     (it will never land). See the module docstring.
     """
 
-    kinds: tuple[int, ...] = (env.GPU_POOL, env.GPU_DATA)
+    kinds: tuple[int, ...] = (env.GPU_POOL, env.GPU_DATA, env.GPU_BATCH)
 
     def __init__(self, member_id: int, segment_bytes: int,
-                 send_pool: Callable[[int, bytes], None],
-                 send_descriptor: Callable[[tuple[int, ...], tuple[int, int, int], bytes], None],
+                 send: Callable[[int, bytes], None],
                  landed: Callable[[tuple[int, int, int], object], None], *,
                  failed: Callable[[tuple[int, int, int], BaseException], None] | None = None,
                  ) -> None:
@@ -554,8 +556,9 @@ class IpcPlane:
         self.device = int(cupy.cuda.Device().id)
         self.bus_id = str(self._rt.deviceGetPCIBusId(self.device))
         self._segment_bytes = max(ALIGN, -(-segment_bytes // ALIGN) * ALIGN)
-        self._send_pool = send_pool
-        self._send_descriptor = send_descriptor
+        self._send = send
+        # descriptors made since the loop's last turn, by their targets: sent together
+        self._desc_out: dict[tuple[int, ...], list[tuple[tuple[int, int, int], bytes]]] = {}
         self._landed = landed
         self._failed = failed
         self._stream = cupy.cuda.Stream(non_blocking=False)
@@ -708,7 +711,7 @@ class IpcPlane:
         for m in self._view_members:
             if m != self.member_id and self._announced_to.get(m) != self._generation:
                 self._announced_to[m] = self._generation
-                self._send_pool(m, body)
+                self._send(m, env.encode(env.GPU_POOL, body))
 
     def on_announcement(self, sender: int, raw: bytes) -> None:
         """A peer's POOL announcement arrived."""
@@ -761,6 +764,18 @@ class IpcPlane:
         """One of this plane's frames arrived from ``sender``."""
         if msg[0] == env.GPU_POOL:
             self.on_announcement(sender, msg[1])
+            return
+        if msg[0] == env.GPU_BATCH:
+            _, view_id, src, items = msg
+            if src != sender:
+                raise ProtocolViolation(f"device data for sender {src} relayed by {sender}")
+            if len(items) % 2 or len(items) > 2 * _MAX_BATCH:
+                raise ProtocolViolation(f"device descriptor batch of {len(items)} fields")
+            for i in range(0, len(items), 2):
+                msg_no, body = items[i], items[i + 1]
+                if type(msg_no) is not int or not 0 <= msg_no < 1 << 63 or type(body) is not bytes:
+                    raise ProtocolViolation("device descriptor batch entry is not [msg_no, bytes]")
+                self.receive_descriptor(sender, (view_id, src, msg_no), body)
             return
         _, view_id, src, msg_no, body = msg
         if src != sender:
@@ -837,7 +852,46 @@ class IpcPlane:
             specs[i] = ArraySpec(lib, dtype, tuple(arr.shape), int(arr.nbytes), *place)
         self._outgoing[key] = _Outgoing(regions, ev, tuple(d[1] for d in device))
         body = Descriptor(payload.call, ev, tuple(s for s in specs if s is not None)).encode()
-        self._send_descriptor(targets, key, body)
+        out = self._desc_out
+        if not out:  # the first of this turn: send them all once the step that makes them ends
+            (self._done.loop or asyncio.get_running_loop()).call_soon(self._send_queued)
+        pending = out.get(targets)
+        if pending is None:
+            out[targets] = [(key, body)]
+        else:
+            pending.append((key, body))
+
+    def _send_queued(self) -> None:
+        """Send the descriptors made since the last turn: one frame per target list."""
+        out, self._desc_out = self._desc_out, {}
+        if self._closed:
+            return
+        for targets, items in out.items():
+            try:
+                for frame in self._frames(items):
+                    for dst in targets:
+                        self._send(dst, frame)
+            except Exception:  # a closing transport: the others still go out
+                log.exception("sending %d device descriptors to %s failed", len(items), targets)
+
+    @staticmethod
+    def _frames(items: list[tuple[tuple[int, int, int], bytes]]) -> list[bytes]:
+        """GPU_DATA for one descriptor; GPU_BATCH for several of one view (a view change inside
+        a turn splits them)."""
+        if len(items) == 1:
+            (key, body), = items
+            return [env.encode(env.GPU_DATA, *key, body)]
+        frames: list[bytes] = []
+        start = 0
+        for i in range(1, len(items) + 1):
+            if i == len(items) or items[i][0][0] != items[start][0][0]:
+                view_id, sender, _ = items[start][0]
+                flat: list[object] = []
+                for key, body in items[start:i]:
+                    flat += (key[2], body)
+                frames.append(env.encode(env.GPU_BATCH, view_id, sender, flat))
+                start = i
+        return frames
 
     def release(self, key: tuple[int, int, int]) -> None:
         """The message ``key`` was delivered here (or its view ended): free what it held."""

@@ -142,3 +142,20 @@ async def test_ipc_plane_asked_for_without_a_gpu_is_a_clear_error() -> None:
     with pytest.raises(da.UsageError, match="CuPy and a CUDA device"):
         async with da.Group(cfg):
             pass
+
+
+def test_descriptor_batches_round_trip_and_are_validated() -> None:
+    from derecho_async.runtime import envelope as env
+    from derecho_async.runtime.gpuplane import IpcPlane
+
+    one = IpcPlane._frames([((4, 1, 7), b"d7")])
+    assert [env.decode(f) for f in one] == [[env.GPU_DATA, 4, 1, 7, b"d7"]]
+    several = IpcPlane._frames([((4, 1, 7), b"d7"), ((4, 1, 8), b"d8"), ((5, 1, 0), b"e0")])
+    assert [env.decode(f) for f in several] == [  # split where the view changes
+        [env.GPU_BATCH, 4, 1, [7, b"d7", 8, b"d8"]], [env.GPU_BATCH, 5, 1, [0, b"e0"]]]
+    frame = env.encode(env.GPU_BATCH, 4, 1, [7, b"d7", 8, b"d8"])
+    assert env.decode(frame) == [env.GPU_BATCH, 4, 1, [7, b"d7", 8, b"d8"]]
+    for bad in ([env.GPU_BATCH, 4, 1, b"not a list"], [env.GPU_BATCH, -1, 1, []],
+                [env.GPU_BATCH, 4, 1]):
+        with pytest.raises(ProtocolViolation):
+            env.decode(msgpack.packb(bad, use_bin_type=True))
