@@ -9,35 +9,36 @@ them when the peer leaves the view. No handle travels per message.
 
 Sending an ordered call whose arguments hold device arrays: each array that already lies in the
 sender's pool (allocated with :meth:`IpcPlane.device_buffer`) is sent in place (zero copy); any
-other array is copied into a fresh pool region on the plane's stream. The plane then records one
-of its interprocess events on that stream and sends each receiver a small descriptor frame: the
-encoded call, the event's index, and per array its kind, dtype, shape and (segment, offset)
-(host arrays in the same call ride inline); the descriptors made in one turn of the loop (a driver
-step sends several messages) travel in one GPU_BATCH frame. Nothing waits on the GPU on the
-event loop. When every
-array goes in place and the application's current stream has nothing queued (``cudaStreamQuery``,
-a host-side check), the arrays are final: the descriptor names no event (-1) and the sender's GPU
-context does no work for the message at all. This matters because processes sharing a GPU without
-MPS are time-sliced: measured on an H200, handing work from one process's context to another's
-costs about 150 µs each way (``benchmarks/cuda_call_costs.py``), far more than the calls.
+other array is copied into a fresh pool region on the plane's stream. The plane then records one of
+its interprocess events on that stream and sends each receiver a small descriptor frame: the
+encoded call, the event's index, and per array its kind, dtype, shape and (segment, offset) (host
+arrays in the same call ride inline); the descriptors made in one turn of the loop (a driver step
+sends several messages) travel in one GPU_BATCH frame. Nothing waits on the GPU on the event loop.
+When every array goes in place and the application's current stream has nothing queued
+(``cudaStreamQuery``, a host-side check), the arrays are final: the descriptor names no event (-1)
+and the sender's GPU context does no work for the message at all. This matters because processes
+sharing a GPU without MPS are time-sliced: measured on an H200, handing work from one process's
+context to another's costs about 150 µs each way (``benchmarks/cuda_call_costs.py``), far more than
+the calls.
 
-Receiving: the descriptor is validated against what the sender announced (segment index, offset
-and length within the segment, event index, dtype, element count). For each array the receiver
-takes a region of its *own* pool, makes the stream it keeps for that sender wait on the sender's
-event, and issues a device-to-device copy (a peer copy when the sender's GPU is another one); at
-the loop's next turn one local event is recorded after all the copies issued for that sender
-since the last one (descriptors arrive in bursts). One *non-blocking* stream per sender: a sender that dies leaves an event
-that may never complete, and a wait on it must stall only that sender's copies (which the view
-change trims anyway), not other senders' copies nor the application's work on the default stream.
-Completion is noticed without blocking the loop: while copies complete the loop polls the
-events (``call_soon``, for up to 2 ms after the last completion, or what
-``DERECHO_ASYNC_GPU_BUSY_POLL_US`` says); past that, the loop records a blocking-sync event on
-each busy stream and hands it to that sender's *waiter thread*, which sleeps in
-``cudaEventSynchronize`` (the GIL released) and wakes the loop. Not a CUDA host-function callback:
-one stalls its stream until it gets the GIL, and a CUDA call that the loop makes while holding
-the GIL and that waits for that stream would never return. The loop then rebuilds arrays of the same kind (CuPy
-arrays, torch tensors through DLPack) over the copied regions and lands the message: only then
-does the core count it received, so a GPU message is stable only once its bytes are everywhere.
+Receiving: the descriptor is validated against what the sender announced (segment index, offset and
+length within the segment, event index, dtype, element count). For each array the receiver takes a
+region of its *own* pool, makes the stream it keeps for that sender wait on the sender's event, and
+issues a device-to-device copy (a peer copy when the sender's GPU is another one); at the loop's
+next turn one local event is recorded after all the copies issued for that sender since the last
+one (descriptors arrive in bursts; 8 MiB of copies closes a batch at once). One *non-blocking*
+stream per sender: a sender that dies leaves an event that may never complete, and a wait on it
+must stall only that sender's copies (which the view change trims anyway), not other senders'
+copies nor the application's work on the default stream. Completion is noticed without blocking the
+loop: while copies complete the loop polls the events (``call_soon``, for up to 2 ms after the last
+completion, or what ``DERECHO_ASYNC_GPU_BUSY_POLL_US`` says); past that, the loop records a
+blocking-sync event on each busy stream and hands it to that sender's *waiter thread*, which sleeps
+in ``cudaEventSynchronize`` (the GIL released) and wakes the loop. Not a CUDA host-function
+callback: one stalls its stream until it gets the GIL, and a CUDA call that the loop makes while
+holding the GIL and that waits for that stream would never return. The loop then rebuilds arrays of
+the same kind (CuPy arrays, torch tensors through DLPack) over the copied regions and lands the
+message: only then does the core count it received, so a GPU message is stable only once its bytes
+are everywhere.
 
 Freeing. A receiver's region belongs to the delivered array; it returns to the pool when the array
 is garbage-collected (a finalizer queues it; the event loop reclaims it, because a finalizer may
@@ -536,9 +537,10 @@ class IpcPlane:
 
     A :class:`~derecho_async.runtime.dataplane.Plane` for the driver: it takes payloads with
     device arrays bound for peers that announced a pool. ``send(dst, frame)`` puts its frames
-    on the reliable channel (the descriptors made in one turn of the loop go together); ``landed(key, payload)`` reports a message whose bytes
-    are all here, ``failed(key, exc)`` one whose bytes came but whose arrays could not be made
-    (it will never land). See the module docstring.
+    on the reliable channel (the descriptors made in one turn of the loop go together);
+    ``landed(key, payload)`` reports a message whose bytes are all here, ``failed(key, exc)`` one
+    whose bytes came but whose arrays could not be made (it will never land). See the module
+    docstring.
     """
 
     kinds: tuple[int, ...] = (env.GPU_POOL, env.GPU_DATA, env.GPU_BATCH)
