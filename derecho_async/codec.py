@@ -289,7 +289,10 @@ class _Encoder:
             )
         name = self.dtype_name(arr.dtype)
         shape = _check_shape(arr.shape)
-        little = arr.astype(arr.dtype.newbyteorder("<"), order="C", copy=False)
+        if arr.flags.c_contiguous and arr.dtype.str[0] in _LITTLE_OR_NONE:
+            little = arr  # already what travels (astype with copy=False costs microseconds)
+        else:
+            little = arr.astype(arr.dtype.newbyteorder("<"), order="C", copy=False)
         if self.buffers is not None:
             return self.reference(arr, np, little)
         raw = memoryview(little.reshape(-1).view(np.uint8))
@@ -325,6 +328,8 @@ class _Encoder:
         return msgpack.ExtType(_EXT_BUFREF, _pack([index, name, shape, kind]))
 
 
+_LITTLE_OR_NONE: Final = ("<", "|")  # numpy dtype.str byte orders that need no swap
+
 _NAME_BY_STR: dict[str, str] = {}  # numpy dtype.str ('<f4', '>i8', '|b1') -> dtype.name
 
 
@@ -358,9 +363,11 @@ def _buffer_meta(obj: object, np: Any) -> tuple[str, list[int], str]:
         name = numpy_dtype_name(obj.dtype)
         if name not in DTYPES or obj.dtype.fields is not None:
             raise ValueError(f"cannot send numpy data of dtype {obj.dtype.str!r}")
-        shape = list(obj.shape)
-        kind = "numpy"
-    elif hasattr(obj, "__cuda_array_interface__"):
+        nshape = list(obj.shape)  # numpy shapes are tuples of ints >= 0
+        if len(nshape) > MAX_NDIM:
+            raise ValueError(f"{type(obj).__name__} has an unsupported shape {nshape!r}")
+        return name, nshape, "numpy"
+    if hasattr(obj, "__cuda_array_interface__"):
         cai = getattr(obj, "__cuda_array_interface__", None)
         if not isinstance(cai, dict):
             raise ValueError(f"{type(obj).__name__}.__cuda_array_interface__ is not a dict")
@@ -553,14 +560,20 @@ class _Decoder:
         raise ProtocolViolation(f"unknown msgpack ext type {code}")
 
     def reference(self, payload: bytes) -> object:
-        fields = _unpack_plain(payload)
-        if not (isinstance(fields, list) and len(fields) == 4):
-            raise ProtocolViolation("malformed buffer reference")
-        index, name, shape, kind = fields
-        _check_dtype_name(name)
-        checked_shape = _check_wire_shape(shape)
-        if not isinstance(kind, str) or kind not in BUFFER_KINDS:
-            raise ProtocolViolation(f"buffer reference of unknown kind {kind!r}")
+        checked = _REFERENCES.get(payload)
+        if checked is None:
+            fields = _unpack_plain(payload)
+            if not (isinstance(fields, list) and len(fields) == 4):
+                raise ProtocolViolation("malformed buffer reference")
+            index, name, shape, kind = fields
+            _check_dtype_name(name)
+            checked_shape = _check_wire_shape(shape)
+            if not isinstance(kind, str) or kind not in BUFFER_KINDS:
+                raise ProtocolViolation(f"buffer reference of unknown kind {kind!r}")
+            if len(_REFERENCES) < _REFERENCES_MAX:
+                _REFERENCES[payload] = (index, name, checked_shape)
+        else:
+            index, name, checked_shape = checked
         if self.buffers is None:
             raise ProtocolViolation("message references an out-of-band buffer but none were given")
         if type(index) is not int or not 0 <= index < len(self.buffers):
@@ -579,6 +592,12 @@ class _Decoder:
             )
         self.resolved.add(id(buf))
         return buf
+
+
+# Buffer references already checked, by their bytes: a peer sends the same few shapes again and
+# again. Bounded, so a peer cannot grow it; the values are never handed out (shapes are compared).
+_REFERENCES: dict[bytes, tuple[int, str, list[int]]] = {}
+_REFERENCES_MAX = 4096
 
 
 def _unpack_plain(payload: bytes) -> object:
