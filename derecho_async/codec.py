@@ -345,16 +345,22 @@ def numpy_dtype_name(dtype: Any) -> str:
     return name
 
 
+def _typestr_name(obj: object, typestr: object) -> str:
+    """The dtype name of a device array's typestr, or ValueError if it may not travel."""
+    name = _TYPESTRS.get(typestr) if isinstance(typestr, str) else None
+    if name is None:
+        raise ValueError(
+            f"cannot send {type(obj).__name__} of typestr {typestr!r}; "
+            f"allowed: {', '.join(DTYPES)} (little-endian)"
+        )
+    return name
+
+
 def _buffer_meta(obj: object, np: Any) -> tuple[str, list[int], str]:
     """(dtype name, shape, kind) of an array-like, or ValueError saying why it is unsupported."""
     if is_cupy_array(obj):  # the device hot path: CuPy shapes are tuples of ints >= 0
         c: Any = obj
-        cname = _TYPESTRS.get(c.dtype.str)
-        if cname is None:
-            raise ValueError(
-                f"cannot send {type(obj).__name__} of typestr {c.dtype.str!r}; "
-                f"allowed: {', '.join(DTYPES)} (little-endian)"
-            )
+        cname = _typestr_name(obj, c.dtype.str)
         cshape = list(c.shape)
         if len(cshape) > MAX_NDIM:
             raise ValueError(f"{type(obj).__name__} has an unsupported shape {cshape!r}")
@@ -371,13 +377,8 @@ def _buffer_meta(obj: object, np: Any) -> tuple[str, list[int], str]:
         cai = getattr(obj, "__cuda_array_interface__", None)
         if not isinstance(cai, dict):
             raise ValueError(f"{type(obj).__name__}.__cuda_array_interface__ is not a dict")
-        typestr, shape = cai.get("typestr"), list(cai.get("shape", ()))
-        if typestr not in _TYPESTRS:
-            raise ValueError(
-                f"cannot send {type(obj).__name__} of typestr {typestr!r}; "
-                f"allowed: {', '.join(DTYPES)} (little-endian)"
-            )
-        name = _TYPESTRS[typestr]
+        name = _typestr_name(obj, cai.get("typestr"))
+        shape = list(cai.get("shape", ()))
         kind = "cuda"
     elif hasattr(obj, "__dlpack__"):
         dtype = getattr(obj, "dtype", None)
@@ -805,13 +806,11 @@ def _decode_call_fast(
     the usual shape": the general path then decodes it and reports what is wrong.
 
     A first attempt unpacks without a :class:`_Decoder` (no per-call object): most calls hold
-    no ext record (tuple, array, buffer reference); calls given ``buffers`` skip it. The first ext record met abandons it and
+    no ext record (tuple, array, buffer reference). The first ext record met abandons it and
     the message is unpacked again with a decoder, exactly as before; without one, the decoder
     would not have been called and the outcome is the same."""
     resolved = _NOTHING_RESOLVED
     try:
-        if buffers:  # a call with out-of-band arrays holds references: no plain attempt
-            raise _HasExt
         envelope = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_no_ext)
     except _HasExt:
         decoder = _Decoder(buffers)

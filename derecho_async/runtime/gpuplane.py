@@ -574,7 +574,7 @@ class IpcPlane:
         self._view_members: tuple[int, ...] = ()
         self._outgoing: dict[tuple[int, int, int], _Outgoing] = {}
         self._reclaim: collections.deque[tuple[int, int]] = collections.deque()
-        self._unflushed: list[_Peer] = []  # peers with copies not yet tracked (see _flush)
+        self._unflushed: dict[_Peer, None] = {}  # peers with copies not yet tracked (_flush)
         self._closed = False
         self._done = Completions(self._rt, self.device)  # copies in flight, per peer
         self._reclaimed = 0  # regions that arrays gave back (their last use: the app's stream)
@@ -750,10 +750,8 @@ class IpcPlane:
         """Take ``payload`` if it holds device arrays and every target announced a pool."""
         if type(payload) is not OutOfBand:
             return False
-        peers = self._peers
         for m in targets:
-            p = peers.get(m)
-            if p is None or p.announced is None:
+            if not self.peer_ready(m):
                 return False
         infos = payload.infos()
         for info in infos:
@@ -957,10 +955,9 @@ class IpcPlane:
         # turn (descriptors arrive in bursts; for small copies an event record and query cost
         # about as much as the copy's own call). Copies of _BATCH_BYTES or more close the batch
         # at once: a message held back until a later large copy finished would land late.
-        if not peer.batch:
-            self._unflushed.append(peer)
-            if len(self._unflushed) == 1:
-                (self._done.loop or asyncio.get_running_loop()).call_soon(self._flush)
+        if not self._unflushed:
+            (self._done.loop or asyncio.get_running_loop()).call_soon(self._flush)
+        self._unflushed[peer] = None
         peer.batch.append((key, desc.call, placed))
         for spec, seg, off in placed:
             if seg >= 0:
@@ -971,7 +968,7 @@ class IpcPlane:
 
     def _flush(self) -> None:
         """Track the copies issued since the last flush: one completion per peer."""
-        peers, self._unflushed = self._unflushed, []
+        peers, self._unflushed = self._unflushed, {}
         for peer in peers:
             self._flush_peer(peer)
 

@@ -866,13 +866,15 @@ class NcclPlane:
         """Allocate the arrays, enqueue the matching broadcasts, land them once complete."""
         cp = self._cp
         placed: list[tuple[ArraySpec, Any]] = []
+        regions: list[tuple[int, int]] = []  # (pointer, bytes) the broadcasts write
         try:
             with cp.cuda.Device(self.device):  # the allocations: on this rank's device
                 for spec in desc.arrays:
                     out = None if spec.segment != BROADCAST else cp.empty(spec.shape, spec.dtype)
                     placed.append((spec, out))
-            self._enqueue(comm, [(int(out.data.ptr), spec.nbytes) for spec, out in placed
-                                 if out is not None])
+                    if out is not None:
+                        regions.append((int(out.data.ptr), spec.nbytes))
+            self._enqueue(comm, regions)
         except Exception as exc:
             if comm.stream is not None and any(out is not None for _, out in placed):
                 # broadcasts queued before the failure may still write into these arrays
@@ -883,13 +885,11 @@ class NcclPlane:
             self._abort_comm(comm, "failed", f"enqueueing a broadcast failed: {exc!r}")
             raise ProtocolViolation(
                 f"cannot receive member {comm.spec.root}'s broadcast: {exc!r}") from exc
-        if not any(out is not None for _, out in placed):
+        if not regions:
             self._finish(key, desc.call, placed)
             return
         # the regions it writes: their size scales the receivers' stall watchdog
-        self._done.track(comm, lambda: self._finish(key, desc.call, placed),
-                         [(int(out.data.ptr), spec.nbytes) for spec, out in placed
-                          if out is not None])
+        self._done.track(comm, lambda: self._finish(key, desc.call, placed), regions)
         self._arm_check()
 
     def _finish(self, key: tuple[int, int, int], call: bytes,
