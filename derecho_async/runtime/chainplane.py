@@ -25,7 +25,9 @@ open per origin, and the receive buffer is taken only once all of this checked o
 is exactly ``total`` bytes; ``count`` and every block length follow from ``total`` and
 ``block_size``); every later block must come from the same predecessor, in order, with the same
 ``count`` and ``total``. Anything else is a :class:`ProtocolViolation` (the driver drops the
-frame and reports the sender).
+frame and reports the sender). A receive buffer this member cannot allocate for a valid header
+is its own failure, not the sender's: the error propagates and the driver makes this member
+leave the group, so the others are neither held up nor made to evict a healthy sender.
 
 Pacing: every frame on a link shares one ordered stream with that link's row pushes, so a
 sender queues at most ``_PACE_BYTES`` of blocks at a time on its first link and waits until the
@@ -228,10 +230,10 @@ class ChainPlane:
                     f"more than {_MAX_ASSEMBLIES} large messages of {origin} at once"
                 )
             elif not st.layout.plain:
-                try:  # only now, with every header checked
-                    st.buf = self.buffers.take(total)
-                except (OSError, MemoryError, OverflowError) as exc:
-                    raise ProtocolViolation(f"no buffer for {total} bytes: {exc!r}") from exc
+                # Only now, with every header checked. ``total`` is bounded by _MAX_TOTAL, so
+                # a failure here is this member's (out of memory): it propagates, and the
+                # driver makes this member leave rather than blame the sender.
+                st.buf = self.buffers.take(total)
         else:
             if st is None:
                 if view_id < self._view_id:

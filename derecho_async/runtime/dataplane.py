@@ -180,9 +180,14 @@ class HostStagingPlane:
 
     def __init__(self, send: Callable[[int, bytes], None],
                  landed: Callable[[tuple[int, int, int], object], None],
-                 encode_frame: Callable[[tuple[int, int, int], bytes], bytes]) -> None:
+                 encode_frame: Callable[[tuple[int, int, int], bytes], bytes], *,
+                 failed: Callable[[tuple[int, int, int], BaseException], None] | None = None,
+                 staging_failed: Callable[[tuple[int, int, int], BaseException], None]
+                 | None = None) -> None:
         self._send = send
         self._landed = landed
+        self._failed = failed
+        self._staging_failed = staging_failed
         self._encode_frame = encode_frame
         self._tasks: set[asyncio.Future[Any]] = set()
 
@@ -194,8 +199,13 @@ class HostStagingPlane:
 
             def done(f: asyncio.Future[bytes]) -> None:
                 self._tasks.discard(f)
-                if f.cancelled() or f.exception() is not None:
-                    log.error("staging a device payload failed: %r", f.exception())
+                if f.cancelled():
+                    return
+                exc = f.exception()
+                if exc is not None:
+                    log.error("staging a device payload failed: %r", exc)
+                    if self._staging_failed is not None:
+                        self._staging_failed(key, exc)
                     return
                 self._ship(key, f.result(), targets)
 
@@ -238,8 +248,13 @@ class HostStagingPlane:
 
         def done(f: asyncio.Future[object]) -> None:
             self._tasks.discard(f)
-            if f.cancelled() or f.exception() is not None:
-                log.error("rebuilding a device payload failed: %r", f.exception())
+            if f.cancelled():
+                return
+            exc = f.exception()
+            if exc is not None:
+                log.error("rebuilding a device payload failed: %r", exc)
+                if self._failed is not None:
+                    self._failed(key, exc)
                 return
             self._landed(key, f.result())
 

@@ -128,6 +128,8 @@ class Driver:
             transport.send,
             self._data_landed,
             lambda key, body: env.encode(env.DATA, *key, body),
+            failed=self._landing_failed,
+            staging_failed=self._staging_failed,
         )
         #: bulk planes, tried in order by :meth:`start_transfer` (a GPU plane goes first)
         self.planes: list[Plane] = []
@@ -294,10 +296,14 @@ class Driver:
                         # its message could never land: nothing would be stable again
                         self.on_failure(sender, f"protocol violation on the data plane: {exc}")
                         raise
-                    except Exception as exc:  # e.g. out of memory for its buffer: same outcome
+                    except Exception as exc:
+                        # A well-formed frame that this member could not take in (out of
+                        # memory for its buffer, a device error): the fault is here, not the
+                        # sender's, so this member leaves (as for a failed landing).
                         log.exception("member %d: a data frame from %d failed", self.member_id,
                                       sender)
-                        self.on_failure(sender, f"data frame failed here: {exc!r}")
+                        self._leave_for(f"a data frame from {sender} could not be taken in "
+                                        f"here: {exc!r}")
                         return
         except ProtocolViolation as exc:
             log.warning("member %d: dropped a message from %d: %s", self.member_id, sender, exc)
@@ -319,10 +325,18 @@ class Driver:
         """A message's bytes arrived but could not be made into its payload here (a GPU plane's
         completion raised). It never lands, so it would never be stable and the group would
         wait on this member for good: leave instead, and let the others go on without it."""
+        self._leave_for(f"message {key} could not land here: {exc!r}")
+
+    def _staging_failed(self, key: tuple[int, int, int], exc: BaseException) -> None:
+        """This member's own message could not be staged for sending: nobody will ever receive
+        its bytes, so it would never be stable; leave, and the ragged trim drops it."""
+        self._leave_for(f"message {key} could not be sent from here: {exc!r}")
+
+    def _leave_for(self, reason: str) -> None:
+        """A local failure would hold the group up for good: leave, saying ``reason``."""
         core = self.core
         if core is None or core.state is not MemberState.ACTIVE:
             return
-        reason = f"message {key} could not land here: {exc!r}"
         log.error("member %d: %s; leaving the group so the others are not held up",
                   self.member_id, reason)
         core.leave(reason)

@@ -645,10 +645,10 @@ class IpcPlane:
 
     def _array_over(self, seg: int, off: int, shape: tuple[int, ...], dtype: str) -> Any:
         """An owned CuPy array over pool region (seg, off); freed back when collected."""
+        owner = _RegionOwner(self._queue_reclaim, seg, off)  # first: from here it goes back
         cp = self._cp
         s = self._segments[seg]
         nbytes = max(1, _itemsize(dtype) * math.prod(shape))
-        owner = _RegionOwner(self._queue_reclaim, seg, off)
         mem = cp.cuda.UnownedMemory(s.ptr + off, nbytes, owner, self.device)
         return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
 
@@ -1013,11 +1013,19 @@ class IpcPlane:
     def _finish(self, key: tuple[int, int, int], call: bytes,
                 placed: list[tuple[ArraySpec, int, int]]) -> None:
         arrays: list[object] = []
-        for spec, seg, off in placed:
-            if seg < 0:
-                arrays.append(inline_array(spec))
-                continue
-            arrays.append(as_lib(self._array_over(seg, off, spec.shape, spec.dtype), spec.lib))
+        for i, (spec, seg, off) in enumerate(placed):
+            try:
+                if seg < 0:
+                    arrays.append(inline_array(spec))
+                    continue
+                arrays.append(as_lib(self._array_over(seg, off, spec.shape, spec.dtype),
+                                     spec.lib))
+            except BaseException:
+                # The arrays made so far, and this one's region once its owner exists (the
+                # first thing _array_over makes), go back when collected; the regions of the
+                # arrays not yet reached are freed here. The caller reports the failure.
+                self._free_regions([(sg, of) for _, sg, of in placed[i + 1:] if sg >= 0])
+                raise
         if not self._closed:
             self._landed(key, OutOfBand(call, tuple(arrays)))
 

@@ -4,6 +4,7 @@ copy out at each receiver) and the tcp chain (pipelined blocks, relayed member t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import os
@@ -139,6 +140,37 @@ async def test_large_payloads_arrive_intact_in_order_with_small_ones(transport: 
         for g in groups:
             await g.leave()
     assert ShmTransport.segments(name) == []
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+async def test_a_member_that_cannot_buffer_a_large_message_leaves_and_the_sender_stays(
+    transport: str,
+) -> None:
+    """A receiver that cannot allocate the buffer for a valid large message (an injected
+    MemoryError at member 2) is at fault itself: it leaves and says why, and the sender and the
+    relay stay in the group, deliver the message and go on. Blaming the sender would evict a
+    healthy member; doing nothing would leave the message unstable for good."""
+    groups = await _form(transport, 3)
+    rng = np.random.default_rng(11)
+
+    def no_memory(nbytes: int) -> Any:
+        raise MemoryError(f"injected: no room for {nbytes} bytes")
+
+    _plane(groups[2]).buffers.take = no_memory
+    try:
+        first = await asyncio.wait_for(groups[0].subgroup(Sink).arrays("a", _arrays(rng, 4096)), 20)
+        assert first[0] == first[1] and isinstance(first[0], str), first
+        assert set(first) == {0, 1} or isinstance(first[2], da.MemberFailed), first
+        after = await asyncio.wait_for(groups[1].subgroup(Sink).put(b"after"), 20)
+        assert set(after) == {0, 1} and groups[0].view.members == (0, 1)
+        with pytest.raises(da.GroupClosed, match="could not be taken in here: MemoryError"):
+            await groups[2].subgroup(Sink).put(b"from the departed")
+        logs = [g.local(Sink).log for g in groups[:2]]  # type: ignore[attr-defined]
+        assert logs[0] == logs[1] and len(logs[0]) == 2
+    finally:
+        for g in groups:
+            with contextlib.suppress(da.GroupClosed):
+                await g.leave()
 
 
 async def test_array_contents_survive_the_trip() -> None:
