@@ -177,12 +177,19 @@ def _check_shape(shape: tuple[int, ...]) -> list[int]:
     return [int(n) for n in shape]
 
 
-class _Encoder:
-    __slots__ = ("buffer_ids", "buffers")
+# Inline array headers (msgpack dtype name and shape) by (dtype, shape): checked once, then
+# reused; the same few shapes recur. Bounded, like the decoder's reference cache.
+_ARRAY_HEADS: dict[tuple[Any, tuple[int, ...]], bytes] = {}
+_ARRAY_HEADS_MAX = 4096
 
-    def __init__(self, buffers: list[object] | None) -> None:
+
+class _Encoder:
+    __slots__ = ("buffer_ids", "buffers", "inline_left")
+
+    def __init__(self, buffers: list[object] | None, inline_bytes: int = 0) -> None:
         self.buffers = buffers
         self.buffer_ids: dict[int, int] = {}
+        self.inline_left = inline_bytes  # numpy bytes that may still be copied inline
 
     def value(self, obj: object, depth: int) -> object:
         t = type(obj)
@@ -287,16 +294,22 @@ class _Encoder:
                 TypeError,
                 "cannot encode a masked array (its mask would be lost); send .data and .mask",
             )
-        name = self.dtype_name(arr.dtype)
-        shape = _check_shape(arr.shape)
+        key = (arr.dtype, arr.shape)
+        head = _ARRAY_HEADS.get(key)
+        if head is None:  # checked once per dtype and shape (a cached one passed)
+            head = _pack(self.dtype_name(arr.dtype)) + _pack(_check_shape(arr.shape))
+            if len(_ARRAY_HEADS) < _ARRAY_HEADS_MAX:
+                _ARRAY_HEADS[key] = head
         if arr.flags.c_contiguous and arr.dtype.str[0] in _LITTLE_OR_NONE:
             little = arr  # already what travels (astype with copy=False costs microseconds)
         else:
             little = arr.astype(arr.dtype.newbyteorder("<"), order="C", copy=False)
         if self.buffers is not None:
-            return self.reference(arr, np, little)
+            if arr.nbytes > self.inline_left:
+                return self.reference(arr, np, little)
+            self.inline_left -= arr.nbytes
         raw = memoryview(little.reshape(-1).view(np.uint8))
-        return msgpack.ExtType(_EXT_NDARRAY, b"".join((_pack(name), _pack(shape), raw)))
+        return msgpack.ExtType(_EXT_NDARRAY, b"".join((head, raw)))
 
     def npscalar(self, value: numpy.generic[Any], np: Any) -> object:
         name = self.dtype_name(value.dtype)
@@ -450,12 +463,15 @@ def encode_call(
     args: tuple[object, ...],
     kwargs: dict[str, object],
     buffers: list[object] | None = None,
+    inline_bytes: int = 0,
 ) -> bytes:
     """Encode a method call: the envelope ``[method, [args...], {kwargs}]``.
 
     ``method`` must be a dotted Python identifier (``"update"``, ``"Weights.update"``), ``args``
     a tuple and ``kwargs`` a dict with identifier keys (UsageError otherwise). Arguments follow
-    the rules of :func:`encode`; error paths read ``args[1]['w']`` or ``kwargs['name']``.
+    the rules of :func:`encode`; error paths read ``args[1]['w']`` or ``kwargs['name']``. With
+    ``buffers``, numpy arrays are still copied inline, in the order met, while their bytes
+    total at most ``inline_bytes``: small arrays are cheaper in the message than beside it.
     """
     if not _valid_method(method):
         raise UsageError(f"method name must be a dotted identifier, got {method!r}")
@@ -473,7 +489,7 @@ def encode_call(
                 break
         else:  # nothing to walk or check (a tuple packs as a list)
             return _pack([method, args, kwargs])
-    encoder = _Encoder(buffers)
+    encoder = _Encoder(buffers, inline_bytes)
     items: list[object] = []
     for i, arg in enumerate(args):
         if arg is None or type(arg) in plain:  # nothing to walk or check
@@ -646,6 +662,9 @@ _HEADER_MAX: Final = 512  # dtype name (<= 64 chars) and <= MAX_NDIM dims of <= 
 def _read_array_header(payload: bytes, fields: int) -> tuple[list[object], int]:
     """Unpack the first ``fields`` header values of an array record; return them and the offset
     of the raw bytes. Only a bounded prefix is fed to msgpack, so the data is never copied."""
+    fast = _read_header_fast(payload, fields)
+    if fast is not None:
+        return fast
     unpacker = msgpack.Unpacker(
         raw=False,
         use_list=True,
@@ -662,6 +681,56 @@ def _read_array_header(payload: bytes, fields: int) -> tuple[list[object], int]:
     return values, offset
 
 
+_UINT_WIDTH: Final = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+
+
+def _read_header_fast(payload: bytes, fields: int) -> tuple[list[object], int] | None:
+    """The header as this codec's encoder writes it (a fixstr dtype name, then for arrays a
+    fixarray of unsigned ints), parsed by hand; None for any other form, which the general
+    reader then decodes or rejects. Values are type-checked later exactly as msgpack's are."""
+    n = len(payload)
+    if not n or not 0xA0 <= payload[0] <= 0xBF:
+        return None
+    end = 1 + (payload[0] & 0x1F)
+    if end > n:
+        return None
+    try:
+        name = payload[1:end].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    if fields == 1:
+        return [name], end
+    if end >= n or not 0x90 <= payload[end] <= 0x9F:
+        return None
+    dims = payload[end] & 0x0F
+    pos = end + 1
+    shape: list[int] = []
+    for _ in range(dims):
+        if pos >= n:
+            return None
+        b = payload[pos]
+        if b < 0x80:
+            shape.append(b)
+            pos += 1
+            continue
+        width = _UINT_WIDTH.get(b)
+        if width is None or pos + 1 + width > n:
+            return None
+        shape.append(int.from_bytes(payload[pos + 1 : pos + 1 + width], "big"))
+        pos += 1 + width
+    return [name, shape], pos
+
+
+_LITTLE_DTYPES: dict[str, Any] = {}  # dtype name -> its little-endian numpy dtype
+
+
+def _little_dtype(np: Any, name: str) -> Any:
+    dtype = _LITTLE_DTYPES.get(name)
+    if dtype is None:  # name is one of DTYPES (checked): the cache stays that small
+        dtype = _LITTLE_DTYPES[name] = np.dtype(name).newbyteorder("<")
+    return dtype
+
+
 def _decode_ndarray(payload: bytes) -> object:
     (name, shape), offset = _read_array_header(payload, 2)
     itemsize = _check_dtype_name(name)
@@ -675,8 +744,7 @@ def _decode_ndarray(payload: bytes) -> object:
             f"array {name}{tuple(dims)} needs {count * itemsize} bytes, the message has {nbytes}"
         )
     np = _import_numpy()
-    dtype = np.dtype(name).newbyteorder("<")
-    flat = np.frombuffer(payload, dtype=dtype, count=count, offset=offset)
+    flat = np.frombuffer(payload, dtype=_little_dtype(np, str(name)), count=count, offset=offset)
     return flat.reshape(dims).copy()
 
 
@@ -710,6 +778,8 @@ def _check_tree(obj: object, depth: int, np: Any, resolved: set[int]) -> None:
         for v in obj:  # type: ignore[attr-defined]
             if type(v) not in scalars:
                 _check_tree(v, depth + 1, np, resolved)
+        return
+    if np is not None and t is np.ndarray:  # decoded arrays are exactly ndarray
         return
     if obj is None or isinstance(obj, bool | int | float | str | bytes):
         return

@@ -61,6 +61,63 @@ async def test_numpy_arrays_anywhere_in_the_arguments_arrive_as_numpy() -> None:
             await g.leave()
 
 
+class Probe(da.Actor):
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    @da.ordered
+    def take(self, arrays: list[Any]) -> int:
+        for a in arrays:
+            assert isinstance(a, np.ndarray) and a.flags.writeable and a.flags.c_contiguous
+            a[...] = a.copy()  # owned and writeable: writing must not fail
+            self.seen.append(f"{a.dtype.name}{a.shape}:{a.astype(a.dtype.newbyteorder('=')).tolist()}")
+        return len(arrays)
+
+
+async def test_small_numpy_arrays_ride_in_the_slot_and_large_ones_on_the_data_plane() -> None:
+    """Arrays whose call fits a slot travel inline (no data-plane transfer, no landing report);
+    either way every member's handler sees the same owned numpy arrays, in the same order."""
+    name = f"dp{next(_ids)}"
+    groups = await asyncio.gather(
+        *(
+            da.Group.join(
+                da.Config(
+                    group=name, member_id=i, initial_members=2, transport="sim", max_payload=512
+                ),
+                actors=[Probe],
+                timeout=10,
+            )
+            for i in range(2)
+        )
+    )
+    try:
+        driver = groups[0]._driver
+        assert driver is not None
+        started: list[object] = []
+        real_start = driver.start_transfer
+        driver.start_transfer = lambda key, payload, targets: (  # type: ignore[method-assign]
+            started.append(key), real_start(key, payload, targets))[-1]
+        small = [
+            np.arange(6, dtype=np.int16).reshape(2, 3),
+            np.arange(8, dtype=">f8")[::2],  # big-endian and strided
+            np.array(True),
+        ]
+        large = [np.arange(200, dtype=np.int32)]  # 800 bytes: beyond the slot
+        proxy = groups[0].subgroup(Probe)
+        assert dict(await proxy.take(small)) == {0: 3, 1: 3}
+        assert started == []  # the small call never touched a data plane
+        assert dict(await proxy.take(large)) == {0: 1, 1: 1}
+        assert len(started) == 1
+        assert np.array_equal(small[1], [0.0, 2.0, 4.0, 6.0])  # the sender's arrays untouched
+        seen = [g.local(Probe).seen for g in groups]  # type: ignore[attr-defined]
+        assert seen[0] == seen[1] and len(seen[0]) == 4
+        assert seen[0][:3] == ["int16(2, 3):[[0, 1, 2], [3, 4, 5]]", "float64(4,):[0.0, 2.0, 4.0, 6.0]",
+                               "bool():True"]
+    finally:
+        for g in groups:
+            await g.leave()
+
+
 def test_array_info_describes_host_arrays() -> None:
     a = np.arange(12, dtype=np.int16).reshape(3, 4)
     info = array_info(a)

@@ -541,14 +541,15 @@ async def test_a_plane_added_first_is_offered_every_transfer_before_the_others(
             g._driver.add_plane(hook, first=True)
             hooks.append(hook)
         await groups[1].subgroup(Sink).put(b"y" * 1000)
-        await groups[1].subgroup(Sink).arrays("z", [np.arange(10)])
+        await groups[1].subgroup(Sink).arrays("z", [np.arange(100)])  # 800 bytes: large
         await groups[1].subgroup(Sink).put(b"small")
+        await groups[1].subgroup(Sink).arrays("s", [np.arange(10)])  # fits the slot: inline
         # offered the two large messages; told of every own delivery (the freeing points)
         assert hooks[1].offers == [(0, 1, 0), (0, 1, 1)]
-        assert hooks[1].own_delivered == [(0, 1, 0), (0, 1, 1), (0, 1, 2)]
+        assert hooks[1].own_delivered == [(0, 1, 0), (0, 1, 1), (0, 1, 2), (0, 1, 3)]
         assert hooks[0].offers == [] and hooks[2].offers == []
         logs = [g.local(Sink).log for g in groups]  # type: ignore[attr-defined]
-        assert len(logs[0]) == 3 and logs[0] == logs[1] == logs[2]  # the next plane moved them
+        assert len(logs[0]) == 4 and logs[0] == logs[1] == logs[2]  # the next plane moved them
     finally:
         for g in groups:
             await g.leave()

@@ -314,7 +314,9 @@ async def test_misuse_gets_clear_errors() -> None:
             await gs[0].subgroup(Log).append(object())
         np = pytest.importorskip("numpy")
         with pytest.raises(da.UsageError, match="at most 4096 arrays"):
-            await gs[0].subgroup(Log).append([np.zeros(1) for _ in range(4097)])
+            # arrays past a slot's worth travel out of band, at most 4096 of them per call
+            flat = np.zeros(4097 * 1100)
+            await gs[0].subgroup(Log).append([flat[i * 1100 : (i + 1) * 1100] for i in range(4097)])
     finally:
         await close(gs)
     with pytest.raises(da.GroupClosed):
