@@ -39,7 +39,7 @@ from typing import Any
 
 import derecho_async as da
 from derecho_async.launch import free_ports
-from derecho_async.workload import pipelined
+from derecho_async.workload import percentile, pipelined
 
 __all__ = ["BenchSink", "GroupRun", "RunFailed", "percentile"]
 
@@ -52,15 +52,6 @@ class RunFailed(RuntimeError):
     def __init__(self, message: str, results: list[dict[int, dict[str, Any]]]) -> None:
         super().__init__(message)
         self.results = results
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-quantile (0..1) of ``values`` by nearest rank; 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[k]
 
 
 class BenchSink(da.Actor):

@@ -17,6 +17,8 @@
 # When the caller passes ``buffers=[]`` to :func:`encode`, arrays (numpy, and anything with
 # ``__cuda_array_interface__`` or ``__dlpack__``) are not copied inline: they are appended to the
 # list and referenced by index, so a data plane (CUDA IPC, NCCL, RDMA) can move their bytes.
+# ``encode_call(..., inline_bytes=n)`` still copies numpy arrays inline while they total at most
+# n bytes: a small array costs less in the message than beside it (the group passes a slot).
 # :func:`decode` resolves references against the list the receiver supplies.
 #
 # The walk checks types, the 64-bit int range and the nesting depth, and reports the path of the

@@ -28,20 +28,20 @@ class Weights(da.Actor):
         return float(self.w.sum())
 
 
-async def test_numpy_arrays_anywhere_in_the_arguments_arrive_as_numpy() -> None:
+async def _sim_group(n: int, actor: type[da.Actor], max_payload: int) -> list[da.Group]:
     name = f"dp{next(_ids)}"
-    groups = await asyncio.gather(
-        *(
-            da.Group.join(
-                da.Config(
-                    group=name, member_id=i, initial_members=3, transport="sim", max_payload=256
-                ),
-                actors=[Weights],
-                timeout=10,
-            )
-            for i in range(3)
-        )
+    configs = [
+        da.Config(group=name, member_id=i, initial_members=n, transport="sim",
+                  max_payload=max_payload)
+        for i in range(n)
+    ]
+    return list(
+        await asyncio.gather(*(da.Group.join(c, actors=[actor], timeout=10) for c in configs))
     )
+
+
+async def test_numpy_arrays_anywhere_in_the_arguments_arrive_as_numpy() -> None:
+    groups = await _sim_group(3, Weights, max_payload=256)
     try:
         big = np.ones((64, 64), np.float32)  # 16 KB: far beyond a slot
         calls = [
@@ -77,19 +77,7 @@ class Probe(da.Actor):
 async def test_small_numpy_arrays_ride_in_the_slot_and_large_ones_on_the_data_plane() -> None:
     """Arrays whose call fits a slot travel inline (no data-plane transfer, no landing report);
     either way every member's handler sees the same owned numpy arrays, in the same order."""
-    name = f"dp{next(_ids)}"
-    groups = await asyncio.gather(
-        *(
-            da.Group.join(
-                da.Config(
-                    group=name, member_id=i, initial_members=2, transport="sim", max_payload=512
-                ),
-                actors=[Probe],
-                timeout=10,
-            )
-            for i in range(2)
-        )
-    )
+    groups = await _sim_group(2, Probe, max_payload=512)
     try:
         driver = groups[0]._driver
         assert driver is not None
