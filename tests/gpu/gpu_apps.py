@@ -242,6 +242,73 @@ async def landing_fails(config: da.Config) -> None:
         await asyncio.sleep(0.5)
 
 
+async def staging_fails(config: da.Config) -> None:
+    """Device arrays staged through host memory (gpu_plane="host"). Member 1 cannot stage its
+    own message (an injected MemoryError where it copies the arrays to host): it must leave,
+    and its message is delivered nowhere. Member 3 cannot rebuild the third message it receives
+    on its device: it must leave too. Members 0 and 2 deliver all six of member 0's messages."""
+    import cupy
+
+    me = config.member_id
+    async with da.Group(config, actors=[Checker]) as group:
+        chk = group.subgroup(Checker)
+        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        driver = group._driver
+        assert driver is not None and driver.gpuplane is None and driver.ncclplane is None
+        staging = driver.dataplane
+        if me in (1, 3):
+            if me == 1:
+                def no_staging(payload: Any) -> bytes:
+                    raise MemoryError("injected: no host memory to stage the arrays")
+
+                staging._pack = no_staging  # type: ignore[method-assign]
+                x = cupy.full((4096,), 99.0, dtype=cupy.float32)
+                call = asyncio.ensure_future(chk.put(x, "from-1", 99.0))
+            else:
+                real = staging._unpack
+                rebuilt = [0]
+
+                def unpack(msg: object) -> object:
+                    job = real(msg)
+                    if callable(job):
+                        rebuilt[0] += 1
+                        if rebuilt[0] == 3:
+                            def fail() -> object:
+                                raise MemoryError("injected: no room for the device array")
+
+                            return fail
+                    return job
+
+                staging._unpack = unpack  # type: ignore[method-assign]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while group._closed is None:
+                if loop.time() > deadline:
+                    raise TimeoutError(f"member {me} never left")
+                await asyncio.sleep(0.01)
+            outcome = ""
+            if me == 1:
+                try:
+                    outcome = f"completed: {await asyncio.wait_for(call, 10)!r}"
+                except Exception as exc:  # what the caller of the unsendable message got
+                    outcome = type(exc).__name__
+            _write(os.environ["DA_GPU_OUT"], me, {
+                "closed": str(group._closed), "seen": [t for t, _ in local.seen],
+                "outcome": outcome})
+            return
+        if me == 0:
+            for i in range(6):
+                x = cupy.full((4096,), float(i + 1), dtype=cupy.float32)
+                r = await asyncio.wait_for(chk.put(x, f"c{i}", float(i + 1)), 60)
+                assert r[0] is True, r
+        await _wait_seen(local, 6, 60)
+        await asyncio.sleep(0.5)  # a late delivery of member 1's message would show here
+        _write(os.environ["DA_GPU_OUT"], me, {
+            "seen": [t for t, _ in local.seen], "members": list(group.view.members),
+            "bad": sum(1 for _, ok in local.seen if not ok)})
+        await asyncio.sleep(0.5)
+
+
 # -- the NCCL plane: one member per GPU (gpu_plane="nccl") ---------------------------------------
 def _use_own_gpu(me: int) -> int:
     """Put member ``me`` on GPU ``me % count`` (CuPy and torch) before its group starts."""

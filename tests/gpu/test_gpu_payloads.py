@@ -115,3 +115,25 @@ def test_a_member_that_cannot_make_a_received_array_leaves_and_the_others_go_on(
     assert r0["bad"] == r1["bad"] == 0 and r0["members"] == r1["members"] == [0, 1]
     assert "could not land here" in r2["closed"] and "MemoryError" in r2["closed"], r2
     assert r2["seen"] == 2, r2
+
+
+def test_members_that_cannot_stage_or_rebuild_host_staged_arrays_leave_and_the_others_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host-staging plane (gpu_plane="host") has the same policy as the CUDA IPC plane: a
+    sender that cannot stage its own arrays leaves and its message is delivered nowhere; a
+    receiver that cannot rebuild a received array on its device leaves; the others go on."""
+    _need_gpu()
+    from tests.gpu import gpu_apps
+
+    monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
+    codes = da.launch_local(4, gpu_apps.staging_fails, group=f"gpustage{os.getpid()}",
+                            timeout=120, gpu_plane="host")
+    assert codes == [0, 0, 0, 0], codes
+    r0, r1, r2, r3 = (json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(4))
+    assert r0["seen"] == r2["seen"] == [f"c{i}" for i in range(6)], (r0, r2)
+    assert r0["bad"] == r2["bad"] == 0 and r0["members"] == r2["members"] == [0, 2]
+    assert "could not be sent from here" in r1["closed"] and "MemoryError" in r1["closed"], r1
+    assert "from-1" not in r1["seen"] and r1["outcome"] == "GroupClosed", r1
+    assert "could not land here" in r3["closed"] and "MemoryError" in r3["closed"], r3
+    assert r3["seen"] == ["c0", "c1"], r3
