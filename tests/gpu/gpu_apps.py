@@ -245,8 +245,8 @@ async def landing_fails(config: da.Config) -> None:
 async def staging_fails(config: da.Config) -> None:
     """Device arrays staged through host memory (gpu_plane="host"). Member 1 cannot stage its
     own message (an injected MemoryError where it copies the arrays to host): it must leave,
-    and its message is delivered nowhere. Member 3 cannot rebuild the third message it receives
-    on its device: it must leave too. Members 0 and 2 deliver all six of member 0's messages."""
+    and its message is delivered nowhere. Member 3 cannot rebuild the third device payload it
+    receives (a re-sent one counts again): it must leave too. Members 0 and 2 deliver all six of member 0's messages."""
     import cupy
 
     me = config.member_id

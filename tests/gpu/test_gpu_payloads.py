@@ -136,4 +136,6 @@ def test_members_that_cannot_stage_or_rebuild_host_staged_arrays_leave_and_the_o
     assert "could not be sent from here" in r1["closed"] and "MemoryError" in r1["closed"], r1
     assert "from-1" not in r1["seen"] and r1["outcome"] == "GroupClosed", r1
     assert "could not land here" in r3["closed"] and "MemoryError" in r3["closed"], r3
-    assert r3["seen"] == ["c0", "c1"], r3
+    # member 3 delivered a prefix of the survivors' sequence before it left (which message was
+    # its third rebuild depends on whether member 1's departure made member 0 re-send one)
+    assert r3["seen"] == r0["seen"][: len(r3["seen"])] and 1 <= len(r3["seen"]) <= 2, r3
