@@ -117,7 +117,6 @@ class ShardState:
         self.queue = queue
         self.sent_records = 0
         self.sent_turns = 0
-        self.last_used = 0  # bytes of the last record written: header and inline payload
         self.inflight_last_seq: deque[int] = deque()
         self.own_undelivered: deque[tuple[int, Outgoing]] = deque()
         # Receiver side, per sender index.
@@ -223,7 +222,6 @@ class ShardState:
             pend.append((first, KIND_MESSAGE, 1, size, out.msg_no, data))
             own.append((seq, out))
             inline += 1
-            self.last_used = _HEADER.size + size
         self.turns_seen[k] += inline
         self.turns_held[k] += inline
         return free
@@ -236,7 +234,6 @@ class ShardState:
         first = self.sent_turns
         hdr = _HEADER.pack(first, kind | (n_turns << 8), nbytes, msg_no)
         self.table.write(off, hdr + inline)
-        self.last_used = len(hdr) + len(inline)
         self.sent_records += 1
         self.sent_turns += n_turns
         assert self.my_index is not None
@@ -270,13 +267,17 @@ class ShardState:
         # record's slot is pushed only as far as it is used (header and inline payload, to a
         # whole word): a null record or a 1 KB message then moves 32 bytes or about 1 KB, not
         # the whole slot (8 KB by default). Receivers read no further than a record's nbytes.
+        table = self.table
+        last = table.table_offset(self.cols.slot_offset(hi - 1))
+        _, kind_turns, size, _ = _HEADER.unpack_from(table.buf, last)
+        used = _HEADER.size + (size if kind_turns & 0xFF == KIND_MESSAGE else 0)
         r = lo
         while r < hi:
             start = r % w
             run = min(hi - r, w - start)
             nbytes = run * slot_bytes
             if r + run == hi:
-                nbytes -= slot_bytes - (self.last_used + WORD - 1) // WORD * WORD
+                nbytes -= slot_bytes - (used + WORD - 1) // WORD * WORD
             self._push(self.cols.slot_offset(r), nbytes, self.peer_ids)
             r += run
         self.table.set(self.cols.sent_records, self.sent_records)

@@ -29,7 +29,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -57,6 +57,7 @@ MAX_ARRAYS = 4096  # arrays in one call (a ProtocolViolation beyond: check befor
 _MAX_ARRAYS = MAX_ARRAYS
 _PLAIN = 0
 _CALL = 1
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -194,22 +195,8 @@ class HostStagingPlane:
     def start(self, key: tuple[int, int, int], payload: object, targets: tuple[int, ...]) -> None:
         """Ship ``payload`` (bytes or :class:`OutOfBand`) for data key ``key`` to ``targets``."""
         if isinstance(payload, OutOfBand) and any(info.is_gpu for info in payload.infos()):
-            fut = asyncio.get_running_loop().run_in_executor(None, self._pack, payload)
-            self._tasks.add(fut)
-
-            def done(f: asyncio.Future[bytes]) -> None:
-                self._tasks.discard(f)
-                if f.cancelled():
-                    return
-                exc = f.exception()
-                if exc is not None:
-                    log.error("staging a device payload failed: %r", exc)
-                    if self._staging_failed is not None:
-                        self._staging_failed(key, exc)
-                    return
-                self._ship(key, f.result(), targets)
-
-            fut.add_done_callback(done)
+            self._off_loop(key, lambda: self._pack(payload), "staging", self._staging_failed,
+                           lambda body: self._ship(key, body, targets))
         else:
             self._ship(key, self._pack(payload), targets)
 
@@ -243,20 +230,28 @@ class HostStagingPlane:
         if not callable(payload_or_job):
             self._landed(key, payload_or_job)
             return
-        fut = asyncio.get_running_loop().run_in_executor(None, payload_or_job)
+        self._off_loop(key, payload_or_job, "rebuilding", self._failed,
+                       lambda payload: self._landed(key, payload))
+
+    def _off_loop(self, key: tuple[int, int, int], job: Callable[[], _T], what: str,
+                  failed: Callable[[tuple[int, int, int], BaseException], None] | None,
+                  then: Callable[[_T], None]) -> None:
+        """Run ``job`` in the executor, then ``then(result)`` on the loop; a failure is logged
+        and reported to ``failed`` (the message of ``key`` can never land)."""
+        fut = asyncio.get_running_loop().run_in_executor(None, job)
         self._tasks.add(fut)
 
-        def done(f: asyncio.Future[object]) -> None:
+        def done(f: asyncio.Future[_T]) -> None:
             self._tasks.discard(f)
             if f.cancelled():
                 return
             exc = f.exception()
             if exc is not None:
-                log.error("rebuilding a device payload failed: %r", exc)
-                if self._failed is not None:
-                    self._failed(key, exc)
+                log.error("%s a device payload failed: %r", what, exc)
+                if failed is not None:
+                    failed(key, exc)
                 return
-            self._landed(key, f.result())
+            then(f.result())
 
         fut.add_done_callback(done)
 

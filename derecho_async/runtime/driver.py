@@ -322,8 +322,8 @@ class Driver:
             self.kick()
 
     def _landing_failed(self, key: tuple[int, int, int], exc: BaseException) -> None:
-        """A message's bytes arrived but could not be made into its payload here (a GPU plane's
-        completion raised). It never lands, so it would never be stable and the group would
+        """A message's bytes arrived but could not be made into its payload here (a plane's
+        completion or off-loop rebuild raised). It never lands, so it would never be stable and the group would
         wait on this member for good: leave instead, and let the others go on without it."""
         self._leave_for(f"message {key} could not land here: {exc!r}")
 

@@ -518,10 +518,9 @@ class _Peer(Lane):
     mapped: dict[int, int] = field(default_factory=dict)  # segment index -> local pointer
     events: dict[int, int] = field(default_factory=dict)  # event index -> local event
     fenced: tuple[int, int] = (0, 0)  # (reclaimed, released) counts at this stream's last fence
-    # copies issued since the last flush, not yet tracked: (key, call, placed), and their regions
+    # copies issued since the last flush, not yet tracked: (key, call, placed), and their bytes
     batch: list[tuple[tuple[int, int, int], bytes, list[tuple[ArraySpec, int, int]]]] = field(
         default_factory=list)
-    batch_regions: list[tuple[int, int]] = field(default_factory=list)
     batch_bytes: int = 0
 
 
@@ -959,9 +958,8 @@ class IpcPlane:
             (self._done.loop or asyncio.get_running_loop()).call_soon(self._flush)
         self._unflushed[peer] = None
         peer.batch.append((key, desc.call, placed))
-        for spec, seg, off in placed:
+        for spec, seg, _ in placed:
             if seg >= 0:
-                peer.batch_regions.append((seg, off))
                 peer.batch_bytes += spec.nbytes
         if peer.batch_bytes >= _BATCH_BYTES:
             self._flush_peer(peer)
@@ -974,9 +972,9 @@ class IpcPlane:
 
     def _flush_peer(self, peer: _Peer) -> None:
         items, peer.batch = peer.batch, []
-        regions, peer.batch_regions = peer.batch_regions, []
         peer.batch_bytes = 0
         if items and not self._closed:
+            regions = [(seg, off) for _, _, placed in items for _, seg, off in placed if seg >= 0]
             self._done.track(peer, lambda: self._finish_batch(items), regions)
 
     def _finish_batch(

@@ -88,6 +88,16 @@ def _write(out: str, me: int, record: dict[str, Any]) -> None:
         json.dump(record, f)
 
 
+async def _wait_left(group: da.Group, timeout: float = 60.0) -> None:
+    """Wait until ``group``'s member has left it (its calls would raise GroupClosed)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while group._closed is None:
+        if loop.time() > deadline:
+            raise TimeoutError(f"member {group.member_id} never left")
+        await asyncio.sleep(0.01)
+
+
 async def _wait_seen(local: Any, n: int, timeout: float = 120.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -220,12 +230,7 @@ async def landing_fails(config: da.Config) -> None:
                 return real(*args)
 
             plane._array_over = failing  # type: ignore[method-assign]
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 60
-            while group._closed is None:
-                if loop.time() > deadline:
-                    raise TimeoutError("member 2 never left")
-                await asyncio.sleep(0.01)
+            await _wait_left(group)
             _write(os.environ["DA_GPU_OUT"], me, {
                 "closed": str(group._closed), "seen": len(local.seen)})
             return
@@ -280,12 +285,7 @@ async def staging_fails(config: da.Config) -> None:
                     return job
 
                 staging._unpack = unpack  # type: ignore[method-assign]
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 60
-            while group._closed is None:
-                if loop.time() > deadline:
-                    raise TimeoutError(f"member {me} never left")
-                await asyncio.sleep(0.01)
+            await _wait_left(group)
             outcome = ""
             if me == 1:
                 try:
