@@ -31,6 +31,12 @@
 # dict keys and rejects anything else msgpack can produce (e.g. its Timestamp ext). Every failure
 # on malformed input is a ProtocolViolation; msgpack's own exceptions never escape.
 #
+# The same few calls recur, so both sides remember what they checked once, in bounded tables:
+# inline array headers and buffer reference records by (dtype, shape) when encoding; buffer
+# references by their bytes when decoding; and whole calls with out-of-band arrays whose other
+# arguments are scalars, by their bytes (``_OOB_CALLS``): a repeated one is rebuilt from the memo
+# with the receiver's new arrays, each still checked against its reference's dtype and shape.
+#
 # numpy is imported lazily: the encoder only looks for numpy types when numpy is already in
 # ``sys.modules`` (no numpy object can exist otherwise), and the decoder imports it only when the
 # message holds an array.
@@ -45,7 +51,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -296,20 +302,20 @@ class _Encoder:
                 TypeError,
                 "cannot encode a masked array (its mask would be lost); send .data and .mask",
             )
+        if arr.flags.c_contiguous and arr.dtype.str[0] in _LITTLE_OR_NONE:
+            little = arr  # already what travels (astype with copy=False costs microseconds)
+        else:
+            little = arr.astype(arr.dtype.newbyteorder("<"), order="C", copy=False)
+        if self.buffers is not None:
+            if arr.nbytes > self.inline_left:  # out of band: the reference checks it
+                return self.reference(arr, np, little)
+            self.inline_left -= arr.nbytes
         key = (arr.dtype, arr.shape)
         head = _ARRAY_HEADS.get(key)
         if head is None:  # checked once per dtype and shape (a cached one passed)
             head = _pack(self.dtype_name(arr.dtype)) + _pack(_check_shape(arr.shape))
             if len(_ARRAY_HEADS) < _ARRAY_HEADS_MAX:
                 _ARRAY_HEADS[key] = head
-        if arr.flags.c_contiguous and arr.dtype.str[0] in _LITTLE_OR_NONE:
-            little = arr  # already what travels (astype with copy=False costs microseconds)
-        else:
-            little = arr.astype(arr.dtype.newbyteorder("<"), order="C", copy=False)
-        if self.buffers is not None:
-            if arr.nbytes > self.inline_left:
-                return self.reference(arr, np, little)
-            self.inline_left -= arr.nbytes
         raw = memoryview(little.reshape(-1).view(np.uint8))
         return msgpack.ExtType(_EXT_NDARRAY, b"".join((head, raw)))
 
@@ -331,17 +337,37 @@ class _Encoder:
 
     def reference(self, obj: object, np: Any, replacement: object | None = None) -> object:
         assert self.buffers is not None
-        try:
-            name, shape, kind = _buffer_meta(obj, np)
-        except ValueError as e:
-            raise _EncodeFailure(TypeError, str(e)) from None
         index = self.buffer_ids.get(id(obj))
+        fresh = index is None
         if index is None:
             index = len(self.buffers)
+        # numpy and CuPy arrays: the record by (index, type, dtype, shape), checked once
+        cls = type(obj)
+        key = None
+        if (np is not None and cls is np.ndarray) or is_cupy_array(obj):
+            a: Any = obj
+            key = (index, cls, a.dtype.str, a.shape)
+            record = _REF_RECORDS.get(key)
+        else:
+            record = None
+        if record is None:
+            try:
+                name, shape, kind = _buffer_meta(obj, np)
+            except ValueError as e:
+                raise _EncodeFailure(TypeError, str(e)) from None
+            record = msgpack.ExtType(_EXT_BUFREF, _pack([index, name, shape, kind]))
+            if key is not None and len(_REF_RECORDS) < _REF_RECORDS_MAX:
+                _REF_RECORDS[key] = record
+        if fresh:
             self.buffers.append(obj if replacement is None else replacement)
             self.buffer_ids[id(obj)] = index
-        return msgpack.ExtType(_EXT_BUFREF, _pack([index, name, shape, kind]))
+        return record
 
+
+# Buffer reference records of numpy and CuPy arrays by (index, type, dtype.str, shape): a
+# sender references the same few shapes again and again. Bounded like the decoder's caches.
+_REF_RECORDS: dict[tuple[int, type, str, tuple[int, ...]], object] = {}
+_REF_RECORDS_MAX = 4096
 
 _LITTLE_OR_NONE: Final = ("<", "|")  # numpy dtype.str byte orders that need no swap
 
@@ -869,6 +895,102 @@ def _no_ext(code: int, payload: bytes) -> object:
 _NOTHING_RESOLVED: Final[set[int]] = set()  # never written: no buffer is resolved without ext
 
 
+class _BufferSlot(NamedTuple):
+    """Where a memoized call (see :data:`_OOB_CALLS`) takes an out-of-band buffer: the buffer's
+    position, and the dtype name and shape that the call's reference gave it."""
+
+    position: int
+    name: str
+    shape: tuple[int, ...]
+
+
+# Calls with out-of-band buffers whose arguments are all scalars or buffers, decoded once, by
+# their bytes: (method, args, kwargs) with a _BufferSlot for each buffer. A sender that sends the
+# same method with the same scalars and buffer shapes again (new arrays each time) makes the same
+# bytes, and its receivers skip the unpack; each buffer is still checked against its reference.
+# Bounded like _REFERENCES; only short calls (the buffers' bytes are not part of them).
+_OOB_CALLS: dict[bytes, tuple[str, tuple[object, ...], dict[str, object]]] = {}
+_OOB_CALLS_MAX = 1024
+_OOB_CALL_BYTES = 512
+_UNMEMOIZABLE: Final[tuple[str, tuple[object, ...], dict[str, object]]] = ("", (), {})
+"""The memo's entry for bytes whose arguments hold more than scalars and buffers: decoded in full
+each time, without trying to memoize them again."""
+
+
+def _buffer_matches(buf: object, name: str, shape: tuple[int, ...]) -> bool:
+    """Whether ``buf`` has the dtype name and shape its reference gave (as the decoder's
+    :meth:`_Decoder.reference` checks them)."""
+    if is_cupy_array(buf):
+        c: Any = buf
+        return bool(c.shape == shape and _TYPESTRS.get(c.dtype.str) == name)
+    np = _numpy_module()
+    if np is not None and type(buf) is np.ndarray:
+        n: Any = buf
+        return bool(n.shape == shape and _NAME_BY_STR.get(n.dtype.str) == name)
+    try:
+        have_name, have_shape, _ = _buffer_meta(buf, np)
+    except ValueError:
+        return False
+    return have_name == name and tuple(have_shape) == shape
+
+
+def _from_memo(
+    memo: tuple[str, tuple[object, ...], dict[str, object]],
+    buffers: list[object] | tuple[object, ...],
+) -> tuple[str, tuple[object, ...], dict[str, object]] | None:
+    """A memoized call with ``buffers`` in its slots; None if one does not match its reference
+    (the full decode then says why)."""
+    method, args, kwargs = memo
+    out: list[object] = []
+    for a in args:
+        if type(a) is _BufferSlot:
+            if a.position >= len(buffers) or not _buffer_matches(buffers[a.position], a.name,
+                                                                 a.shape):
+                return None
+            out.append(buffers[a.position])
+        else:
+            out.append(a)
+    kw: dict[str, object] = {}
+    for k, v in kwargs.items():
+        if type(v) is _BufferSlot:
+            if v.position >= len(buffers) or not _buffer_matches(buffers[v.position], v.name,
+                                                                 v.shape):
+                return None
+            kw[k] = buffers[v.position]
+        else:
+            kw[k] = v
+    return method, tuple(out), kw
+
+
+def _memoize(
+    data: bytes, buffers: list[object] | tuple[object, ...],
+    call: tuple[str, tuple[object, ...], dict[str, object]],
+) -> None:
+    """Remember ``call`` (just decoded from ``data``) if its arguments are scalars and buffers
+    and the memo has room (once full, it keeps what it has)."""
+    if len(_OOB_CALLS) >= _OOB_CALLS_MAX:
+        return
+    index = {id(b): i for i, b in enumerate(buffers)}
+    np = _numpy_module()
+
+    def slot(v: object) -> object:
+        t = type(v)
+        if t in _SCALAR_TYPES:
+            return v
+        i = index.get(id(v))
+        if i is None:
+            raise ValueError("not a scalar or a buffer")
+        name, shape, _ = _buffer_meta(v, np)
+        return _BufferSlot(i, name, tuple(shape))
+
+    method, args, kwargs = call
+    try:
+        memo = (method, tuple(slot(a) for a in args), {k: slot(v) for k, v in kwargs.items()})
+    except ValueError:
+        memo = _UNMEMOIZABLE
+    _OOB_CALLS[data] = memo
+
+
 def _decode_call_fast(
     data: bytes, buffers: list[object] | tuple[object, ...] | None
 ) -> tuple[str, tuple[object, ...], dict[str, object]] | None:
@@ -880,9 +1002,32 @@ def _decode_call_fast(
     A first attempt unpacks without a :class:`_Decoder` (no per-call object): most calls hold
     no ext record (tuple, array, buffer reference). The first ext record met abandons it and
     the message is unpacked again with a decoder, exactly as before; without one, the decoder
-    would not have been called and the outcome is the same."""
+    would not have been called and the outcome is the same. A call given out-of-band
+    ``buffers`` holds references, so it goes to the decoder at once; a short one is looked up
+    in the memo of such calls first (:data:`_OOB_CALLS`)."""
+    if not buffers or len(data) > _OOB_CALL_BYTES:
+        return _decode_call_checked(data, buffers)
+    memo = _OOB_CALLS.get(data)
+    if memo is None:  # first met: decode, and remember it if it may be
+        call = _decode_call_checked(data, buffers)
+        if call is not None:
+            _memoize(data, buffers, call)
+        return call
+    if memo is not _UNMEMOIZABLE:
+        hit = _from_memo(memo, buffers)
+        if hit is not None:
+            return hit
+    return _decode_call_checked(data, buffers)  # in full (it also says why buffers mismatch)
+
+
+def _decode_call_checked(
+    data: bytes, buffers: list[object] | tuple[object, ...] | None
+) -> tuple[str, tuple[object, ...], dict[str, object]] | None:
+    """:func:`_decode_call_fast` without the memo of out-of-band calls."""
     resolved = _NOTHING_RESOLVED
     try:
+        if buffers:  # out-of-band arrays: the message holds references (ext records) for sure
+            raise _HasExt
         envelope = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_no_ext)
     except _HasExt:
         decoder = _Decoder(buffers)

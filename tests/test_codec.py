@@ -561,6 +561,31 @@ def test_buffers_device_objects() -> None:
     assert (method, list(args), kwargs) == ("W.update", received, {})
 
 
+def test_a_repeated_out_of_band_call_gets_each_messages_own_buffers(np: Any) -> None:
+    sent = np.zeros((2, 3), dtype=np.float32)
+    buffers: list[object] = []
+    data = encode_call("W.update", (sent, "fc1", 7), {"scale": 0.5, "w": sent}, buffers)
+    for i in range(3):  # the same bytes each time (as a sender's repeated calls make them)
+        received = [np.full((2, 3), i, dtype=np.float32)]
+        method, args, kwargs = decode_call(data, received)
+        assert method == "W.update" and args[1:] == ("fc1", 7)
+        assert args[0] is received[0] and kwargs["w"] is received[0]
+        assert kwargs == {"scale": 0.5, "w": received[0]}
+        kwargs["extra"] = i  # a handler may change what it was given: the next call is unaffected
+    with pytest.raises(ProtocolViolation, match=r"\(6,\)"):
+        decode_call(data, [np.zeros(6, dtype=np.float32)])
+    with pytest.raises(ProtocolViolation, match="float64"):
+        decode_call(data, [np.zeros((2, 3))])
+    with pytest.raises(ProtocolViolation, match="out of range"):
+        decode_call(data, [])
+    # containers in the arguments are new objects at every decode
+    data = encode_call("f", ([1, 2], sent), {}, buffers := [])
+    for _ in range(2):
+        _, args, _ = decode_call(data, [np.ones((2, 3), dtype=np.float32)])
+        assert args[0] == [1, 2]
+        args[0].append(3)
+
+
 @pytest.mark.parametrize(
     "obj",
     [
