@@ -280,11 +280,11 @@ class Descriptor(NamedTuple):
         (no pool: they arrive by broadcast), at most :data:`MAX_BROADCAST_BYTES` in all, and the
         event must be -1; pool arrays are refused."""
         try:
-            msg = msgpack.unpackb(raw, raw=False, use_list=True)
+            msg = msgpack.unpackb(raw)  # str as str, arrays as lists
         except Exception as exc:
             raise ProtocolViolation(f"undecodable device descriptor: {exc}") from exc
-        if not (isinstance(msg, list) and len(msg) == 3 and isinstance(msg[0], bytes)
-                and type(msg[1]) is int and isinstance(msg[2], list)):
+        if not (type(msg) is list and len(msg) == 3 and type(msg[0]) is bytes
+                and type(msg[1]) is int and type(msg[2]) is list):
             raise ProtocolViolation("device descriptor is not [call, event, arrays]")
         call, event, raw_specs = msg
         if len(raw_specs) > _MAX_ARRAYS:
@@ -292,54 +292,62 @@ class Descriptor(NamedTuple):
         device_arrays = False
         broadcast_bytes = 0
         specs: list[ArraySpec] = []
-        lengths = (4, 5) if broadcast else (5, 6)
+        pool_fields = 4 if broadcast else 6  # a device array's fields; inline arrays have 5
         for spec in raw_specs:
-            if type(spec) is not list or len(spec) not in lengths:
+            if type(spec) is not list or (len(spec) != pool_fields and len(spec) != 5):
                 raise ProtocolViolation("array spec has the wrong number of fields")
             lib, dtype, shape = spec[0], spec[1], spec[2]
-            if not (type(lib) is str and type(dtype) is str) or (
-                lib not in _LIBS or dtype not in DTYPES
-            ):
+            itemsize = DTYPES.get(dtype) if type(dtype) is str else None
+            if itemsize is None or type(lib) is not str or lib not in _LIBS:
                 raise ProtocolViolation(f"array of lib {lib!r} dtype {dtype!r}")
             if type(shape) is not list or len(shape) > 32:
                 raise ProtocolViolation(f"bad array shape {shape!r}")
             count = 1
             for n in shape:
-                if type(n) is not int or not 0 <= n < 1 << 48:
+                if type(n) is not int or not 0 <= n < _MAX_DIM:
                     raise ProtocolViolation(f"bad array shape {shape!r}")
                 count *= n
-            nbytes = count * DTYPES[dtype]
+            nbytes = count * itemsize
+            if len(spec) == 6:  # [lib, dtype, shape, segment, offset, nbytes]: in the pool
+                seg, off, length = spec[3], spec[4], spec[5]
+                if announced is None:
+                    raise ProtocolViolation("device array from a member that announced no pool")
+                if not (type(seg) is int and 0 <= seg < len(announced.segments)):
+                    raise ProtocolViolation(f"device array in unknown segment {seg!r}")
+                size = announced.segments[seg][0]
+                if not (type(off) is int and type(length) is int and off >= 0
+                        and length == nbytes and off + length <= size):
+                    raise ProtocolViolation(
+                        f"device array [{off!r}, +{length!r}) outside segment of {size} bytes"
+                    )
+                device_arrays = True
+                specs.append(_new_spec(ArraySpec, (lib, dtype, tuple(shape), nbytes, seg, off,
+                                                   None)))
+                continue
             if len(spec) == 5:
-                if spec[3] != -1 or not isinstance(spec[4], bytes) or len(spec[4]) != nbytes:
+                if spec[3] != -1 or type(spec[4]) is not bytes or len(spec[4]) != nbytes:
                     raise ProtocolViolation("inline array must be [lib, dtype, shape, -1, bytes]")
                 specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, inline=spec[4]))
                 continue
-            if len(spec) == 4:  # broadcast mode only (checked above)
-                broadcast_bytes += nbytes
-                if spec[3] != nbytes or lib == "numpy" or broadcast_bytes > MAX_BROADCAST_BYTES:
-                    raise ProtocolViolation(
-                        f"broadcast array of {spec[3]!r} bytes ({nbytes} by its shape; "
-                        f"{broadcast_bytes} in all, lib {lib})")
-                specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, BROADCAST))
-                continue
-            seg, off, length = spec[3], spec[4], spec[5]
-            if announced is None:
-                raise ProtocolViolation("device array from a member that announced no pool")
-            if not (type(seg) is int and 0 <= seg < len(announced.segments)):
-                raise ProtocolViolation(f"device array in unknown segment {seg!r}")
-            size = announced.segments[seg][0]
-            if not (type(off) is int and type(length) is int and off >= 0 and length == nbytes
-                    and off + length <= size):
+            # [lib, dtype, shape, nbytes]: broadcast mode only (checked above)
+            broadcast_bytes += nbytes
+            if spec[3] != nbytes or lib == "numpy" or broadcast_bytes > MAX_BROADCAST_BYTES:
                 raise ProtocolViolation(
-                    f"device array [{off!r}, +{length!r}) outside segment of {size} bytes"
-                )
-            device_arrays = True
-            specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, seg, off))
+                    f"broadcast array of {spec[3]!r} bytes ({nbytes} by its shape; "
+                    f"{broadcast_bytes} in all, lib {lib})")
+            specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, BROADCAST))
         if broadcast and event != -1:
             raise ProtocolViolation(f"broadcast descriptor names event {event!r}")
         if device_arrays and (announced is None or not -1 <= event < len(announced.events)):
             raise ProtocolViolation(f"device descriptor names unknown event {event!r}")
-        return cls(call, event, tuple(specs))
+        desc: Descriptor = _new_spec(cls, (call, event, tuple(specs)))
+        return desc
+
+
+_MAX_DIM = 1 << 48  # one dimension of a traveling array, at most
+# A named tuple made from a complete field tuple without its Python-level __new__ (half the
+# cost; the receiver makes one spec and one descriptor per message).
+_new_spec: Callable[..., Any] = tuple.__new__
 
 
 def inline_array(spec: ArraySpec) -> Any:
@@ -416,7 +424,8 @@ class Completions:
             self._busy_since = time.monotonic()
         lane.inflight.append((ev, done, regions if regions is not None else []))
         self._busy[lane] = None
-        self._arm()
+        if self._poll_handle is None:
+            self._arm()
 
     def busy(self) -> bool:
         """Whether any lane has work in flight."""
@@ -553,6 +562,10 @@ class IpcPlane:
 
         self._cp = cupy
         self._rt = cupy.cuda.runtime
+        # what _array_over makes per received array, looked up once
+        self._unowned = cupy.cuda.UnownedMemory
+        self._memptr = cupy.cuda.MemoryPointer
+        self._ndarray = cupy.ndarray
         self.member_id = member_id
         self.device = int(cupy.cuda.Device().id)
         self.bus_id = str(self._rt.deviceGetPCIBusId(self.device))
@@ -601,7 +614,8 @@ class IpcPlane:
         self._generation += 1
 
     def _alloc(self, nbytes: int) -> tuple[int, int]:
-        self.reclaim()
+        if self._reclaim:
+            self.reclaim()
         for i, seg in enumerate(self._segments):
             off = seg.alloc.alloc(nbytes)
             if off is not None:
@@ -642,14 +656,15 @@ class IpcPlane:
             "events": len(self._events),
         }
 
-    def _array_over(self, seg: int, off: int, shape: tuple[int, ...], dtype: str) -> Any:
-        """An owned CuPy array over pool region (seg, off); freed back when collected."""
+    def _array_over(self, seg: int, off: int, shape: tuple[int, ...], dtype: str,
+                    nbytes: int = -1) -> Any:
+        """An owned CuPy array over pool region (seg, off) of ``nbytes`` (by default, what
+        ``shape`` and ``dtype`` need); freed back when collected."""
         owner = _RegionOwner(self._queue_reclaim, seg, off)  # first: from here it goes back
-        cp = self._cp
-        s = self._segments[seg]
-        nbytes = max(1, _itemsize(dtype) * math.prod(shape))
-        mem = cp.cuda.UnownedMemory(s.ptr + off, nbytes, owner, self.device)
-        return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
+        if nbytes < 0:
+            nbytes = _itemsize(dtype) * math.prod(shape)
+        mem = self._unowned(self._segments[seg].ptr + off, max(1, nbytes), owner, self.device)
+        return self._ndarray(shape, dtype=dtype, memptr=self._memptr(mem, 0))
 
     def device_buffer(self, shape: tuple[int, ...] | int, dtype: str = "float32") -> Any:
         """A CuPy array allocated in this member's pool: sent from here without a copy."""
@@ -795,7 +810,8 @@ class IpcPlane:
         descriptors to ``targets``."""
         cp = self._cp
         rt = self._rt
-        self.reclaim()
+        if self._reclaim:
+            self.reclaim()
         stream = self._stream
         current = cp.cuda.get_current_stream()
         specs: list[ArraySpec | None] = []
@@ -849,8 +865,8 @@ class IpcPlane:
         for i, arr, lib, dtype, place in device:
             assert place is not None
             specs[i] = ArraySpec(lib, dtype, tuple(arr.shape), int(arr.nbytes), *place)
-        self._outgoing[key] = _Outgoing(regions, ev, tuple(d[1] for d in device))
-        body = Descriptor(payload.call, ev, tuple(s for s in specs if s is not None)).encode()
+        self._outgoing[key] = _Outgoing(regions, ev, tuple([d[1] for d in device]))
+        body = Descriptor(payload.call, ev, tuple([s for s in specs if s is not None])).encode()
         out = self._desc_out
         if not out:  # the first of this turn: send them all once the step that makes them ends
             (self._done.loop or asyncio.get_running_loop()).call_soon(self._send_queued)
@@ -907,10 +923,11 @@ class IpcPlane:
         """A descriptor arrived: copy its arrays into this member's pool, then land them."""
         peer = self._peers.get(sender)
         desc = Descriptor.decode(raw, peer.announced if peer is not None else None)
-        self.reclaim()
+        if self._reclaim:
+            self.reclaim()
         rt = self._rt
-        stream: Any = None
-        waited = False
+        stream: Any = None  # the peer's stream, once the first device array is met
+        copied = 0  # bytes of the copies issued for this message
         placed: list[tuple[ArraySpec, int, int]] = []  # (spec, seg, off); seg -1: inline
         try:
             for spec in desc.arrays:
@@ -918,34 +935,36 @@ class IpcPlane:
                     placed.append((spec, -1, 0))
                     continue
                 assert peer is not None and peer.announced is not None
-                if not waited:
+                if stream is None:
                     stream = self._stream_for(peer)
                     if desc.event >= 0:  # -1: the sender's arrays were final when it sent
                         ev = peer.events.get(desc.event)
                         if ev is None:
-                            ev = int(rt.ipcOpenEventHandle(peer.announced.events[desc.event]))
+                            ev = self._open_peer(sender, rt.ipcOpenEventHandle,
+                                                 peer.announced.events[desc.event])
                             peer.events[desc.event] = ev
                         rt.streamWaitEvent(stream.ptr, ev, 0)
-                    waited = True
                 base = peer.mapped.get(spec.segment)
                 if base is None:
-                    base = int(rt.ipcOpenMemHandle(peer.announced.segments[spec.segment][1],
-                                                   _IPC_LAZY_PEER_ACCESS))
+                    base = self._open_peer(sender, rt.ipcOpenMemHandle,
+                                           peer.announced.segments[spec.segment][1],
+                                           _IPC_LAZY_PEER_ACCESS)
                     peer.mapped[spec.segment] = base
-                seg, off = self._alloc(spec.nbytes)
-                if spec.nbytes:
-                    rt.memcpyAsync(self._segments[seg].ptr + off, base + spec.offset,
-                                   spec.nbytes, _CUDA_MEMCPY_DEFAULT, stream.ptr)
+                nbytes = spec.nbytes
+                seg, off = self._alloc(nbytes)
                 placed.append((spec, seg, off))
-        except Exception as exc:
+                if nbytes:
+                    rt.memcpyAsync(self._segments[seg].ptr + off, base + spec.offset,
+                                   nbytes, _CUDA_MEMCPY_DEFAULT, stream.ptr)
+                    copied += nbytes
+        except Exception:
+            # A handle that cannot be opened is the sender's fault (_open_peer says so); an
+            # allocation or a copy that fails is this member's, and the driver makes it leave.
             regions = [(seg, off) for _, seg, off in placed if seg >= 0]
             if regions:  # copies into them may be queued: free them once the stream is past
                 assert peer is not None
                 self._done.after_stream(lambda: self._free_regions(regions), peer)
-            if isinstance(exc, ProtocolViolation):
-                raise
-            # e.g. the exporter is gone, or is not on this host: this message cannot land here
-            raise ProtocolViolation(f"cannot map member {sender}'s device memory: {exc!r}") from exc
+            raise
         if stream is None:  # no device arrays: nothing to wait for
             self._finish(key, desc.call, placed)
             return
@@ -958,11 +977,19 @@ class IpcPlane:
             (self._done.loop or asyncio.get_running_loop()).call_soon(self._flush)
         self._unflushed[peer] = None
         peer.batch.append((key, desc.call, placed))
-        for spec, seg, _ in placed:
-            if seg >= 0:
-                peer.batch_bytes += spec.nbytes
+        peer.batch_bytes += copied
         if peer.batch_bytes >= _BATCH_BYTES:
             self._flush_peer(peer)
+
+    @staticmethod
+    def _open_peer(sender: int, opener: Callable[..., Any], *args: object) -> int:
+        """Open one of ``sender``'s announced IPC handles here; a failure is a ProtocolViolation
+        (the exporter is gone or is not on this host: its messages cannot land here)."""
+        try:
+            return int(opener(*args))
+        except Exception as exc:
+            raise ProtocolViolation(
+                f"cannot map member {sender}'s device memory: {exc!r}") from exc
 
     def _flush(self) -> None:
         """Track the copies issued since the last flush: one completion per peer."""
@@ -1016,8 +1043,8 @@ class IpcPlane:
                 if seg < 0:
                     arrays.append(inline_array(spec))
                     continue
-                arrays.append(as_lib(self._array_over(seg, off, spec.shape, spec.dtype),
-                                     spec.lib))
+                arr = self._array_over(seg, off, spec.shape, spec.dtype, spec.nbytes)
+                arrays.append(arr if spec.lib != "torch" else as_lib(arr, "torch"))
             except BaseException:
                 # The arrays made so far, and this one's region once its owner exists (the
                 # first thing _array_over makes), go back when collected; the regions of the

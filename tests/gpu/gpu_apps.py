@@ -309,6 +309,47 @@ async def staging_fails(config: da.Config) -> None:
         await asyncio.sleep(0.5)
 
 
+async def ipc_receiver_cannot_allocate(config: da.Config) -> None:
+    """The CUDA IPC plane. Member 2 cannot take pool memory for the third device message it
+    receives (an injected MemoryError where the plane allocates the copy's region): the fault is
+    member 2's, so it leaves, and the sender, member 0, stays. Members 0 and 1 deliver all six
+    of member 0's messages."""
+    import cupy
+
+    me = config.member_id
+    async with da.Group(config, actors=[Checker]) as group:
+        chk = group.subgroup(Checker)
+        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        driver = group._driver
+        assert driver is not None and driver.gpuplane is not None
+        if me == 2:
+            plane = driver.gpuplane
+            real = plane._alloc
+            allocs = [0]
+
+            def alloc(nbytes: int) -> tuple[int, int]:
+                allocs[0] += 1
+                if allocs[0] == 3:
+                    raise MemoryError("injected: no device memory for the copy")
+                return real(nbytes)
+
+            plane._alloc = alloc  # type: ignore[method-assign]
+            await _wait_left(group)
+            _write(os.environ["DA_GPU_OUT"], me, {
+                "closed": str(group._closed), "seen": [t for t, _ in local.seen]})
+            return
+        if me == 0:
+            for i in range(6):
+                x = cupy.full((4096,), float(i + 1), dtype=cupy.float32)
+                r = await asyncio.wait_for(chk.put(x, f"c{i}", float(i + 1)), 60)
+                assert r[0] is True, r
+        await _wait_seen(local, 6, 60)
+        _write(os.environ["DA_GPU_OUT"], me, {
+            "seen": [t for t, _ in local.seen], "members": list(group.view.members),
+            "bad": sum(1 for _, ok in local.seen if not ok)})
+        await asyncio.sleep(0.5)
+
+
 # -- the NCCL plane: one member per GPU (gpu_plane="nccl") ---------------------------------------
 def _use_own_gpu(me: int) -> int:
     """Put member ``me`` on GPU ``me % count`` (CuPy and torch) before its group starts."""

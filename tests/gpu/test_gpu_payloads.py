@@ -117,6 +117,26 @@ def test_a_member_that_cannot_make_a_received_array_leaves_and_the_others_go_on(
     assert r2["seen"] == 2, r2
 
 
+def test_a_receiver_that_cannot_take_pool_memory_leaves_and_the_sender_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA IPC plane: a receiver whose pool cannot hold an incoming copy (an injected
+    MemoryError in member 2) is the one at fault: it leaves, saying why, and the sender is not
+    blamed for it; the sender and the other receiver deliver everything."""
+    _need_gpu()
+    from tests.gpu import gpu_apps
+
+    monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
+    codes = da.launch_local(3, gpu_apps.ipc_receiver_cannot_allocate,
+                            group=f"gpualloc{os.getpid()}", timeout=120)
+    assert codes == [0, 0, 0], codes
+    r0, r1, r2 = (json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(3))
+    assert r0["seen"] == r1["seen"] == [f"c{i}" for i in range(6)], (r0, r1)
+    assert r0["bad"] == r1["bad"] == 0 and r0["members"] == r1["members"] == [0, 1]
+    assert "could not be taken in here" in r2["closed"] and "MemoryError" in r2["closed"], r2
+    assert r2["seen"] == ["c0", "c1"], r2
+
+
 def test_members_that_cannot_stage_or_rebuild_host_staged_arrays_leave_and_the_others_go_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
