@@ -11,7 +11,11 @@ pool. The time from the first send until every member has replied to the last ca
 delivered bandwidth per receiver. A third run sends in place with one-way calls (``.cast``: no
 replies), timed until the sender delivered the last one (delivery means stable: every receiver
 holds its bytes; receivers run the handler as they deliver). In the same command the parent times a raw CuPy device-to-device
-copy of the same size (CUDA events). All receivers copy out of the same GPU's memory at once, so
+copy of the same size (CUDA events). Around the one-way run every member reads its CPU clock
+in the total order (an ordered call), which gives each member's CPU time per message. That time
+includes polling (``--spin-us``, and the GPU plane's busy poll, ``DERECHO_ASYNC_GPU_BUSY_POLL_US``);
+with both at 0 it is the work per message, and beside the raw copy's time per message it shows
+whether the copies or a member's CPU bound the rate. All receivers copy out of the same GPU's memory at once, so
 the table also gives the aggregate (receivers x per-receiver) beside the raw copy. A second table
 compares the closed-loop latency of a small GPU message (staged, and in place from a buffer whose
 writes have finished) with a host message of the same size.
@@ -42,6 +46,12 @@ class Sink(da.Actor):
     @da.ordered
     def take_bytes(self, b: bytes) -> int:
         return len(b)
+
+    @da.ordered
+    def cpu(self) -> float:
+        """This process's CPU seconds so far, read in the total order: between two such calls a
+        member spent the difference on the calls ordered between them."""
+        return time.process_time()
 
 
 def _parse_size(text: str) -> int:
@@ -106,9 +116,14 @@ async def _bench_member(config: da.Config, sizes: list[int]) -> None:
                 await asyncio.gather(*(sink.take(x) for _ in range(2)))  # warm up
                 # one-way calls are done when delivered here: stable, so every member holds them
                 call = sink.take.cast if mode == "oneway" else sink.take
+                cpu0 = await sink.cpu() if mode == "oneway" else None
                 t0 = time.perf_counter()
                 await pipelined(lambda _, call=call, x=x: call(x), reps, in_flight)
                 row[mode] = time.perf_counter() - t0
+                if cpu0 is not None:  # CPU per message of each member over the one-way run
+                    cpu1 = await sink.cpu()
+                    row["cpu_us"] = {str(m): (_seconds(cpu1[m]) - _seconds(cpu0[m])) / reps * 1e6
+                                     for m in cpu1 if m in cpu0}
                 del x
             results["bandwidth"].append(row)
             print(f"member 0: {size} bytes done", file=sys.stderr, flush=True)
@@ -168,6 +183,22 @@ def run(members: int, sizes: list[int], spin_us: float | None,
     return result
 
 
+def _seconds(value: object) -> float:
+    """A member's reply to ``Sink.cpu``."""
+    if not isinstance(value, float):
+        raise RuntimeError(f"a member answered the CPU probe with {value!r}")
+    return value
+
+
+def _cpu_cells(cpu_us: dict[str, float]) -> str:
+    """The sender's (member 0) and the busiest receiver's CPU µs per one-way message."""
+    sender = cpu_us.get("0")
+    receivers = [v for m, v in cpu_us.items() if m != "0"]
+    cells = [f"{sender:>7.1f}" if sender is not None else f"{'-':>7}",
+             f"{max(receivers):>7.1f}" if receivers else f"{'-':>7}"]
+    return " ".join(cells)
+
+
 def _fmt(size: int) -> str:
     for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
         if size >= 1 << shift and size % (1 << shift) == 0:
@@ -199,10 +230,14 @@ def main() -> None:
     print("GB/s per receiver; ratio = delivered / raw copy of the same size; aggregate = "
           "receivers x delivered / raw; in place and staged: replied calls; one-way: .cast "
           "from the pool, timed until the sender delivered the last (stable: every receiver "
-          "holds it); calls/s in place and one-way")
+          "holds it); calls/s in place and one-way; copy µs: the raw copy's time for one "
+          "message; CPU µs and rcv µs: CPU time per one-way message of the sender and of the "
+          "busiest receiver, polling included (with --spin-us 0 and "
+          "DERECHO_ASYNC_GPU_BUSY_POLL_US=0, the work per message: a member whose work exceeds "
+          "the copy's time bounds the rate)")
     print(f"{'members':>7} {'size':>6} {'reps':>5} {'out':>4} {'raw copy':>9} {'in place':>9} {'ratio':>6} "
           f"{'aggr':>6} {'staged':>9} {'ratio':>6} {'one-way':>9} {'ratio':>6} {'aggr':>6} "
-          f"{'calls/s':>8} {'1w c/s':>8}")
+          f"{'calls/s':>8} {'1w c/s':>8} {'copy µs':>8} {'CPU µs':>7} {'rcv µs':>7}")
     latencies: dict[str, list[float]] = {}
     for n in args.members:
         r = run(n, sizes, args.spin_us, args.send_batch)
@@ -221,7 +256,9 @@ def main() -> None:
                   f"{inplace / raw[size]:>6.3f} {inplace * (n - 1) / raw[size]:>6.3f} "
                   f"{staged:>9.2f} {staged / raw[size]:>6.3f} {oneway:>9.2f} "
                   f"{oneway / raw[size]:>6.3f} {oneway * (n - 1) / raw[size]:>6.3f} "
-                  f"{reps / row['inplace']:>8.0f} {reps / row['oneway']:>8.0f}", flush=True)
+                  f"{reps / row['inplace']:>8.0f} {reps / row['oneway']:>8.0f} "
+                  f"{size / raw[size] / 1e3:>8.1f} {_cpu_cells(row.get('cpu_us', {}))}",
+                  flush=True)
         print(f"{n:>7} host 4 KB bytes, same pipeline (64 outstanding): "
               f"{r['host_rate']:.0f} msgs/s (the protocol's own message rate)", flush=True)
         if n == args.members[0]:

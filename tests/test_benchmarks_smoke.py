@@ -5,7 +5,8 @@ Runs ``python benchmarks/compare.py --quick --only derecho`` as a subprocess (ab
 that the peers' rows say they were skipped, and that the latency histogram is written when
 matplotlib is installed. The derecho-only run needs no peer (pyzmq, PySyncObj); it is skipped
 with a reason when numpy, which its large-payload table needs, is missing. A second, quick test
-checks that a missing peer is reported as "not installed (pip install ...)" instead of failing.
+checks that a missing peer is reported as "not installed (pip install ...)" instead of failing,
+and a third that `benchmarks/codec_costs.py` prints a figure for every call shape.
 """
 
 from __future__ import annotations
@@ -90,3 +91,15 @@ def test_missing_peer_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setitem(sys.modules, name, None)  # makes `import name` raise ImportError
     assert bench_peers.missing("zmq") == "not installed (pip install pyzmq)"
     assert bench_peers.missing("pysyncobj") == "not installed (pip install pysyncobj)"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("numpy") is None,
+                    reason="benchmarks/codec_costs.py times numpy arrays (pip install numpy)")
+def test_codec_costs_prints_a_figure_for_every_call_shape() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "codec_costs.py"), "--n", "50"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.rsplit(None, 2) for line in proc.stdout.splitlines()[1:] if line.strip()]
+    assert len(rows) == 3, proc.stdout
+    for _, encode_us, decode_us in rows:
+        assert float(encode_us) > 0 and float(decode_us) > 0
