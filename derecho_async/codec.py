@@ -302,20 +302,20 @@ class _Encoder:
                 TypeError,
                 "cannot encode a masked array (its mask would be lost); send .data and .mask",
             )
-        if arr.flags.c_contiguous and arr.dtype.str[0] in _LITTLE_OR_NONE:
-            little = arr  # already what travels (astype with copy=False costs microseconds)
-        else:
-            little = arr.astype(arr.dtype.newbyteorder("<"), order="C", copy=False)
-        if self.buffers is not None:
-            if arr.nbytes > self.inline_left:  # out of band: the reference checks it
-                return self.reference(arr, np, little)
-            self.inline_left -= arr.nbytes
         key = (arr.dtype, arr.shape)
         head = _ARRAY_HEADS.get(key)
         if head is None:  # checked once per dtype and shape (a cached one passed)
             head = _pack(self.dtype_name(arr.dtype)) + _pack(_check_shape(arr.shape))
             if len(_ARRAY_HEADS) < _ARRAY_HEADS_MAX:
                 _ARRAY_HEADS[key] = head
+        if arr.flags.c_contiguous and arr.dtype.str[0] in _LITTLE_OR_NONE:
+            little = arr  # already what travels (astype with copy=False costs microseconds)
+        else:
+            little = arr.astype(arr.dtype.newbyteorder("<"), order="C", copy=False)
+        if self.buffers is not None:
+            if arr.nbytes > self.inline_left:
+                return self.reference(arr, np, little)
+            self.inline_left -= arr.nbytes
         raw = memoryview(little.reshape(-1).view(np.uint8))
         return msgpack.ExtType(_EXT_NDARRAY, b"".join((head, raw)))
 
@@ -344,12 +344,12 @@ class _Encoder:
         # numpy and CuPy arrays: the record by (index, type, dtype, shape), checked once
         cls = type(obj)
         key = None
+        record = None
         if (np is not None and cls is np.ndarray) or is_cupy_array(obj):
             a: Any = obj
-            key = (index, cls, a.dtype.str, a.shape)
-            record = _REF_RECORDS.get(key)
-        else:
-            record = None
+            if a.dtype.fields is None:  # a structured dtype may share a plain one's str
+                key = (index, cls, a.dtype.str, a.shape)
+                record = _REF_RECORDS.get(key)
         if record is None:
             try:
                 name, shape, kind = _buffer_meta(obj, np)
@@ -926,7 +926,8 @@ def _buffer_matches(buf: object, name: str, shape: tuple[int, ...]) -> bool:
     np = _numpy_module()
     if np is not None and type(buf) is np.ndarray:
         n: Any = buf
-        return bool(n.shape == shape and _NAME_BY_STR.get(n.dtype.str) == name)
+        return bool(n.shape == shape and _NAME_BY_STR.get(n.dtype.str) == name
+                    and n.dtype.fields is None)
     try:
         have_name, have_shape, _ = _buffer_meta(buf, np)
     except ValueError:
@@ -971,6 +972,8 @@ def _memoize(
     if len(_OOB_CALLS) >= _OOB_CALLS_MAX:
         return
     index = {id(b): i for i, b in enumerate(buffers)}
+    if len(index) != len(buffers):  # one object twice: its position would be ambiguous
+        return
     np = _numpy_module()
 
     def slot(v: object) -> object:

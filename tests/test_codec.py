@@ -586,6 +586,21 @@ def test_a_repeated_out_of_band_call_gets_each_messages_own_buffers(np: Any) -> 
         args[0].append(3)
 
 
+def test_remembered_calls_and_references_keep_every_check(np: Any) -> None:
+    union = np.dtype((np.float32, {"lo": (np.int16, 0), "hi": (np.int16, 2)}))  # str is '<f4'
+    data = encode_call("take", (np.zeros(3, dtype=np.float32),), {}, buffers=[])
+    x = np.ones(3, dtype=np.float32)
+    decode_call(data, [x, x])  # one object twice: the reference's own index still decides
+    b, c = np.full(3, 2, dtype=np.float32), np.full(3, 3, dtype=np.float32)
+    assert decode_call(data, [b, c])[1][0] is b
+    assert decode_call(data, [c])[1][0] is c
+    with pytest.raises(ProtocolViolation, match="dtype"):
+        decode_call(data, [np.zeros(3, dtype=union)])
+    encode_call("take", (np.zeros(3, dtype=np.float32),), {}, buffers=[])
+    with pytest.raises(TypeError, match="dtype"):
+        encode_call("take", (np.zeros(3, dtype=union),), {}, buffers=[])
+
+
 @pytest.mark.parametrize(
     "obj",
     [
