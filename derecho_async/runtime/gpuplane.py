@@ -22,7 +22,10 @@ context to another's costs about 150 µs each way (``benchmarks/cuda_call_costs.
 the calls.
 
 Receiving: the descriptor is validated against what the sender announced (segment index, offset and
-length within the segment, event index, dtype, element count). For each array the receiver takes a
+length within the segment, event index, dtype, element count), and each announced segment's size
+against the allocation its handle opens (``cuMemGetAddressRange``, once, when it is mapped): what
+breaks these rules, or a handle that cannot be opened, is the sender's fault (a
+ProtocolViolation); an allocation or a copy that fails here is this member's, and it leaves. For each array the receiver takes a
 region of its *own* pool, makes the stream it keeps for that sender wait on the sender's event, and
 issues a device-to-device copy (a peer copy when the sender's GPU is another one); at the loop's
 next turn one local event is recorded after all the copies issued for that sender since the last
@@ -64,6 +67,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import ctypes
+import functools
 import logging
 import math
 import os
@@ -946,10 +951,7 @@ class IpcPlane:
                         rt.streamWaitEvent(stream.ptr, ev, 0)
                 base = peer.mapped.get(spec.segment)
                 if base is None:
-                    base = self._open_peer(sender, rt.ipcOpenMemHandle,
-                                           peer.announced.segments[spec.segment][1],
-                                           _IPC_LAZY_PEER_ACCESS)
-                    peer.mapped[spec.segment] = base
+                    base = self._map_segment(sender, peer, spec.segment)
                 nbytes = spec.nbytes
                 seg, off = self._alloc(nbytes)
                 placed.append((spec, seg, off))
@@ -980,6 +982,26 @@ class IpcPlane:
         peer.batch_bytes += copied
         if peer.batch_bytes >= _BATCH_BYTES:
             self._flush_peer(peer)
+
+    def _map_segment(self, sender: int, peer: _Peer, index: int) -> int:
+        """Map ``sender``'s announced segment ``index`` here, once. The announced size is
+        checked against the allocation the handle opens (the driver knows its extent): every
+        copy is bounded by the announced size, so a larger claim would let a sender make its
+        receivers read past its memory."""
+        assert peer.announced is not None
+        size, handle = peer.announced.segments[index]
+        base = self._open_peer(sender, self._rt.ipcOpenMemHandle, handle, _IPC_LAZY_PEER_ACCESS)
+        end = _allocation_end(base)
+        if end is not None and end - base < size:
+            try:
+                self._rt.ipcCloseMemHandle(base)
+            except Exception as exc:
+                log.debug("closing a refused peer segment: %r", exc)
+            raise ProtocolViolation(
+                f"member {sender} announced a segment of {size} bytes; its memory holds "
+                f"{end - base}")
+        peer.mapped[index] = base
+        return base
 
     @staticmethod
     def _open_peer(sender: int, opener: Callable[..., Any], *args: object) -> int:
@@ -1070,6 +1092,33 @@ class IpcPlane:
                 p.waiter.stop()
         self._peers.clear()
         self._close_peers(idle)
+
+
+@functools.cache
+def _address_range() -> Any:
+    """The driver's ``cuMemGetAddressRange_v2`` (through ctypes: CuPy does not wrap it), or None
+    where the driver library cannot be loaded (then announced sizes go unchecked, said once)."""
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuMemGetAddressRange_v2
+    except (OSError, AttributeError) as exc:
+        log.warning("cannot check peers' announced segment sizes (no cuMemGetAddressRange): %r",
+                    exc)
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t),
+                   ctypes.c_uint64]
+    return fn
+
+
+def _allocation_end(ptr: int) -> int | None:
+    """The end address of the device allocation that holds ``ptr``, or None if unknown."""
+    fn = _address_range()
+    if fn is None:
+        return None
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    if fn(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr)) != 0:
+        return None
+    return int(base.value) + int(size.value)
 
 
 class _Waiter:

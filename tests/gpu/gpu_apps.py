@@ -350,6 +350,59 @@ async def ipc_receiver_cannot_allocate(config: da.Config) -> None:
         await asyncio.sleep(0.5)
 
 
+async def ipc_sender_overstates_its_pool(config: da.Config) -> None:
+    """The CUDA IPC plane. Member 0 announces each pool segment at twice its real size (so its
+    descriptors could make receivers copy past its memory) and then sends a device array: the
+    receivers refuse the segment when they map it, member 0 is removed, and members 1 and 2 go
+    on (member 1 then sends one device array, which member 2 delivers)."""
+    import cupy
+
+    me = config.member_id
+    async with da.Group(config, actors=[Checker]) as group:
+        chk = group.subgroup(Checker)
+        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        driver = group._driver
+        assert driver is not None and driver.gpuplane is not None
+        plane = driver.gpuplane
+        if me == 0:
+            real_grow = plane._grow_segments
+
+            def grow(at_least: int) -> int:
+                i = real_grow(at_least)
+                plane._segments[i].size *= 2  # what the next announcement claims
+                return i
+
+            plane._grow_segments = grow  # type: ignore[method-assign]
+            x = group.device_buffer((4096,), "float32")
+            x.fill(7.0)
+            cupy.cuda.Device().synchronize()
+            outcome = ""
+            try:
+                outcome = repr(await asyncio.wait_for(chk.put(x, "from-0", 7.0), 30))
+            except Exception as exc:
+                outcome = type(exc).__name__
+            await _wait_left(group)
+            _write(os.environ["DA_GPU_OUT"], me, {"closed": str(group._closed),
+                                                  "outcome": outcome})
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while 0 in group.view.members:
+            if loop.time() > deadline:
+                raise TimeoutError("member 0 was never removed")
+            await asyncio.sleep(0.01)
+        if me == 1:
+            x = cupy.full((4096,), 5.0, dtype=cupy.float32)
+            r = await asyncio.wait_for(chk.put(x, "from-1", 5.0), 60)
+            assert r[1] is True, r
+        await _wait_seen(local, 1, 60)
+        await asyncio.sleep(0.3)
+        _write(os.environ["DA_GPU_OUT"], me, {
+            "seen": [t for t, _ in local.seen], "members": list(group.view.members),
+            "bad": sum(1 for _, ok in local.seen if not ok)})
+        await asyncio.sleep(0.5)
+
+
 # -- the NCCL plane: one member per GPU (gpu_plane="nccl") ---------------------------------------
 def _use_own_gpu(me: int) -> int:
     """Put member ``me`` on GPU ``me % count`` (CuPy and torch) before its group starts."""

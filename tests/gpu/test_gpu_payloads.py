@@ -137,6 +137,25 @@ def test_a_receiver_that_cannot_take_pool_memory_leaves_and_the_sender_stays(
     assert r2["seen"] == ["c0", "c1"], r2
 
 
+def test_a_sender_that_announces_more_pool_than_it_holds_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA IPC plane checks each announced segment against the allocation its handle
+    opens: a sender that overstates a segment (member 0 here) could otherwise make its receivers
+    copy past its memory. The receivers refuse it, it is removed, and the others go on."""
+    _need_gpu()
+    from tests.gpu import gpu_apps
+
+    monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
+    codes = da.launch_local(3, gpu_apps.ipc_sender_overstates_its_pool,
+                            group=f"gpulie{os.getpid()}", timeout=120, gpu_pool_mb=64)
+    assert codes == [0, 0, 0], codes
+    r0, r1, r2 = (json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(3))
+    assert r1["members"] == r2["members"] == [1, 2], (r1, r2)
+    assert r1["seen"] == r2["seen"] == ["from-1"] and r1["bad"] == r2["bad"] == 0, (r1, r2)
+    assert r0["closed"] != "None", r0  # removed: its group is closed
+
+
 def test_members_that_cannot_stage_or_rebuild_host_staged_arrays_leave_and_the_others_go_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
