@@ -926,8 +926,8 @@ def _buffer_matches(buf: object, name: str, shape: tuple[int, ...]) -> bool:
     np = _numpy_module()
     if np is not None and type(buf) is np.ndarray:
         n: Any = buf
-        return bool(n.shape == shape and _NAME_BY_STR.get(n.dtype.str) == name
-                    and n.dtype.fields is None)
+        return bool(n.shape == shape and n.dtype.fields is None
+                    and numpy_dtype_name(n.dtype) == name)
     try:
         have_name, have_shape, _ = _buffer_meta(buf, np)
     except ValueError:
