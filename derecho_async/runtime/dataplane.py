@@ -97,6 +97,10 @@ class ArrayInfo(NamedTuple):
     is_gpu: bool
 
 
+# An ArrayInfo from a complete field tuple, without the named tuple's Python-level __new__.
+_new_info: Callable[..., Any] = tuple.__new__
+
+
 def array_info(arr: object) -> ArrayInfo:
     """Describe ``arr`` (numpy, CuPy, torch or any CUDA-array-interface object).
 
@@ -105,8 +109,9 @@ def array_info(arr: object) -> ArrayInfo:
     each time), and ``str(numpy dtype)`` takes microseconds where the typestr lookup takes 0.1."""
     if is_cupy_array(arr):
         c: Any = arr
-        return ArrayInfo("cupy", _TYPESTRS.get(c.dtype.str) or str(c.dtype), c.shape,
-                         int(c.nbytes), True)
+        info: ArrayInfo = _new_info(ArrayInfo, ("cupy", _TYPESTRS.get(c.dtype.str) or str(c.dtype),
+                                                c.shape, int(c.nbytes), True))
+        return info
     cls = type(arr)
     mod = cls.__module__.split(".")[0]
     if mod == "numpy" and hasattr(cls, "__array_interface__"):

@@ -34,9 +34,11 @@ stream per sender: a sender that dies leaves an event that may never complete, a
 must stall only that sender's copies (which the view change trims anyway), not other senders'
 copies nor the application's work on the default stream. Completion is noticed without blocking the
 loop: while copies complete the loop polls the events (``call_soon``, for up to 2 ms after the last
-completion, or what ``DERECHO_ASYNC_GPU_BUSY_POLL_US`` says); past that, the loop records a
-blocking-sync event on each busy stream and hands it to that sender's *waiter thread*, which sleeps
-in ``cudaEventSynchronize`` (the GIL released) and wakes the loop. Not a CUDA host-function
+completion, or what ``DERECHO_ASYNC_GPU_BUSY_POLL_US`` says; while more than one batch is in
+flight, at most once per 80 µs, ``DERECHO_ASYNC_GPU_POLL_INTERVAL_US``: a look costs the loop
+about a microsecond at every turn, and a busy loop turns several times per message); past that,
+the loop records a blocking-sync event on each busy stream and hands it to that sender's *waiter
+thread*, which sleeps in ``cudaEventSynchronize`` (the GIL released) and wakes the loop. Not a CUDA host-function
 callback: one stalls its stream until it gets the GIL, and a CUDA call that the loop makes while
 holding the GIL and that waits for that stream would never return. The loop then rebuilds arrays of
 the same kind (CuPy arrays, torch tensors through DLPack) over the copied regions and lands the
@@ -73,6 +75,7 @@ import logging
 import math
 import os
 import queue
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -81,7 +84,7 @@ from typing import Any, NamedTuple
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async.codec import DTYPES, _pack
+from derecho_async.codec import DTYPES
 from derecho_async.core import ViewInstalled
 from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
@@ -112,25 +115,38 @@ _MAX_EVENTS = 1 << 16
 _MAX_ARRAYS = 4096
 _EVENT_BATCH = 64
 _MAX_BATCH = 1 << 16  # descriptors in one GPU_BATCH frame (a step sends at most a window's worth)
-_LIBS = frozenset(("numpy", "cupy", "torch", "cuda"))  # what a received array may be made as
 _BATCH_BYTES = 8 << 20  # copies tracked by one event at most (see IpcPlane.receive_descriptor)
 _CUDA_MEMCPY_DEFAULT = 4
 _IPC_LAZY_PEER_ACCESS = 1
 _EVENT_FLAGS = 0x2 | 0x4  # cudaEventDisableTiming | cudaEventInterprocess
 _WAKE_EVENT_FLAGS = 0x1 | 0x2  # cudaEventBlockingSync | cudaEventDisableTiming: a sleeping wait
 
+def _env_us(name: str, default_us: float, most_us: float) -> float:
+    """Seconds from the environment variable ``name`` in microseconds (0 to ``most_us``), or
+    ``default_us`` when it is unset or out of range (said in the log)."""
+    raw = os.environ.get(name, "")
+    try:
+        us = float(raw) if raw else default_us
+    except ValueError:
+        us = -1.0
+    if not 0.0 <= us <= most_us:
+        log.warning("ignoring %s=%r: not 0 to %g", name, raw, most_us)
+        us = default_us
+    return us / 1e6
+
+
 def _busy_poll_s() -> float:
     """How long to spin on completions after the last one before sleeping (seconds): 2 ms, or
     ``DERECHO_ASYNC_GPU_BUSY_POLL_US`` microseconds (0: never spin, always wake by callback)."""
-    raw = os.environ.get("DERECHO_ASYNC_GPU_BUSY_POLL_US", "")
-    try:
-        us = float(raw) if raw else 2000.0
-    except ValueError:
-        us = -1.0
-    if not 0.0 <= us <= 1e6:
-        log.warning("ignoring DERECHO_ASYNC_GPU_BUSY_POLL_US=%r: not 0 to 1e6", raw)
-        us = 2000.0
-    return us / 1e6
+    return _env_us("DERECHO_ASYNC_GPU_BUSY_POLL_US", 2000.0, 1e6)
+
+
+def _poll_interval_s() -> float:
+    """How often, at most, completions are looked at while more than one transfer is in flight
+    (seconds): 80 µs, or ``DERECHO_ASYNC_GPU_POLL_INTERVAL_US`` microseconds (0: at every turn
+    of the loop). Each look costs the loop about a microsecond and a busy loop turns several
+    times per message; a lone transfer is still looked at on every turn."""
+    return _env_us("DERECHO_ASYNC_GPU_POLL_INTERVAL_US", 80.0, 1e5)
 
 
 def gpu_available() -> bool:
@@ -259,100 +275,146 @@ class ArraySpec(NamedTuple):
 
 
 class Descriptor(NamedTuple):
-    """What a receiver needs to copy one message's arrays out of the sender's pool."""
+    """What a receiver needs to copy one message's arrays out of the sender's pool.
+
+    Wire format (fixed little-endian fields, no general-purpose decoder on the hot path): a
+    12-byte head ``<BBHiI`` (magic, 0, array count, event, call length); per array a 24-byte
+    head ``<BBBBIQQ`` (lib code, dtype code, dimensions, kind, segment, offset, byte count),
+    its dimensions as signed 64-bit integers, and for an inline array its bytes; then the
+    encoded call, which ends the descriptor exactly. Kind 0: in the sender's pool at (segment,
+    offset); 1: inline host bytes; 2: arriving by an NCCL broadcast."""
 
     call: bytes
     event: int
     arrays: tuple[ArraySpec, ...] = ()
 
     def encode(self) -> bytes:
-        specs: list[list[object]] = []
+        parts = [_DESC_HEAD.pack(_DESC_MAGIC, 0, len(self.arrays), self.event, len(self.call))]
         for a in self.arrays:
+            shape = a.shape
             if a.segment >= 0:
-                specs.append([a.lib, a.dtype, list(a.shape), a.segment, a.offset, a.nbytes])
+                parts.append(_SPEC_HEAD.pack(_LIB_CODES[a.lib], _DTYPE_CODES[a.dtype], len(shape),
+                                             _KIND_POOL, a.segment, a.offset, a.nbytes))
+                parts.append(_DIMS[len(shape)].pack(*shape))
             elif a.segment == BROADCAST:
-                specs.append([a.lib, a.dtype, list(a.shape), a.nbytes])
+                parts.append(_SPEC_HEAD.pack(_LIB_CODES[a.lib], _DTYPE_CODES[a.dtype], len(shape),
+                                             _KIND_BROADCAST, 0, 0, a.nbytes))
+                parts.append(_DIMS[len(shape)].pack(*shape))
             else:
-                specs.append([a.lib, a.dtype, list(a.shape), -1, a.inline or b""])
-        return _pack([self.call, self.event, specs])
+                inline = a.inline or b""
+                parts.append(_SPEC_HEAD.pack(_LIB_CODES[a.lib], _DTYPE_CODES[a.dtype], len(shape),
+                                             _KIND_INLINE, 0, 0, len(inline)))
+                parts.append(_DIMS[len(shape)].pack(*shape))
+                parts.append(inline)
+        parts.append(self.call)
+        return b"".join(parts)
 
     @classmethod
     def decode(cls, raw: bytes, announced: PoolAnnouncement | None, *,
                broadcast: bool = False) -> Descriptor:
         """Parse and check ``raw`` against the sender's announced pool (None: none known).
 
-        With ``broadcast`` (the NCCL plane) device arrays are ``[lib, dtype, shape, nbytes]``
-        (no pool: they arrive by broadcast), at most :data:`MAX_BROADCAST_BYTES` in all, and the
-        event must be -1; pool arrays are refused."""
-        try:
-            msg = msgpack.unpackb(raw)  # str as str, arrays as lists
-        except Exception as exc:
-            raise ProtocolViolation(f"undecodable device descriptor: {exc}") from exc
-        if not (type(msg) is list and len(msg) == 3 and type(msg[0]) is bytes
-                and type(msg[1]) is int and type(msg[2]) is list):
-            raise ProtocolViolation("device descriptor is not [call, event, arrays]")
-        call, event, raw_specs = msg
-        if len(raw_specs) > _MAX_ARRAYS:
-            raise ProtocolViolation(f"device descriptor with {len(raw_specs)} arrays")
+        With ``broadcast`` (the NCCL plane) device arrays are of the broadcast kind (no pool:
+        they arrive by broadcast), at most :data:`MAX_BROADCAST_BYTES` in all, and the event
+        must be -1; pool arrays are refused, and broadcast arrays are refused without it."""
+        end = len(raw)
+        if end < _DESC_HEAD.size:
+            raise ProtocolViolation(f"device descriptor of {end} bytes is truncated")
+        magic, zero, count, event, call_len = _DESC_HEAD.unpack_from(raw, 0)
+        if magic != _DESC_MAGIC or zero != 0:
+            raise ProtocolViolation("not a device descriptor (bad magic)")
+        if count > _MAX_ARRAYS:
+            raise ProtocolViolation(f"device descriptor with {count} arrays")
+        pos = _DESC_HEAD.size
         device_arrays = False
         broadcast_bytes = 0
         specs: list[ArraySpec] = []
-        pool_fields = 4 if broadcast else 6  # a device array's fields; inline arrays have 5
-        for spec in raw_specs:
-            if type(spec) is not list or (len(spec) != pool_fields and len(spec) != 5):
-                raise ProtocolViolation("array spec has the wrong number of fields")
-            lib, dtype, shape = spec[0], spec[1], spec[2]
-            itemsize = DTYPES.get(dtype) if type(dtype) is str else None
-            if itemsize is None or type(lib) is not str or lib not in _LIBS:
-                raise ProtocolViolation(f"array of lib {lib!r} dtype {dtype!r}")
-            if type(shape) is not list or len(shape) > 32:
-                raise ProtocolViolation(f"bad array shape {shape!r}")
-            count = 1
-            for n in shape:
-                if type(n) is not int or not 0 <= n < _MAX_DIM:
+        spec_head = _SPEC_HEAD.unpack_from
+        for _ in range(count):
+            if pos + _SPEC_HEAD.size > end:
+                raise ProtocolViolation("device descriptor is truncated in an array spec")
+            lib_code, dtype_code, ndim, kind, seg, off, length = spec_head(raw, pos)
+            pos += _SPEC_HEAD.size
+            if lib_code >= len(_LIB_NAMES) or dtype_code >= len(_DTYPE_NAMES):
+                raise ProtocolViolation(f"array of lib code {lib_code} dtype code {dtype_code}")
+            lib = _LIB_NAMES[lib_code]
+            dtype = _DTYPE_NAMES[dtype_code]
+            if ndim > 32 or pos + 8 * ndim > end:
+                raise ProtocolViolation(f"bad array shape: {ndim} dimensions")
+            shape: tuple[int, ...] = _DIMS[ndim].unpack_from(raw, pos)
+            pos += 8 * ndim
+            n = DTYPES[dtype]
+            for d in shape:
+                if not 0 <= d < _MAX_DIM:
                     raise ProtocolViolation(f"bad array shape {shape!r}")
-                count *= n
-            nbytes = count * itemsize
-            if len(spec) == 6:  # [lib, dtype, shape, segment, offset, nbytes]: in the pool
-                seg, off, length = spec[3], spec[4], spec[5]
+                n *= d
+            if kind == _KIND_POOL and not broadcast:
                 if announced is None:
                     raise ProtocolViolation("device array from a member that announced no pool")
-                if not (type(seg) is int and 0 <= seg < len(announced.segments)):
-                    raise ProtocolViolation(f"device array in unknown segment {seg!r}")
+                if seg >= len(announced.segments):
+                    raise ProtocolViolation(f"device array in unknown segment {seg}")
                 size = announced.segments[seg][0]
-                if not (type(off) is int and type(length) is int and off >= 0
-                        and length == nbytes and off + length <= size):
+                if length != n or off + length > size:
                     raise ProtocolViolation(
-                        f"device array [{off!r}, +{length!r}) outside segment of {size} bytes"
-                    )
+                        f"device array [{off}, +{length}) outside segment of {size} bytes "
+                        f"({n} bytes by its shape)")
                 device_arrays = True
-                specs.append(_new_spec(ArraySpec, (lib, dtype, tuple(shape), nbytes, seg, off,
-                                                   None)))
-                continue
-            if len(spec) == 5:
-                if spec[3] != -1 or type(spec[4]) is not bytes or len(spec[4]) != nbytes:
-                    raise ProtocolViolation("inline array must be [lib, dtype, shape, -1, bytes]")
-                specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, inline=spec[4]))
-                continue
-            # [lib, dtype, shape, nbytes]: broadcast mode only (checked above)
-            broadcast_bytes += nbytes
-            if spec[3] != nbytes or lib == "numpy" or broadcast_bytes > MAX_BROADCAST_BYTES:
+                specs.append(_new_spec(ArraySpec, (lib, dtype, shape, n, seg, off, None)))
+            elif kind == _KIND_INLINE:
+                if length != n or pos + n > end:
+                    raise ProtocolViolation(
+                        f"inline array of {length} bytes ({n} by its shape, "
+                        f"{end - pos} left in the descriptor)")
+                specs.append(_new_spec(ArraySpec, (lib, dtype, shape, n, -1, 0,
+                                                   bytes(raw[pos:pos + n]))))
+                pos += n
+            elif kind == _KIND_BROADCAST and broadcast:
+                broadcast_bytes += n
+                if length != n or lib == "numpy" or broadcast_bytes > MAX_BROADCAST_BYTES:
+                    raise ProtocolViolation(
+                        f"broadcast array of {length} bytes ({n} by its shape; "
+                        f"{broadcast_bytes} in all, lib {lib})")
+                specs.append(_new_spec(ArraySpec, (lib, dtype, shape, n, BROADCAST, 0, None)))
+            else:
                 raise ProtocolViolation(
-                    f"broadcast array of {spec[3]!r} bytes ({nbytes} by its shape; "
-                    f"{broadcast_bytes} in all, lib {lib})")
-            specs.append(ArraySpec(lib, dtype, tuple(shape), nbytes, BROADCAST))
+                    f"array spec of kind {kind} in a{' broadcast' if broadcast else 'n IPC'} "
+                    "descriptor")
+        if pos + call_len != end:
+            raise ProtocolViolation(
+                f"device descriptor of {end} bytes: {pos} of arrays and a call of {call_len}")
         if broadcast and event != -1:
             raise ProtocolViolation(f"broadcast descriptor names event {event!r}")
         if device_arrays and (announced is None or not -1 <= event < len(announced.events)):
             raise ProtocolViolation(f"device descriptor names unknown event {event!r}")
-        desc: Descriptor = _new_spec(cls, (call, event, tuple(specs)))
+        desc: Descriptor = _new_spec(cls, (bytes(raw[pos:]), event, tuple(specs)))
         return desc
 
 
+_DESC_MAGIC = 0xD7
+_DESC_HEAD = struct.Struct("<BBHiI")  # magic, 0, arrays, event, call length
+_SPEC_HEAD = struct.Struct("<BBBBIQQ")  # lib, dtype, dimensions, kind, segment, offset, bytes
+_DIMS = tuple(struct.Struct(f"<{n}q") for n in range(33))  # an array's dimensions, by count
+_KIND_POOL, _KIND_INLINE, _KIND_BROADCAST = 0, 1, 2
+_LIB_NAMES = ("numpy", "cupy", "torch", "cuda")  # lib codes on the wire (the index)
+_LIB_CODES = {name: i for i, name in enumerate(_LIB_NAMES)}
+_DTYPE_NAMES = tuple(DTYPES)  # dtype codes on the wire (the index into codec.DTYPES)
+_DTYPE_CODES = {name: i for i, name in enumerate(_DTYPE_NAMES)}
 _MAX_DIM = 1 << 48  # one dimension of a traveling array, at most
 # A named tuple made from a complete field tuple without its Python-level __new__ (half the
 # cost; the receiver makes one spec and one descriptor per message).
 _new_spec: Callable[..., Any] = tuple.__new__
+
+
+def _inline_spec(arr: object, info: ArrayInfo) -> ArraySpec:
+    """The spec of a host array that rides inline in the descriptor (little-endian C order)."""
+    import numpy as np
+
+    host = np.ascontiguousarray(arr)
+    raw = host.astype(host.dtype.newbyteorder("<"), copy=False).tobytes()
+    return ArraySpec("numpy", info.dtype, info.shape, info.nbytes, inline=raw)
+
+
+_NO_SPEC = ArraySpec("cupy", "uint8", (), 0)  # a staged array's place until it has one
 
 
 def inline_array(spec: ArraySpec) -> Any:
@@ -417,6 +479,9 @@ class Completions:
         self._poll_handle: asyncio.Handle | None = None
         self._busy_since = 0.0
         self._busy_poll_s = _busy_poll_s()
+        self._poll_interval_s = _poll_interval_s()
+        self._last_poll = 0.0  # when a stream of transfers was last looked at
+        self._inflight = 0  # items tracked and not yet finished or forgotten, on every lane
 
     def track(self, lane: Lane, done: Callable[[], None],
               regions: list[tuple[int, int]] | None = None) -> None:
@@ -428,6 +493,7 @@ class Completions:
         if not self._busy:
             self._busy_since = time.monotonic()
         lane.inflight.append((ev, done, regions if regions is not None else []))
+        self._inflight += 1
         self._busy[lane] = None
         if self._poll_handle is None:
             self._arm()
@@ -439,6 +505,8 @@ class Completions:
     def poll(self) -> None:
         """Finish every tracked item that has completed."""
         query = self._rt.eventQuery
+        spare = self._spare_events
+        finished = False
         for lane in list(self._busy):
             q = lane.inflight
             while q:
@@ -446,14 +514,17 @@ class Completions:
                 if query(ev) != 0:  # cudaErrorNotReady
                     break
                 q.popleft()
-                self._spare_events.append(ev)
-                self._busy_since = time.monotonic()
+                spare.append(ev)
+                self._inflight -= 1
+                finished = True
                 try:
                     done()
                 except Exception:  # one item's failure must not stall the others
                     log.exception("finishing completed GPU work failed")
             if not q:
                 self._busy.pop(lane, None)
+        if finished:
+            self._busy_since = time.monotonic()
         if self._busy:
             self._arm()
 
@@ -464,6 +535,7 @@ class Completions:
         self._busy.pop(lane, None)
         regions = [r for _, _, rs in lane.inflight for r in rs]
         events = [ev for ev, _, _ in lane.inflight]
+        self._inflight -= len(lane.inflight)
         lane.inflight.clear()
         return regions, events
 
@@ -503,6 +575,15 @@ class Completions:
 
     def _on_poll(self) -> None:
         self._poll_handle = None
+        if self._inflight > 1 and self._poll_interval_s:
+            # A stream of transfers: look at most once per interval (each look costs the loop
+            # about a microsecond, and it runs at every turn). A lone transfer, the latency
+            # case, is looked at on every turn.
+            now = time.monotonic()
+            if now - self._last_poll < self._poll_interval_s:
+                self._arm()
+                return
+            self._last_poll = now
         self.poll()
 
     def close(self) -> None:
@@ -512,6 +593,7 @@ class Completions:
             self._poll_handle.cancel()
             self._poll_handle = None
         self._busy.clear()
+        self._inflight = 0
 
 
 # -- the plane (needs CuPy and a device) -------------------------------------------------------
@@ -582,6 +664,7 @@ class IpcPlane:
         self._failed = failed
         self._stream = cupy.cuda.Stream(non_blocking=False)
         self._segments: list[_Segment] = []
+        self._alloc_hint = 0  # the segment _alloc tries first
         self._events: list[int] = []
         self._event_handles: list[bytes] = []
         self._free_events: list[int] = []
@@ -621,13 +704,24 @@ class IpcPlane:
     def _alloc(self, nbytes: int) -> tuple[int, int]:
         if self._reclaim:
             self.reclaim()
-        for i, seg in enumerate(self._segments):
-            off = seg.alloc.alloc(nbytes)
+        # The segment that served the last request first: in a stream of large messages the
+        # earlier segments are full, and trying each of them first cost a call apiece.
+        segments = self._segments
+        hint = self._alloc_hint
+        if hint < len(segments):
+            off = segments[hint].alloc.alloc(nbytes)
             if off is not None:
-                return i, off
+                return hint, off
+        for i, seg in enumerate(segments):
+            if i != hint:
+                off = seg.alloc.alloc(nbytes)
+                if off is not None:
+                    self._alloc_hint = i
+                    return i, off
         i = self._grow_segments(nbytes)
         off = self._segments[i].alloc.alloc(nbytes)
         assert off is not None
+        self._alloc_hint = i
         self._announce_all()
         return i, off
 
@@ -669,7 +763,7 @@ class IpcPlane:
         if nbytes < 0:
             nbytes = _itemsize(dtype) * math.prod(shape)
         mem = self._unowned(self._segments[seg].ptr + off, max(1, nbytes), owner, self.device)
-        return self._ndarray(shape, dtype=dtype, memptr=self._memptr(mem, 0))
+        return self._ndarray(shape, dtype, self._memptr(mem, 0))
 
     def device_buffer(self, shape: tuple[int, ...] | int, dtype: str = "float32") -> Any:
         """A CuPy array allocated in this member's pool: sent from here without a copy."""
@@ -769,8 +863,10 @@ class IpcPlane:
         """Take ``payload`` if it holds device arrays and every target announced a pool."""
         if type(payload) is not OutOfBand:
             return False
+        peers = self._peers
         for m in targets:
-            if not self.peer_ready(m):
+            p = peers.get(m)
+            if p is None or p.announced is None:  # peer_ready, inline: once per target
                 return False
         infos = payload.infos()
         for info in infos:
@@ -813,65 +909,59 @@ class IpcPlane:
              infos: tuple[ArrayInfo, ...]) -> None:
         """Stage ``payload``'s device arrays (described by ``infos``) in the pool and send
         descriptors to ``targets``."""
-        cp = self._cp
-        rt = self._rt
         if self._reclaim:
             self.reclaim()
-        stream = self._stream
-        current = cp.cuda.get_current_stream()
-        specs: list[ArraySpec | None] = []
-        # (spec index, array, lib, dtype, place in the pool or None)
-        device: list[tuple[int, Any, str, str, tuple[int, int] | None]] = []
+        # One pass over the arrays: host arrays go inline, device arrays in the pool go in
+        # place, the others are staged below. ``infos`` already holds dtype, shape and size.
+        specs: list[ArraySpec] = []
+        keep: list[object] = []  # the device arrays, held until the message is delivered here
+        staged: list[tuple[int, Any, str, ArrayInfo]] = []  # (spec index, array, lib, info)
         for a, info in zip(payload.arrays, infos, strict=True):
             if not info.is_gpu:
-                import numpy as np
-
-                host = np.ascontiguousarray(a)
-                raw = host.astype(host.dtype.newbyteorder("<"), copy=False).tobytes()
-                specs.append(ArraySpec("numpy", info.dtype, info.shape, info.nbytes, inline=raw))
+                specs.append(_inline_spec(a, info))
                 continue
             # CuPy as is; torch and others through __cuda_array_interface__ (no copy)
-            arr: Any = a if info.lib == "cupy" and type(a) is cp.ndarray else cp.asarray(a)
+            arr: Any = a if type(a) is self._ndarray else self._cp.asarray(a)
             if not arr.flags.c_contiguous:
-                arr = cp.ascontiguousarray(arr)  # queued on the current stream
+                arr = self._cp.ascontiguousarray(arr)  # queued on the current stream
+            keep.append(arr)
             lib = "torch" if info.lib == "torch" else "cupy"
-            nbytes = int(arr.nbytes)
-            place = self._locate(int(arr.data.ptr), nbytes) if nbytes else None
-            device.append((len(specs), arr, lib, info.dtype, place))
-            specs.append(None)
+            nbytes = info.nbytes
+            place = self._locate(arr.data.ptr, nbytes) if nbytes else None
+            if place is None:
+                staged.append((len(specs), arr, lib, info))
+                specs.append(_NO_SPEC)
+            else:
+                specs.append(_new_spec(ArraySpec, (lib, info.dtype, info.shape, nbytes, place[0],
+                                                   place[1], None)))
         regions: list[tuple[int, int]] = []
         ev = -1
-        staged = False
-        for d in device:
-            if d[4] is None:
-                staged = True
-                break
+        rt = self._rt
+        current = self._cp.cuda.get_current_stream()
         if staged or rt.streamQuery(current.ptr) != 0:
             # Staging copies, or the application's stream may still be writing an array sent in
             # place: order the copies after it and let receivers wait on an event. (Otherwise
             # the arrays are final already, and receivers copy at once: no work of this
             # process's GPU context stands between the receivers' copies.)
+            stream = self._stream
             if current.ptr != 0 and current.ptr != stream.ptr:
                 stream.wait_event(current.record())
-            for j, (i, arr, lib, dtype, place) in enumerate(device):
-                if place is None:
-                    nbytes = int(arr.nbytes)
-                    seg, off = self._alloc(nbytes)
-                    regions.append((seg, off))
-                    if nbytes:
-                        rt.memcpyAsync(self._segments[seg].ptr + off, int(arr.data.ptr),
-                                       nbytes, _CUDA_MEMCPY_DEFAULT, stream.ptr)
-                    device[j] = (i, arr, lib, dtype, (seg, off))
+            for i, arr, lib, info in staged:
+                nbytes = info.nbytes
+                seg, off = self._alloc(nbytes)
+                regions.append((seg, off))
+                if nbytes:
+                    rt.memcpyAsync(self._segments[seg].ptr + off, arr.data.ptr, nbytes,
+                                   _CUDA_MEMCPY_DEFAULT, stream.ptr)
+                specs[i] = _new_spec(ArraySpec, (lib, info.dtype, info.shape, nbytes, seg, off,
+                                                 None))
             if not self._free_events:
                 self._grow_events()
                 self._announce_all()
             ev = self._free_events.pop()
             rt.eventRecord(self._events[ev], stream.ptr)
-        for i, arr, lib, dtype, place in device:
-            assert place is not None
-            specs[i] = ArraySpec(lib, dtype, tuple(arr.shape), int(arr.nbytes), *place)
-        self._outgoing[key] = _Outgoing(regions, ev, tuple([d[1] for d in device]))
-        body = Descriptor(payload.call, ev, tuple([s for s in specs if s is not None])).encode()
+        self._outgoing[key] = _Outgoing(regions, ev, tuple(keep))
+        body = Descriptor(payload.call, ev, tuple(specs)).encode()
         out = self._desc_out
         if not out:  # the first of this turn: send them all once the step that makes them ends
             (self._done.loop or asyncio.get_running_loop()).call_soon(self._send_queued)
@@ -930,34 +1020,34 @@ class IpcPlane:
         desc = Descriptor.decode(raw, peer.announced if peer is not None else None)
         if self._reclaim:
             self.reclaim()
-        rt = self._rt
-        stream: Any = None  # the peer's stream, once the first device array is met
+        stream = 0  # the pointer of the peer's stream, once the first device array is met
         copied = 0  # bytes of the copies issued for this message
         placed: list[tuple[ArraySpec, int, int]] = []  # (spec, seg, off); seg -1: inline
         try:
             for spec in desc.arrays:
-                if spec.segment < 0:
+                segment = spec.segment
+                if segment < 0:
                     placed.append((spec, -1, 0))
                     continue
-                assert peer is not None and peer.announced is not None
-                if stream is None:
-                    stream = self._stream_for(peer)
+                assert peer is not None and peer.announced is not None  # decode checked it
+                if not stream:
+                    stream = self._stream_for(peer).ptr
                     if desc.event >= 0:  # -1: the sender's arrays were final when it sent
                         ev = peer.events.get(desc.event)
                         if ev is None:
-                            ev = self._open_peer(sender, rt.ipcOpenEventHandle,
+                            ev = self._open_peer(sender, self._rt.ipcOpenEventHandle,
                                                  peer.announced.events[desc.event])
                             peer.events[desc.event] = ev
-                        rt.streamWaitEvent(stream.ptr, ev, 0)
-                base = peer.mapped.get(spec.segment)
+                        self._rt.streamWaitEvent(stream, ev, 0)
+                base = peer.mapped.get(segment)
                 if base is None:
-                    base = self._map_segment(sender, peer, spec.segment)
+                    base = self._map_segment(sender, peer, segment)
                 nbytes = spec.nbytes
                 seg, off = self._alloc(nbytes)
                 placed.append((spec, seg, off))
                 if nbytes:
-                    rt.memcpyAsync(self._segments[seg].ptr + off, base + spec.offset,
-                                   nbytes, _CUDA_MEMCPY_DEFAULT, stream.ptr)
+                    self._rt.memcpyAsync(self._segments[seg].ptr + off, base + spec.offset,
+                                         nbytes, _CUDA_MEMCPY_DEFAULT, stream)
                     copied += nbytes
         except Exception:
             # A handle that cannot be opened is the sender's fault (_open_peer says so); an
@@ -967,7 +1057,7 @@ class IpcPlane:
                 assert peer is not None
                 self._done.after_stream(lambda: self._free_regions(regions), peer)
             raise
-        if stream is None:  # no device arrays: nothing to wait for
+        if not stream:  # no device arrays: nothing to wait for
             self._finish(key, desc.call, placed)
             return
         assert peer is not None
@@ -975,13 +1065,15 @@ class IpcPlane:
         # turn (descriptors arrive in bursts; for small copies an event record and query cost
         # about as much as the copy's own call). Copies of _BATCH_BYTES or more close the batch
         # at once: a message held back until a later large copy finished would land late.
-        if not self._unflushed:
-            (self._done.loop or asyncio.get_running_loop()).call_soon(self._flush)
-        self._unflushed[peer] = None
-        peer.batch.append((key, desc.call, placed))
+        batch = peer.batch
+        batch.append((key, desc.call, placed))
         peer.batch_bytes += copied
         if peer.batch_bytes >= _BATCH_BYTES:
             self._flush_peer(peer)
+        elif len(batch) == 1:  # the first of this peer's batch: flush it at the next turn
+            if not self._unflushed:
+                (self._done.loop or asyncio.get_running_loop()).call_soon(self._flush)
+            self._unflushed[peer] = None
 
     def _map_segment(self, sender: int, peer: _Peer, index: int) -> int:
         """Map ``sender``'s announced segment ``index`` here, once. The announced size is
@@ -1024,7 +1116,7 @@ class IpcPlane:
         peer.batch_bytes = 0
         if items and not self._closed:
             regions = [(seg, off) for _, _, placed in items for _, seg, off in placed if seg >= 0]
-            self._done.track(peer, lambda: self._finish_batch(items), regions)
+            self._done.track(peer, functools.partial(self._finish_batch, items), regions)
 
     def _finish_batch(
         self, items: list[tuple[tuple[int, int, int], bytes, list[tuple[ArraySpec, int, int]]]]

@@ -98,6 +98,20 @@ async def _wait_left(group: da.Group, timeout: float = 60.0) -> None:
         await asyncio.sleep(0.01)
 
 
+async def _wait_pools(group: da.Group, peers: tuple[int, ...], timeout: float = 60.0) -> None:
+    """Wait until every one of ``peers`` announced its CUDA IPC pool to this member: device
+    arrays sent before that travel by host staging instead (the plane takes a payload only once
+    every target can map its pool)."""
+    driver = group._driver
+    assert driver is not None and driver.gpuplane is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not all(driver.gpuplane.peer_ready(m) for m in peers):
+        if loop.time() > deadline:
+            raise TimeoutError(f"member {group.member_id}: no pool announced by some of {peers}")
+        await asyncio.sleep(0.01)
+
+
 async def _wait_seen(local: Any, n: int, timeout: float = 120.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -339,6 +353,8 @@ async def ipc_receiver_cannot_allocate(config: da.Config) -> None:
                 "closed": str(group._closed), "seen": [t for t, _ in local.seen]})
             return
         if me == 0:
+            # every message by CUDA IPC (one allocation each at member 2), none by host staging
+            await _wait_pools(group, (1, 2))
             for i in range(6):
                 x = cupy.full((4096,), float(i + 1), dtype=cupy.float32)
                 r = await asyncio.wait_for(chk.put(x, f"c{i}", float(i + 1)), 60)
@@ -376,6 +392,7 @@ async def ipc_sender_overstates_its_pool(config: da.Config) -> None:
             x = group.device_buffer((4096,), "float32")
             x.fill(7.0)
             cupy.cuda.Device().synchronize()
+            await _wait_pools(group, (1, 2))  # so the array goes by CUDA IPC
             outcome = ""
             try:
                 outcome = repr(await asyncio.wait_for(chk.put(x, "from-0", 7.0), 30))

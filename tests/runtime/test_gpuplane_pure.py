@@ -16,6 +16,7 @@ from derecho_async.runtime.gpuplane import (
     PoolAnnouncement,
     RangeAllocator,
 )
+from tests.runtime.descriptor_bytes import raw_descriptor as _raw
 
 H = bytes(range(64))
 ANN = PoolAnnouncement("0000:19:00.0", ((1 << 20, H), (4 << 20, H)), (H, H, H))
@@ -72,27 +73,32 @@ def test_descriptor_round_trips_device_and_inline_arrays() -> None:
     assert Descriptor.decode(d.encode(), ANN) == d
 
 
-def _raw(specs: list[object], event: int = 0, call: object = b"c") -> bytes:
-    out = msgpack.packb([call, event, specs], use_bin_type=True)
-    assert isinstance(out, bytes)
-    return out
+_OK = ["cupy", "float32", [4], 0, 0, 16]
 
 
 @pytest.mark.parametrize("raw, why", [
-    (b"\xc1", "undecodable"),
-    (_raw([], call="text"), "not \\[call"),
+    (b"\xd7\x00", "truncated"),
+    (b"\x93" + _raw([])[1:], "bad magic"),
+    (_raw([_OK], call=b"call")[:-2], "call of"),
+    (_raw([_OK]) + b"x", "call of"),
+    (_raw([_OK])[:20], "truncated in an array spec"),
+    (_raw([_OK], count=2), "truncated in an array spec"),
+    (_raw([_OK], count=5000), "5000 arrays"),
     (_raw([["cupy", "float32", [4], 5, 0, 16]]), "unknown segment"),
     (_raw([["cupy", "float32", [4], 0, (1 << 20) - 8, 16]]), "outside segment"),
     (_raw([["cupy", "float32", [4], 0, -256, 16]]), "outside segment"),
     (_raw([["cupy", "float32", [4], 0, 0, 15]]), "outside segment"),
-    (_raw([["cupy", "object", [4], 0, 0, 16]]), "dtype"),
-    (_raw([["cupy", ["f4"], [4], 0, 0, 16]]), "dtype"),
-    (_raw([["pickle", "float32", [4], 0, 0, 16]]), "lib"),
+    (_raw([["cupy", "float32", [4], 0, 0, -16]]), "outside segment"),
+    (_raw([["cupy", "object", [4], 0, 0, 16]]), "dtype code"),
+    (_raw([["pickle", "float32", [4], 0, 0, 16]]), "lib code"),
     (_raw([["cupy", "float32", [-1], 0, 0, 16]]), "shape"),
+    (_raw([["cupy", "float32", [1 << 48], 0, 0, 16]]), "shape"),
+    (_raw([["cupy", "float32", [2] * 33, 0, 0, 16]]), "33 dimensions"),
     (_raw([["cupy", "float32", [4], 0, 0, 16]], event=3), "unknown event"),
     (_raw([["cupy", "float32", [4], 0, 0, 16]], event=-2), "unknown event"),
     (_raw([["numpy", "float32", [4], -1, b"short"]]), "inline"),
-    (_raw([["cupy", "float32", [4]]]), "number of fields"),
+    (_raw([["numpy", "float32", [4], -1, b"x" * 16]])[:-2], "inline"),
+    (_raw([["cupy", "float32", [4], 16]]), "kind 2 in an IPC"),
 ])
 def test_hostile_descriptors_are_protocol_violations(raw: bytes, why: str) -> None:
     with pytest.raises(ProtocolViolation, match=why):

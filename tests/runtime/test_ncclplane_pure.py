@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import random
+from typing import Any
 
 import msgpack
 import pytest
@@ -35,6 +36,7 @@ from derecho_async.runtime.ncclplane import (
     uid_to_bytes,
     uid_to_tuple,
 )
+from tests.runtime.descriptor_bytes import raw_descriptor
 
 
 def _shards(layout: Layout, members: tuple[int, ...]) -> list[tuple[tuple[int, ...],
@@ -135,10 +137,8 @@ def _dtypes() -> set[str]:
     return set(DTYPES)
 
 
-def _raw(specs: list[object], event: int = -1, call: object = b"c") -> bytes:
-    out = msgpack.packb([call, event, specs], use_bin_type=True)
-    assert isinstance(out, bytes)
-    return out
+def _raw(specs: list[list[Any]], event: int = -1) -> bytes:
+    return raw_descriptor(specs, event=event)
 
 
 _HUGE = [1 << 20, 1 << 20, 1 << 2]  # 2**42 float32 elements: beyond MAX_BROADCAST_BYTES
@@ -151,9 +151,9 @@ _HUGE = [1 << 20, 1 << 20, 1 << 2]  # 2**42 float32 elements: beyond MAX_BROADCA
     (_raw([["cupy", "float32", _HUGE, 4 << 42]]), "in all"),
     (_raw([["cupy", "float32", [1 << 36], 1 << 38]] * 5), "in all"),  # 5 * 2**38 > 2**40
     (_raw([["cupy", "float32", [4], 16]], event=0), "names event"),
-    (_raw([["cupy", "float32", [4], 0, 0, 16]]), "number of fields"),  # a pool spec
-    (_raw([["cupy", "object", [4], 16]]), "dtype"),
-    (_raw([["pickle", "float32", [4], 16]]), "lib"),
+    (_raw([["cupy", "float32", [4], 0, 0, 16]]), "kind 0 in a broadcast"),  # a pool spec
+    (_raw([["cupy", "object", [4], 16]]), "dtype code"),
+    (_raw([["pickle", "float32", [4], 16]]), "lib code"),
     (_raw([["cupy", "float32", [-4], 16]]), "shape"),
     (_raw([["cupy", "float32", [2] * 33, 16]]), "shape"),
     (_raw([["numpy", "float32", [4], -1, b"short"]]), "inline"),
@@ -171,7 +171,7 @@ def test_broadcast_limit_is_inclusive() -> None:
 
 
 def test_ipc_descriptors_refuse_broadcast_specs() -> None:
-    with pytest.raises(ProtocolViolation, match="number of fields"):
+    with pytest.raises(ProtocolViolation, match="kind 2 in an IPC"):
         Descriptor.decode(_raw([["cupy", "float32", [4], 16]], event=0), None)
 
 
