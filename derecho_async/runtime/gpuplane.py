@@ -360,6 +360,9 @@ class Descriptor(NamedTuple):
                         f"({n} bytes by its shape)")
                 device_arrays = True
                 specs.append(_new_spec(ArraySpec, (lib, dtype, shape, n, seg, off, None)))
+            elif seg or off:  # one encoding per descriptor: unused fields are zero
+                raise ProtocolViolation(
+                    f"array spec of kind {kind} with segment {seg} offset {off}")
             elif kind == _KIND_INLINE:
                 if length != n or pos + n > end:
                     raise ProtocolViolation(
@@ -397,7 +400,10 @@ _DIMS = tuple(struct.Struct(f"<{n}q") for n in range(33))  # an array's dimensio
 _KIND_POOL, _KIND_INLINE, _KIND_BROADCAST = 0, 1, 2
 _LIB_NAMES = ("numpy", "cupy", "torch", "cuda")  # lib codes on the wire (the index)
 _LIB_CODES = {name: i for i, name in enumerate(_LIB_NAMES)}
-_DTYPE_NAMES = tuple(DTYPES)  # dtype codes on the wire (the index into codec.DTYPES)
+# dtype codes on the wire (the index): fixed here, not taken from codec.DTYPES's order, so a
+# reordering there cannot change what a code means; append new dtypes at the end
+_DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                "float16", "float32", "float64", "complex64", "complex128")
 _DTYPE_CODES = {name: i for i, name in enumerate(_DTYPE_NAMES)}
 _MAX_DIM = 1 << 48  # one dimension of a traveling array, at most
 # A named tuple made from a complete field tuple without its Python-level __new__ (half the
@@ -479,7 +485,8 @@ class Completions:
         self._poll_handle: asyncio.Handle | None = None
         self._busy_since = 0.0
         self._busy_poll_s = _busy_poll_s()
-        self._poll_interval_s = _poll_interval_s()
+        # never longer than the busy poll itself (past that, waiter threads take over)
+        self._poll_interval_s = min(_poll_interval_s(), self._busy_poll_s)
         self._last_poll = 0.0  # when a stream of transfers was last looked at
         self._inflight = 0  # items tracked and not yet finished or forgotten, on every lane
 

@@ -105,6 +105,24 @@ def test_hostile_descriptors_are_protocol_violations(raw: bytes, why: str) -> No
         Descriptor.decode(raw, ANN)
 
 
+def test_every_dtype_that_may_travel_has_a_descriptor_code() -> None:
+    from derecho_async.codec import DTYPES
+
+    for name, size in DTYPES.items():
+        d = Descriptor(b"c", 0, (ArraySpec("cupy", name, (3,), 3 * size, 0, 0),))
+        assert Descriptor.decode(d.encode(), ANN) == d
+
+
+def test_unused_fields_of_inline_and_broadcast_specs_must_be_zero() -> None:
+    for spec in (["numpy", "uint8", [2], -1, b"ab"], ["cupy", "uint8", [2], 2]):
+        raw = _raw([spec], event=-1)
+        Descriptor.decode(raw, ANN, broadcast=len(spec) == 4)  # as written: accepted
+        for at in (16, 20):  # the segment field, then the offset field, of the first spec
+            bad = raw[:at] + b"\x01" + raw[at + 1:]
+            with pytest.raises(ProtocolViolation, match="with segment"):
+                Descriptor.decode(bad, ANN, broadcast=len(spec) == 4)
+
+
 def test_a_descriptor_may_name_no_event_when_the_arrays_were_final() -> None:
     desc = Descriptor.decode(_raw([["cupy", "float32", [4], 0, 0, 16]], event=-1), ANN)
     assert desc.event == -1 and desc.arrays[0].segment == 0
