@@ -615,10 +615,11 @@ class _Decoder:
             checked_shape = _check_wire_shape(shape)
             if not isinstance(kind, str) or kind not in BUFFER_KINDS:
                 raise ProtocolViolation(f"buffer reference of unknown kind {kind!r}")
+            shape = tuple(checked_shape)
             if len(_REFERENCES) < _REFERENCES_MAX:
-                _REFERENCES[payload] = (index, name, checked_shape)
+                _REFERENCES[payload] = (index, name, shape)
         else:
-            index, name, checked_shape = checked
+            index, name, shape = checked
         if self.buffers is None:
             raise ProtocolViolation("message references an out-of-band buffer but none were given")
         if type(index) is not int or not 0 <= index < len(self.buffers):
@@ -626,14 +627,14 @@ class _Decoder:
                 f"buffer reference index {index!r} out of range (have {len(self.buffers)})"
             )
         buf = self.buffers[index]
-        try:
-            have_name, have_shape, _ = _buffer_meta(buf, _numpy_module())
-        except ValueError as e:
-            raise ProtocolViolation(f"buffer {index}: {e}") from None
-        if have_name != name or have_shape != checked_shape:
+        if not _buffer_matches(buf, name, shape):
+            try:
+                have_name, have_shape, _ = _buffer_meta(buf, _numpy_module())
+            except ValueError as e:
+                raise ProtocolViolation(f"buffer {index}: {e}") from None
             raise ProtocolViolation(
                 f"buffer {index} is {have_name}{tuple(have_shape)} but the message says "
-                f"{name}{tuple(checked_shape)}"
+                f"{name}{shape}"
             )
         self.resolved.add(id(buf))
         return buf
@@ -641,7 +642,7 @@ class _Decoder:
 
 # Buffer references already checked, by their bytes: a peer sends the same few shapes again and
 # again. Bounded, so a peer cannot grow it; the values are never handed out (shapes are compared).
-_REFERENCES: dict[bytes, tuple[int, str, list[int]]] = {}
+_REFERENCES: dict[bytes, tuple[int, str, tuple[int, ...]]] = {}
 _REFERENCES_MAX = 4096
 
 
@@ -918,8 +919,9 @@ each time, without trying to memoize them again."""
 
 
 def _buffer_matches(buf: object, name: str, shape: tuple[int, ...]) -> bool:
-    """Whether ``buf`` has the dtype name and shape its reference gave (as the decoder's
-    :meth:`_Decoder.reference` checks them)."""
+    """Whether ``buf`` has the dtype name and shape its reference gave (the check of
+    :meth:`_Decoder.reference` and of the memo of calls): CuPy and numpy arrays read directly,
+    anything else through :func:`_buffer_meta`."""
     if is_cupy_array(buf):
         c: Any = buf
         return bool(c.shape == shape and _TYPESTRS.get(c.dtype.str) == name)

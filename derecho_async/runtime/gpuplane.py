@@ -121,24 +121,26 @@ _IPC_LAZY_PEER_ACCESS = 1
 _EVENT_FLAGS = 0x2 | 0x4  # cudaEventDisableTiming | cudaEventInterprocess
 _WAKE_EVENT_FLAGS = 0x1 | 0x2  # cudaEventBlockingSync | cudaEventDisableTiming: a sleeping wait
 
-def _env_us(name: str, default_us: float, most_us: float) -> float:
-    """Seconds from the environment variable ``name`` in microseconds (0 to ``most_us``), or
-    ``default_us`` when it is unset or out of range (said in the log)."""
+def _number_from_env(name: str, default: float, low: float, high: float, *,
+                     low_allowed: bool = True) -> float:
+    """A number from environment variable ``name``: ``default`` when unset, or (with a warning)
+    when it is not a number from ``low`` (excluded without ``low_allowed``) to ``high``."""
     raw = os.environ.get(name, "")
     try:
-        us = float(raw) if raw else default_us
+        value = float(raw) if raw else default
     except ValueError:
-        us = -1.0
-    if not 0.0 <= us <= most_us:
-        log.warning("ignoring %s=%r: not 0 to %g", name, raw, most_us)
-        us = default_us
-    return us / 1e6
+        value = low - 1.0
+    if not (low <= value if low_allowed else low < value) or not value <= high:
+        log.warning("ignoring %s=%r: not in %s%g, %g]", name, raw, "[" if low_allowed else "(",
+                    low, high)
+        value = default
+    return value
 
 
 def _busy_poll_s() -> float:
     """How long to spin on completions after the last one before sleeping (seconds): 2 ms, or
     ``DERECHO_ASYNC_GPU_BUSY_POLL_US`` microseconds (0: never spin, always wake by callback)."""
-    return _env_us("DERECHO_ASYNC_GPU_BUSY_POLL_US", 2000.0, 1e6)
+    return _number_from_env("DERECHO_ASYNC_GPU_BUSY_POLL_US", 2000.0, 0.0, 1e6) / 1e6
 
 
 def _poll_interval_s() -> float:
@@ -146,7 +148,7 @@ def _poll_interval_s() -> float:
     (seconds): 80 µs, or ``DERECHO_ASYNC_GPU_POLL_INTERVAL_US`` microseconds (0: at every turn
     of the loop). Each look costs the loop about a microsecond and a busy loop turns several
     times per message; a lone transfer is still looked at on every turn."""
-    return _env_us("DERECHO_ASYNC_GPU_POLL_INTERVAL_US", 80.0, 1e5)
+    return _number_from_env("DERECHO_ASYNC_GPU_POLL_INTERVAL_US", 80.0, 0.0, 1e5) / 1e6
 
 
 def gpu_available() -> bool:
@@ -291,20 +293,19 @@ class Descriptor(NamedTuple):
     def encode(self) -> bytes:
         parts = [_DESC_HEAD.pack(_DESC_MAGIC, 0, len(self.arrays), self.event, len(self.call))]
         for a in self.arrays:
-            shape = a.shape
+            inline = b""
             if a.segment >= 0:
-                parts.append(_SPEC_HEAD.pack(_LIB_CODES[a.lib], _DTYPE_CODES[a.dtype], len(shape),
-                                             _KIND_POOL, a.segment, a.offset, a.nbytes))
-                parts.append(_DIMS[len(shape)].pack(*shape))
+                kind, seg, off, length = _KIND_POOL, a.segment, a.offset, a.nbytes
             elif a.segment == BROADCAST:
-                parts.append(_SPEC_HEAD.pack(_LIB_CODES[a.lib], _DTYPE_CODES[a.dtype], len(shape),
-                                             _KIND_BROADCAST, 0, 0, a.nbytes))
-                parts.append(_DIMS[len(shape)].pack(*shape))
+                kind, seg, off, length = _KIND_BROADCAST, 0, 0, a.nbytes
             else:
                 inline = a.inline or b""
-                parts.append(_SPEC_HEAD.pack(_LIB_CODES[a.lib], _DTYPE_CODES[a.dtype], len(shape),
-                                             _KIND_INLINE, 0, 0, len(inline)))
-                parts.append(_DIMS[len(shape)].pack(*shape))
+                kind, seg, off, length = _KIND_INLINE, 0, 0, len(inline)
+            ndim = len(a.shape)
+            parts.append(_SPEC_HEAD.pack(_LIB_CODES[a.lib], _DTYPE_CODES[a.dtype], ndim, kind,
+                                         seg, off, length))
+            parts.append(_DIMS[ndim].pack(*a.shape))
+            if inline:
                 parts.append(inline)
         parts.append(self.call)
         return b"".join(parts)
@@ -502,8 +503,7 @@ class Completions:
         lane.inflight.append((ev, done, regions if regions is not None else []))
         self._inflight += 1
         self._busy[lane] = None
-        if self._poll_handle is None:
-            self._arm()
+        self._arm()
 
     def busy(self) -> bool:
         """Whether any lane has work in flight."""
@@ -1164,8 +1164,8 @@ class IpcPlane:
                 if seg < 0:
                     arrays.append(inline_array(spec))
                     continue
-                arr = self._array_over(seg, off, spec.shape, spec.dtype, spec.nbytes)
-                arrays.append(arr if spec.lib != "torch" else as_lib(arr, "torch"))
+                arrays.append(as_lib(self._array_over(seg, off, spec.shape, spec.dtype,
+                                                      spec.nbytes), spec.lib))
             except BaseException:
                 # The arrays made so far, and this one's region once its owner exists (the
                 # first thing _array_over makes), go back when collected; the regions of the

@@ -91,7 +91,6 @@ import asyncio
 import collections
 import logging
 import math
-import os
 import platform
 import threading
 import time
@@ -109,6 +108,7 @@ from derecho_async.runtime.gpuplane import (
     Completions,
     Descriptor,
     Lane,
+    _number_from_env,
     as_lib,
     inline_array,
 )
@@ -142,29 +142,16 @@ _BROADCAST_PIECE = 1 << 30  # bytes per ncclBroadcast call (see NcclPlane._enque
 _FRAME_MARGIN = 1024  # room under GROUP_MESSAGE_LIMIT for a transport's own header (rdma's)
 
 
-def _seconds_from_env(name: str, default: float) -> float:
-    """A duration in seconds from environment variable ``name``: ``default`` when unset, or
-    (with a warning) when it is not a number in (0, 86400]."""
-    raw = os.environ.get(name, "")
-    try:
-        s = float(raw) if raw else default
-    except ValueError:
-        s = -1.0
-    if not 0.0 < s <= 86400.0:
-        log.warning("ignoring %s=%r: not in (0, 86400]", name, raw)
-        s = default
-    return s
-
-
 def _setup_timeout_s() -> float:
     """Seconds a member waits for a root's unique id: 60, or ``DERECHO_ASYNC_NCCL_SETUP_S``."""
-    return _seconds_from_env("DERECHO_ASYNC_NCCL_SETUP_S", 60.0)
+    return _number_from_env("DERECHO_ASYNC_NCCL_SETUP_S", 60.0, 0.0, 86400.0, low_allowed=False)
 
 
 def _stall_s() -> float:
     """Seconds a receiver's oldest broadcast may go without progress, before its bytes are
     counted: 60, or ``DERECHO_ASYNC_NCCL_STALL_S``."""
-    return _seconds_from_env("DERECHO_ASYNC_NCCL_STALL_S", _STALL_S)
+    return _number_from_env("DERECHO_ASYNC_NCCL_STALL_S", _STALL_S, 0.0, 86400.0,
+                            low_allowed=False)
 
 
 # -- plane selection (pure) --------------------------------------------------------------------

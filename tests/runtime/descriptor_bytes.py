@@ -1,8 +1,8 @@
 """Device descriptors built by hand, unchecked, as a hostile or broken sender could send them.
 
-The runtime's :meth:`Descriptor.encode` refuses what it cannot represent; these helpers write any
-field value into the wire format (``gpuplane.Descriptor``'s docstring) so the decoder's checks
-can be tested one by one.
+The runtime's :meth:`Descriptor.encode` refuses what it cannot represent; this helper writes any
+field value into the wire format (``gpuplane.Descriptor``'s docstring, with the plane's own field
+layouts and code tables) so the decoder's checks can be tested one by one.
 """
 
 from __future__ import annotations
@@ -10,9 +10,17 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from derecho_async.codec import DTYPES
+from derecho_async.runtime.gpuplane import (
+    _DESC_HEAD,
+    _DESC_MAGIC,
+    _DTYPE_NAMES,
+    _KIND_BROADCAST,
+    _KIND_INLINE,
+    _KIND_POOL,
+    _LIB_NAMES,
+    _SPEC_HEAD,
+)
 
-_LIBS = ("numpy", "cupy", "torch", "cuda")
 _UNKNOWN = 200  # the code of a lib or dtype name the runtime does not have
 _U64 = (1 << 64) - 1
 
@@ -28,21 +36,19 @@ def raw_descriptor(specs: list[list[Any]], event: int = 0, call: bytes = b"c",
     ``[lib, dtype, shape, -1, data]`` (inline) or ``[lib, dtype, shape, nbytes]`` (broadcast).
     Numbers are written as they are (a negative offset wraps to a huge one); ``count`` overrides
     the array count in the head."""
-    out = [struct.pack("<BBHiI", 0xD7, 0, len(specs) if count is None else count, event,
-                       len(call))]
+    out = [_DESC_HEAD.pack(_DESC_MAGIC, 0, len(specs) if count is None else count, event,
+                           len(call))]
     for spec in specs:
         lib, dtype, shape = spec[0], spec[1], list(spec[2])
-        head = (_code(_LIBS, lib), _code(tuple(DTYPES), dtype), len(shape))
+        head = (_code(_LIB_NAMES, lib), _code(_DTYPE_NAMES, dtype), len(shape))
         if len(spec) == 6:
-            seg, off, nbytes = spec[3], spec[4], spec[5]
-            out.append(struct.pack("<BBBBIQQ", *head, 0, seg, off & _U64, nbytes & _U64))
+            out.append(_SPEC_HEAD.pack(*head, _KIND_POOL, spec[3], spec[4] & _U64,
+                                       spec[5] & _U64))
         elif len(spec) == 5:
-            data = spec[4]
-            assert isinstance(data, bytes)
-            out.append(struct.pack("<BBBBIQQ", *head, 1, 0, 0, len(data)))
+            out.append(_SPEC_HEAD.pack(*head, _KIND_INLINE, 0, 0, len(spec[4])))
         else:
-            out.append(struct.pack("<BBBBIQQ", *head, 2, 0, 0, spec[3] & _U64))
-        out.append(struct.pack(f"<{len(shape)}q", *shape))
+            out.append(_SPEC_HEAD.pack(*head, _KIND_BROADCAST, 0, 0, spec[3] & _U64))
+        out.append(struct.pack(f"<{len(shape)}q", *shape))  # any count, not just the valid ones
         if len(spec) == 5:
             out.append(spec[4])
     out.append(call)
