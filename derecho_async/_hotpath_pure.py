@@ -28,6 +28,7 @@ __all__ = [
     "frontier",
     "load_u64",
     "min_u64",
+    "ring_put",
     "ring_scan",
     "scan_slots",
     "store_u64",
@@ -271,3 +272,44 @@ def ring_scan(
         tail += RING_HEADER + padded
         count += 1
     return records, tail, None
+
+
+def _ring_write(data: bytearray | memoryview, cap: int, pos: int, src: Buffer) -> None:
+    i = pos % cap
+    n = len(src) if not isinstance(src, memoryview) else src.nbytes
+    first = min(n, cap - i)
+    data[i : i + first] = src[:first]
+    if n > first:
+        data[: n - first] = src[first:]
+
+
+def ring_put(
+    data: bytearray | memoryview, pos: int, typ: int, a: int, b: int, payload: Buffer, /
+) -> int:
+    """Write one shm ring record (the header :func:`ring_scan` reads, then ``payload``) at
+    stream position ``pos`` of the ring whose data area is ``data``; returns the record's size
+    (header and payload padded to 8). The padding bytes are left as they are. The caller checks
+    that the ring has room; a record larger than the whole ring, or a position or ring size that
+    is not whole words, raises ValueError."""
+    pos = _u64(pos, "pos")
+    typ = _u64(typ, "typ")
+    a = _u64(a, "a")
+    b = _u64(b, "b")
+    if typ >= 1 << 32:
+        raise ValueError("typ must be an int in [0, 2**32)")
+    if memoryview(data).readonly:
+        raise TypeError("buffer is not writable")
+    payload = memoryview(payload).cast("B")
+    cap = len(data) if not isinstance(data, memoryview) else data.nbytes
+    length = payload.nbytes
+    size = RING_HEADER + ((length + 7) & ~7)
+    if cap == 0 or cap % WORD or pos % WORD:
+        raise ValueError("ring size and position must be whole words")
+    if size > cap:
+        raise ValueError(f"a record of {size} bytes does not fit a ring of {cap}")
+    if pos > _U64 - 1 - size:
+        raise ValueError("the record would pass stream position 2**64")
+    _ring_write(data, cap, pos, _RING.pack(typ, 0, a, b, length))
+    if length:
+        _ring_write(data, cap, pos + RING_HEADER, payload)
+    return size

@@ -29,3 +29,12 @@ def scan_slots(
 def ring_scan(
     data: bytes | bytearray | memoryview, tail: int, head: int, budget: int, /
 ) -> tuple[list[tuple[int, int, int, bytes]], int, str | None]: ...
+def ring_put(
+    data: bytearray | memoryview,
+    pos: int,
+    typ: int,
+    a: int,
+    b: int,
+    payload: bytes | bytearray | memoryview,
+    /,
+) -> int: ...

@@ -545,6 +545,90 @@ done:
     return result;
 }
 
+static void
+ring_put_bytes(unsigned char *data, uint64_t cap, uint64_t pos, const unsigned char *src,
+               uint64_t n)
+{
+    uint64_t i = pos % cap;
+    uint64_t first = n < cap - i ? n : cap - i;
+    memcpy(data + i, src, (size_t)first);
+    if (n > first)
+        memcpy(data, src + first, (size_t)(n - first));
+}
+
+static inline void
+put_u64(unsigned char *p, uint64_t v)
+{
+    v = LE64(v);
+    memcpy(p, &v, 8);
+}
+
+/* ring_put(data, pos, typ, a, b, payload) -> size: write one record at stream position pos */
+static PyObject *
+native_ring_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "ring_put(data, pos, typ, a, b, payload) takes 6 arguments");
+        return NULL;
+    }
+    uint64_t pos, typ, a, b;
+    if (arg_u64(args[1], "pos", &pos) < 0 || arg_u64(args[2], "typ", &typ) < 0 ||
+        arg_u64(args[3], "a", &a) < 0 || arg_u64(args[4], "b", &b) < 0)
+        return NULL;
+    if (typ > 0xFFFFFFFFu) {
+        PyErr_SetString(PyExc_ValueError, "typ must be an int in [0, 2**32)");
+        return NULL;
+    }
+    Py_buffer view, payload;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_BufferError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "buffer is not writable");
+        }
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[5], &payload, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    uint64_t cap = (uint64_t)view.len;
+    uint64_t length = (uint64_t)payload.len;
+    uint64_t size = RING_HEADER + ((length + 7) & ~(uint64_t)7);
+    if (cap == 0 || cap % WORD || pos % WORD) {
+        PyErr_SetString(PyExc_ValueError, "ring size and position must be whole words");
+    }
+    else if (size > cap) {
+        PyErr_Format(PyExc_ValueError, "a record of %llu bytes does not fit a ring of %llu",
+                     (unsigned long long)size, (unsigned long long)cap);
+    }
+    else if (pos > UINT64_MAX - size) {
+        PyErr_SetString(PyExc_ValueError, "the record would pass stream position 2**64");
+    }
+    else {
+        unsigned char hdr[RING_HEADER];
+        uint32_t t32 = (uint32_t)typ, zero = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        t32 = __builtin_bswap32(t32);
+#endif
+        memcpy(hdr, &t32, 4);
+        memcpy(hdr + 4, &zero, 4);
+        put_u64(hdr + 8, a);
+        put_u64(hdr + 16, b);
+        put_u64(hdr + 24, length);
+        unsigned char *data = (unsigned char *)view.buf;
+        ring_put_bytes(data, cap, pos, hdr, RING_HEADER);
+        if (length)
+            ring_put_bytes(data, cap, pos + RING_HEADER, (const unsigned char *)payload.buf,
+                           length);
+        result = PyLong_FromUnsignedLongLong(size);
+    }
+    PyBuffer_Release(&payload);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 /* ------------------------------------------------------------------------ module */
 
 static PyMethodDef native_methods[] = {
@@ -565,6 +649,9 @@ static PyMethodDef native_methods[] = {
     {"ring_scan", (PyCFunction)(void (*)(void))native_ring_scan, METH_FASTCALL,
      "ring_scan(data, tail, head, budget) -> (records, tail, error): parse and validate "
      "up to budget shm ring records between tail and head."},
+    {"ring_put", (PyCFunction)(void (*)(void))native_ring_put, METH_FASTCALL,
+     "ring_put(data, pos, typ, a, b, payload) -> size: write one shm ring record (header "
+     "and payload) at stream position pos."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -294,6 +294,63 @@ def test_ring_scan_refuses_examples() -> None:
     assert same("ring_scan", data, 0, 72, 10)[0] == "ValueError"
 
 
+@st.composite
+def puts(draw: st.DrawFn) -> tuple[int, int, list[tuple[Any, ...]]]:
+    """A ring size, a start position and records to write one after the other (some of them
+    out of range: a bad type, field or size)."""
+    cap = 8 * draw(st.integers(1, 40))
+    start = draw(st.one_of(st.integers(0, 3 * cap), st.sampled_from([U64 - 8, 1 << 63])))
+    recs = draw(st.lists(st.tuples(
+        st.one_of(st.sampled_from([1, 2]), ints),
+        st.one_of(st.integers(0, 9), ints),
+        st.one_of(st.integers(0, 9), ints),
+        st.binary(max_size=3 * cap // 2),
+    ), max_size=4))
+    return cap, start, recs
+
+
+@needs_native
+@SETTINGS
+@given(puts())
+def test_ring_put(case: tuple[int, int, list[tuple[Any, ...]]]) -> None:
+    """Both twins write the same bytes and refuse the same records; what they write reads back
+    through ring_scan as written, across the ring's wrap."""
+    assert native is not None
+    cap, start, recs = case
+    rings = {name: bytearray(b"\xee" * cap) for name in ("pure", "native")}
+    pos = start
+    for typ, a, b, payload in recs:
+        results = {
+            name: outcome(mod.ring_put, memoryview(rings[name]), pos, typ, a, b, payload)
+            for name, mod in (("pure", pure), ("native", native))
+        }
+        assert results["pure"] == results["native"], (typ, a, b, len(payload), pos)
+        assert rings["pure"] == rings["native"]
+        kind, size = results["pure"]
+        if kind != "ok":
+            continue
+        assert size == 32 + (len(payload) + 7) // 8 * 8
+        readable = typ == 2 or (typ == 1 and a < 1 << 63 and b < 1 << 63)
+        if readable and pos + size < U64:
+            got = same("ring_scan", bytes(rings["pure"]), pos, pos + size, 1)[1]
+            assert got == ([(typ, a, b, payload)], pos + size, None)
+        pos += size
+    assert same("ring_put", bytes(cap), 0, 1, 0, 0, b"") == ("TypeError", "buffer is not writable")
+
+
+def test_ring_put_refuses_examples() -> None:
+    for mod in (pure, native) if native is not None else (pure,):
+        with pytest.raises(ValueError, match="whole words"):
+            mod.ring_put(bytearray(64), 4, 1, 0, 0, b"")
+        with pytest.raises(ValueError, match="does not fit a ring of 64"):
+            mod.ring_put(bytearray(64), 0, 1, 0, 0, bytes(33))
+        with pytest.raises(ValueError, match="typ must be"):
+            mod.ring_put(bytearray(64), 0, 1 << 32, 0, 0, b"")
+        data = bytearray(64)
+        assert mod.ring_put(data, 48, 2, 7, 3, b"abcdefghij") == 48  # wraps: 16 + 32 bytes
+        assert hotpath.ring_scan(data, 48, 96, 9) == ([(2, 7, 3, b"abcdefghij")], 96, None)
+
+
 # -- words shared between processes -----------------------------------------------------------
 
 _A, _B = 0x00000000000000FF, 0x0000000000000100  # differ in two bytes: a torn word is neither

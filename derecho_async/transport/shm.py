@@ -89,6 +89,9 @@ _W_TAIL, _W_CSLEEP, _W_CINC, _W_CCLOSED = 32, 40, 48, 56
 
 _REC = struct.Struct("<IIQQQ")  # type, flags, a, b, length
 _R_PUSH, _R_MSG = 1, 2
+_Record = tuple[int, int, int, bytes | memoryview]
+"""A record to write: (type, a, b, payload); :func:`derecho_async.hotpath.ring_put` packs the
+header."""
 _DG = struct.Struct("<IIQQ")  # kind, zero, member, incarnation
 _D_DATA, _D_SPACE, _D_BYE, _D_RESTART, _D_PING = 1, 2, 3, 4, 5
 _UCRED = struct.Struct("iII")  # pid, uid, gid
@@ -315,7 +318,7 @@ class _OutLink:
     peer: int
     ring: _Ring
     head: int = 0
-    backlog: collections.deque[tuple[bytes, bytes]] = field(default_factory=collections.deque)
+    backlog: collections.deque[_Record] = field(default_factory=collections.deque)
     enqueued: int = 0  # bytes of records ever queued on this link
     written: int = 0  # bytes of records ever written into the ring
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
@@ -526,11 +529,12 @@ class ShmTransport(Transport):
         if not remote:
             return
         n = len(mv)
+        recs: list[_Record]
         if n <= self._chunk - (offset & 7):  # the usual push: one record, nothing to cut
-            recs = [(_REC.pack(_R_PUSH, 0, view_id, offset, n), mv)]
+            recs = [(_R_PUSH, view_id, offset, mv)]
         else:
             recs = [
-                (_REC.pack(_R_PUSH, 0, view_id, offset + pos, end - pos), mv[pos:end])
+                (_R_PUSH, view_id, offset + pos, mv[pos:end])
                 for pos, end in self._aligned_pieces(offset, n, self._chunk)
             ]
         for t in remote:
@@ -542,11 +546,11 @@ class ShmTransport(Transport):
         if mv is None:
             return
         total = len(mv)
-        recs = []
+        recs: list[_Record] = []
         pos = 0
         while True:
             end = min(total, pos + self._chunk)
-            recs.append((_REC.pack(_R_MSG, 0, total, pos, end - pos), mv[pos:end]))
+            recs.append((_R_MSG, total, pos, mv[pos:end]))
             pos = end
             if pos >= total:
                 break
@@ -569,15 +573,16 @@ class ShmTransport(Transport):
         self._out[peer] = link
         return link
 
-    def _enqueue(self, peer: int, recs: Sequence[tuple[bytes, memoryview]]) -> None:
+    def _enqueue(self, peer: int, recs: Sequence[_Record]) -> None:
         link = self._out_link(peer)
         if link is None:
             return
-        for hdr, payload in recs:
-            size = _REC.size + _align8(len(payload))
+        for rec in recs:
+            size = _REC.size + _align8(len(rec[3]))
             link.enqueued += size
-            if link.backlog or not self._write(link, hdr, payload, size):
-                link.backlog.append((hdr, bytes(payload)))
+            if link.backlog or not self._write(link, rec, size):
+                typ, a, b, payload = rec
+                link.backlog.append((typ, a, b, bytes(payload)))
             if link.dead:
                 return
         if link.backlog:
@@ -594,18 +599,16 @@ class ShmTransport(Transport):
             raise _BadSegment(f"consumer published tail {tail} outside [head - capacity, head]")
         return link.ring.capacity - used
 
-    def _write(self, link: _OutLink, hdr: bytes, payload: bytes | memoryview, size: int) -> bool:
-        """Write one record if it fits (does not publish head)."""
+    def _write(self, link: _OutLink, rec: _Record, size: int) -> bool:
+        """Write one record (of ``size`` bytes in the ring) if it fits (does not publish
+        head)."""
         try:
             if self._free(link) < size:
                 return False
         except _BadSegment as exc:
             self._fail_out(link, f"ring to member {link.peer} corrupted: {exc}")
             return True  # swallowed: the link is dead
-        ring = link.ring
-        ring.write(link.head, hdr)
-        if payload:
-            ring.write(link.head + _REC.size, payload)
+        hotpath.ring_put(link.ring.data, link.head, *rec)
         link.head += size
         link.written += size
         return True
@@ -625,8 +628,8 @@ class ShmTransport(Transport):
             return
         wrote = False
         while link.backlog:
-            hdr, payload = link.backlog[0]
-            if not self._write(link, hdr, payload, _REC.size + _align8(len(payload))):
+            rec = link.backlog[0]
+            if not self._write(link, rec, _REC.size + _align8(len(rec[3]))):
                 break
             if link.dead:
                 return
