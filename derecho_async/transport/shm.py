@@ -87,7 +87,7 @@ _W_MAGIC, _W_VERSION, _W_SENDER, _W_RECEIVER, _W_CAPACITY, _W_PINC = 0, 1, 2, 3,
 _W_HEAD, _W_PBLOCKED, _W_PCLOSED = 8, 16, 24
 _W_TAIL, _W_CSLEEP, _W_CINC, _W_CCLOSED = 32, 40, 48, 56
 
-_REC = struct.Struct("<IIQQQ")  # type, flags, a, b, length
+_REC_HEADER = 32  # a record's header: u32 type, u32 flags, u64 a, u64 b, u64 length
 _R_PUSH, _R_MSG = 1, 2
 _Record = tuple[int, int, int, bytes | memoryview]
 """A record to write: (type, a, b, payload); :func:`derecho_async.hotpath.ring_put` packs the
@@ -108,8 +108,10 @@ trip (a locked RMW on x86-64) in its pure twin; the sweep timer covers any platf
 weaker."""
 
 
-def _align8(n: int) -> int:
-    return (n + 7) & ~7
+def _record_size(payload: bytes | memoryview) -> int:
+    """Bytes a record with ``payload`` takes in a ring: its header, then the payload padded
+    to 8 (what :func:`derecho_async.hotpath.ring_put` writes and returns)."""
+    return _REC_HEADER + ((len(payload) + 7) & ~7)
 
 
 def _check_group(group: object) -> str:
@@ -200,24 +202,6 @@ class _Ring:
         self.words = whole[:_HDR].cast("Q")
         self.data = whole[_HDR : _HDR + capacity]
         whole.release()
-
-    def write(self, pos: int, buf: bytes | memoryview) -> None:
-        """Copy ``buf`` into the circular data area at stream position ``pos``."""
-        cap = self.capacity
-        i = pos % cap
-        n = len(buf)
-        first = min(n, cap - i)
-        self.data[i : i + first] = buf[:first]
-        if n > first:
-            self.data[: n - first] = buf[first:]
-
-    def read(self, pos: int, n: int) -> bytes:
-        """Copy ``n`` bytes out of the circular data area at stream position ``pos``."""
-        cap = self.capacity
-        i = pos % cap
-        if i + n <= cap:
-            return bytes(self.data[i : i + n])
-        return bytes(self.data[i:]) + bytes(self.data[: n - (cap - i)])
 
     def close(self) -> None:
         self.words.release()
@@ -374,7 +358,7 @@ class ShmTransport(Transport):
             raise ConfigError("max_message", "a non-negative int", max_message)
         self.ring_bytes = (ring_bytes + 4095) & ~4095
         self.max_message = max_message
-        self._chunk = min(self.ring_bytes // 2 - _REC.size, 1 << 20) & ~7
+        self._chunk = min(self.ring_bytes // 2 - _REC_HEADER, 1 << 20) & ~7
         self._inc = (int.from_bytes(os.urandom(8), "little") >> 1) | 1
         self._sock: socket.socket | None = None
         self._out: dict[int, _OutLink] = {}
@@ -578,7 +562,7 @@ class ShmTransport(Transport):
         if link is None:
             return
         for rec in recs:
-            size = _REC.size + _align8(len(rec[3]))
+            size = _record_size(rec[3])
             link.enqueued += size
             if link.backlog or not self._write(link, rec, size):
                 typ, a, b, payload = rec
@@ -629,7 +613,7 @@ class ShmTransport(Transport):
         wrote = False
         while link.backlog:
             rec = link.backlog[0]
-            if not self._write(link, rec, _REC.size + _align8(len(rec[3]))):
+            if not self._write(link, rec, _record_size(rec[3])):
                 break
             if link.dead:
                 return
