@@ -25,8 +25,9 @@ Receiving: the descriptor is validated against what the sender announced (segmen
 length within the segment, event index, dtype, element count), and each announced segment's size
 against the allocation its handle opens (``cuMemGetAddressRange``, once, when it is mapped): what
 breaks these rules, or a handle that cannot be opened, is the sender's fault (a
-ProtocolViolation); an allocation or a copy that fails here is this member's, and it leaves. For each array the receiver takes a
-region of its *own* pool, makes the stream it keeps for that sender wait on the sender's event, and
+ProtocolViolation); an allocation or a copy that fails here is this member's, and it leaves, as
+it does when opening a handle fails for want of memory or of a working device here. For each
+array the receiver takes a region of its *own* pool, makes the stream it keeps for that sender wait on the sender's event, and
 issues a device-to-device copy (a peer copy when the sender's GPU is another one); at the loop's
 next turn one local event is recorded after all the copies issued for that sender since the last
 one (descriptors arrive in bursts; 8 MiB of copies closes a batch at once). One *non-blocking*
@@ -120,6 +121,20 @@ _CUDA_MEMCPY_DEFAULT = 4
 _IPC_LAZY_PEER_ACCESS = 1
 _EVENT_FLAGS = 0x2 | 0x4  # cudaEventDisableTiming | cudaEventInterprocess
 _WAKE_EVENT_FLAGS = 0x1 | 0x2  # cudaEventBlockingSync | cudaEventDisableTiming: a sleeping wait
+# CUDA runtime error codes (CuPy's CUDARuntimeError.status) that say this process or its device
+# cannot take on more, or cannot work at all, rather than that a handle it was given is bad: when
+# opening a peer's IPC handle fails with one of these, the receiver is at fault (_open_peer).
+_LOCAL_CUDA_ERRORS = frozenset({
+    2,  # cudaErrorMemoryAllocation
+    3,  # cudaErrorInitializationError
+    4,  # cudaErrorCudartUnloading
+    35,  # cudaErrorInsufficientDriver
+    46,  # cudaErrorDevicesUnavailable
+    100,  # cudaErrorNoDevice
+    101,  # cudaErrorInvalidDevice
+    700,  # cudaErrorIllegalAddress (sticky: this process's context is lost)
+    719,  # cudaErrorLaunchFailure (sticky)
+})
 
 def _number_from_env(name: str, default: float, low: float, high: float, *,
                      low_allowed: bool = True) -> float:
@@ -1057,8 +1072,9 @@ class IpcPlane:
                                          nbytes, _CUDA_MEMCPY_DEFAULT, stream)
                     copied += nbytes
         except Exception:
-            # A handle that cannot be opened is the sender's fault (_open_peer says so); an
-            # allocation or a copy that fails is this member's, and the driver makes it leave.
+            # A handle that cannot be opened is the sender's fault (_open_peer says so, unless
+            # the failure is this process's own); an allocation or a copy that fails is this
+            # member's, and the driver makes it leave.
             regions = [(seg, off) for _, seg, off in placed if seg >= 0]
             if regions:  # copies into them may be queued: free them once the stream is past
                 assert peer is not None
@@ -1104,11 +1120,18 @@ class IpcPlane:
 
     @staticmethod
     def _open_peer(sender: int, opener: Callable[..., Any], *args: object) -> int:
-        """Open one of ``sender``'s announced IPC handles here; a failure is a ProtocolViolation
-        (the exporter is gone or is not on this host: its messages cannot land here)."""
+        """Open one of ``sender``'s announced IPC handles here. A handle that does not open is
+        the sender's fault, a ProtocolViolation (the exporter is gone, is not on this host, or
+        sent a bad handle: its messages cannot land here); a failure that says this process or
+        its device cannot take on more (:data:`_LOCAL_CUDA_ERRORS`, MemoryError) is raised as
+        is: the fault is this member's, and it leaves rather than have the sender removed."""
         try:
             return int(opener(*args))
+        except MemoryError:
+            raise
         except Exception as exc:
+            if getattr(exc, "status", None) in _LOCAL_CUDA_ERRORS:
+                raise
             raise ProtocolViolation(
                 f"cannot map member {sender}'s device memory: {exc!r}") from exc
 

@@ -243,7 +243,7 @@ async def landing_fails(config: da.Config) -> None:
                     raise MemoryError("injected: no room for the array")
                 return real(*args)
 
-            plane._array_over = failing  # type: ignore[method-assign]
+            plane._array_over = failing  # type: ignore[method-assign,assignment]
             await _wait_left(group)
             _write(os.environ["DA_GPU_OUT"], me, {
                 "closed": str(group._closed), "seen": len(local.seen)})
@@ -366,6 +366,53 @@ async def ipc_receiver_cannot_allocate(config: da.Config) -> None:
         await asyncio.sleep(0.5)
 
 
+async def ipc_receiver_cannot_map(config: da.Config) -> None:
+    """The CUDA IPC plane. Member 2 cannot map member 0's pool segment (opening its IPC handle
+    fails with cudaErrorMemoryAllocation, injected): the fault is member 2's, not the sender's,
+    so member 2 leaves and member 0 stays. Members 0 and 1 deliver all six of member 0's
+    messages."""
+    import cupy
+
+    me = config.member_id
+    async with da.Group(config, actors=[Checker]) as group:
+        chk = group.subgroup(Checker)
+        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        driver = group._driver
+        assert driver is not None and driver.gpuplane is not None
+        if me == 2:
+            plane = driver.gpuplane
+            real = plane._rt
+
+            class Runtime:
+                """The CUDA runtime, except that this process cannot map IPC memory."""
+
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(real, name)
+
+                @staticmethod
+                def ipcOpenMemHandle(*_: object) -> int:  # CUDA's name
+                    raise cupy.cuda.runtime.CUDARuntimeError(2)  # cudaErrorMemoryAllocation
+
+            plane._rt = Runtime()
+            await _wait_left(group)
+            _write(os.environ["DA_GPU_OUT"], me, {
+                "closed": str(group._closed), "seen": [t for t, _ in local.seen]})
+            return
+        if me == 0:
+            await _wait_pools(group, (1, 2))  # every message by CUDA IPC
+            for i in range(6):
+                x = group.device_buffer((4096,), "float32")
+                x.fill(float(i + 1))
+                cupy.cuda.Device().synchronize()
+                r = await asyncio.wait_for(chk.put(x, f"c{i}", float(i + 1)), 60)
+                assert r[0] is True, r
+        await _wait_seen(local, 6, 60)
+        _write(os.environ["DA_GPU_OUT"], me, {
+            "seen": [t for t, _ in local.seen], "members": list(group.view.members),
+            "bad": sum(1 for _, ok in local.seen if not ok)})
+        await asyncio.sleep(0.5)
+
+
 async def ipc_sender_overstates_its_pool(config: da.Config) -> None:
     """The CUDA IPC plane. Member 0 announces each pool segment at twice its real size (so its
     descriptors could make receivers copy past its memory) and then sends a device array: the
@@ -425,7 +472,7 @@ def _use_own_gpu(me: int) -> int:
     """Put member ``me`` on GPU ``me % count`` (CuPy and torch) before its group starts."""
     import cupy
 
-    device = me % cupy.cuda.runtime.getDeviceCount()
+    device = int(me % cupy.cuda.runtime.getDeviceCount())
     cupy.cuda.Device(device).use()
     try:
         import torch

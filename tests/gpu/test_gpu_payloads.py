@@ -137,6 +137,26 @@ def test_a_receiver_that_cannot_take_pool_memory_leaves_and_the_sender_stays(
     assert r2["seen"] == ["c0", "c1"], r2
 
 
+def test_a_receiver_that_cannot_map_the_senders_pool_leaves_and_the_sender_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA IPC plane: when opening a sender's IPC handle fails for want of memory here
+    (cudaErrorMemoryAllocation, injected in member 2), the receiver is at fault: it leaves,
+    saying why, and the healthy sender is not removed; the others deliver everything."""
+    _need_gpu()
+    from tests.gpu import gpu_apps
+
+    monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
+    codes = da.launch_local(3, gpu_apps.ipc_receiver_cannot_map,
+                            group=f"gpumap{os.getpid()}", timeout=120)
+    assert codes == [0, 0, 0], codes
+    r0, r1, r2 = (json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(3))
+    assert r0["seen"] == r1["seen"] == [f"c{i}" for i in range(6)], (r0, r1)
+    assert r0["bad"] == r1["bad"] == 0 and r0["members"] == r1["members"] == [0, 1]
+    assert "could not be taken in here" in r2["closed"] and "CUDARuntimeError" in r2["closed"], r2
+    assert r2["seen"] == [], r2
+
+
 def test_a_sender_that_announces_more_pool_than_it_holds_is_removed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

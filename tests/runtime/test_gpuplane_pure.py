@@ -13,6 +13,7 @@ from derecho_async.runtime.gpuplane import (
     ALIGN,
     ArraySpec,
     Descriptor,
+    IpcPlane,
     PoolAnnouncement,
     RangeAllocator,
 )
@@ -183,3 +184,39 @@ def test_descriptor_batches_round_trip_and_are_validated() -> None:
                 [env.GPU_BATCH, 4, 1]):
         with pytest.raises(ProtocolViolation):
             env.decode(msgpack.packb(bad, use_bin_type=True))
+
+
+class _CudaError(RuntimeError):
+    """Shaped like CuPy's CUDARuntimeError: the CUDA status code in ``status``."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"CUDA error {status}")
+        self.status = status
+
+
+@pytest.mark.parametrize("status", [1, 201, 205, 400, 999])
+def test_a_peer_handle_that_does_not_open_is_the_senders_fault(status: int) -> None:
+    def opener(*_: object) -> int:
+        raise _CudaError(status)
+
+    with pytest.raises(ProtocolViolation, match="cannot map member 7's device memory"):
+        IpcPlane._open_peer(7, opener, b"handle")
+
+
+@pytest.mark.parametrize("exc", [_CudaError(2), _CudaError(46), _CudaError(700), MemoryError()])
+def test_opening_a_peer_handle_that_fails_for_want_of_local_resources_is_this_members_fault(
+    exc: BaseException,
+) -> None:
+    """Out of memory or of a working device here: raised as is (the driver makes this member
+    leave), not a ProtocolViolation that would have the healthy sender removed."""
+
+    def opener(*_: object) -> int:
+        raise exc
+
+    with pytest.raises(type(exc)) as caught:
+        IpcPlane._open_peer(7, opener, b"handle")
+    assert caught.value is exc
+
+
+def test_an_opened_peer_handle_gives_its_address() -> None:
+    assert IpcPlane._open_peer(7, lambda *_: 0x7F00_0000_0000) == 0x7F00_0000_0000
