@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,13 @@ async def bench_member(config: da.Config) -> None:
         await _bench_member(config, sizes)
 
 
+def _repeat(call: Callable[[Any], Awaitable[object]], x: Any) -> Callable[[int], Awaitable[object]]:
+    """``call(x)`` for every index of a :func:`pipelined` run."""
+    def one(_: int) -> Awaitable[object]:
+        return call(x)
+    return one
+
+
 async def _bench_member(config: da.Config, sizes: list[int]) -> None:
     import asyncio
 
@@ -131,16 +139,16 @@ async def _bench_member(config: da.Config, sizes: list[int]) -> None:
                 # Warm up with two full pipelines: the first grows every member's pool to what
                 # this size and depth need (a cold pool costs each new segment a cudaMalloc and
                 # an announcement); the second, timed, sizes the measured run.
-                await pipelined(lambda _, call=call, x=x: call(x), in_flight, in_flight)
+                await pipelined(_repeat(call, x), in_flight, in_flight)
                 t0 = time.perf_counter()
-                await pipelined(lambda _, call=call, x=x: call(x), in_flight, in_flight)
+                await pipelined(_repeat(call, x), in_flight, in_flight)
                 if not reps:
                     rate = in_flight / max(time.perf_counter() - t0, 1e-6)
                     reps = max(_reps(size), min(_MAX_REPS, int(rate * seconds)))
                     row["reps"] = reps
                 cpu0 = await sink.cpu() if mode == "oneway" else None
                 t0 = time.perf_counter()
-                await pipelined(lambda _, call=call, x=x: call(x), reps, in_flight)
+                await pipelined(_repeat(call, x), reps, in_flight)
                 row[mode] = time.perf_counter() - t0
                 if cpu0 is not None:  # CPU per message of each member over the one-way run
                     cpu1 = await sink.cpu()

@@ -7,6 +7,7 @@ saw. Usage: ``python examples/sim_demo.py [--seed S]``.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from derecho_async.testing import SimCluster
 
@@ -16,7 +17,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=2026)
     args = parser.parse_args()
     c = SimCluster(5, seed=args.seed, max_payload=64)
-    phases = [
+    phases: list[tuple[str, Callable[[], None]]] = [
         ("traffic from every member", lambda: None),
         ("crash member 4", lambda: c.crash(4)),
         ("member 9 joins", lambda: c.join(9)),

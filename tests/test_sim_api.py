@@ -204,7 +204,7 @@ def test_traffic_from_a_member_counts_as_a_heartbeat() -> None:
 
 def test_send_batch_writes_a_few_records_per_poll_and_loses_nothing() -> None:
     from derecho_async.core import CoreConfig, Member, View
-    from derecho_async.testing.sim import DEFAULT_SUBGROUP
+    from derecho_async.core.layout import DEFAULT_SUBGROUP
 
     m = Member(0, CoreConfig(window=16, send_batch=3), view=View(0, (0, 1)))
     for i in range(10):

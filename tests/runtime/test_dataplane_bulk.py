@@ -354,7 +354,7 @@ def _block_frames(chain_targets: tuple[int, ...], nbytes: int) -> list[list[Any]
 
 
 def test_hostile_blocks_are_protocol_violations() -> None:
-    import msgpack
+    import msgpack  # type: ignore[import-untyped]
 
     from derecho_async.core import View, ViewInstalled
 
@@ -403,7 +403,14 @@ def test_hostile_blocks_are_protocol_violations() -> None:
     for why, frm, frames in cases:
         landed: list[object] = []
         relayed: list[int] = []
-        plane = in_view(ChainPlane(1, lambda to, f, r=relayed: r.append(to), lambda k, p, ld=landed: ld.append(p)))
+
+        def relay(to: int, f: bytes, r: list[int] = relayed) -> None:
+            r.append(to)
+
+        def land(k: tuple[int, int, int], p: object, ld: list[object] = landed) -> None:
+            ld.append(p)
+
+        plane = in_view(ChainPlane(1, relay, land))
         with pytest.raises(da.ProtocolViolation):
             for f in frames:
                 plane.receive(frm, f, b"raw")

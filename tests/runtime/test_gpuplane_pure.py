@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -104,7 +104,7 @@ async def test_ordered_calls_return_every_members_result_in_one_total_order() ->
             assert set(r) == {0, 1, 2} and len(set(r.values())) == 1
             assert isinstance(r, da.Replies) and r.version[0] == 0
         # the reply value is the position in the common log
-        positions = sorted(next(iter(r.values())) for r in replies)  # type: ignore[type-var]
+        positions = sorted(next(iter(r.values())) for r in replies)
         assert positions == list(range(1, 31))
         assert len({r.version for r in replies}) == 30
     finally:

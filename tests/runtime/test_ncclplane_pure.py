@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import collections
 import random
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -45,7 +46,7 @@ def _shards(layout: Layout, members: tuple[int, ...]) -> list[tuple[tuple[int, .
 
 
 # -- selection ----------------------------------------------------------------------------------
-def _never() -> bool:
+def _never() -> NoReturn:
     raise AssertionError("probed although the mode did not need it")
 
 
@@ -273,6 +274,10 @@ def test_broadcasts_are_taken_strictly_in_the_roots_order() -> None:
     comm.take_recv(2)
 
 
+# one entry of a communicator's ``inflight`` queue: (event, completion callback, regions)
+_InFlight = tuple[int, Callable[[], None], list[tuple[int, int]]]
+
+
 def _watch(comm: Comm, start: float, end: float, limit_s: float = 60.0) -> float | None:
     """Run the watchdog every 0.5 s (as NcclPlane._check_async does) from ``start`` to ``end``:
     the first time it calls ``comm`` stalled, or None."""
@@ -289,7 +294,8 @@ def test_a_communicator_is_stalled_only_when_its_oldest_broadcast_never_moves() 
     any completion (a new oldest) or an empty queue starts the clock again."""
     comm = Comm(spec=CommSpec(3, 0, (3, 4)), rank=1)
     assert _watch(comm, 0.0, 9.5) is None  # nothing in flight
-    first, second = (1, lambda: None, []), (2, lambda: None, [])
+    first: _InFlight = (1, lambda: None, [])
+    second: _InFlight = (2, lambda: None, [])
     comm.inflight.extend([first, second])
     assert _watch(comm, 10.0, 69.5) is None  # the clock starts at the first sight of `first`
     comm.inflight.popleft()  # `first` completed at last: progress

@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 
 from derecho_async.cli import _Run
 from tests.runtime.run_support import assert_survivors_consistent, wait_for
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
 
 
 @pytest.mark.parametrize(
@@ -61,7 +65,7 @@ def test_uvloop_and_stock_asyncio_members_interoperate() -> None:
     assert len({r["digest"] for r in run.reports.values()}) == 1
 
 
-def _joiner(fields: dict[str, object], q: object) -> None:
+def _joiner(fields: dict[str, object], q: Queue[object]) -> None:
     import uvloop
 
     import derecho_async as da
@@ -75,7 +79,7 @@ def _joiner(fields: dict[str, object], q: object) -> None:
                 (
                     "joined",
                     fields["member_id"],
-                    {  # type: ignore[attr-defined]
+                    {
                         "view": list(g.view.members),
                         "items": len(items),
                         "digest": log_digest(items),

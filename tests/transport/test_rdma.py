@@ -24,7 +24,7 @@ import time
 import types
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import msgpack  # type: ignore[import-untyped]
 import pytest
@@ -66,6 +66,7 @@ from derecho_async.transport.rdma import (
     imm_doorbell,
     piece_end,
 )
+from derecho_async.transport.tcp import TcpTransport
 
 HERE = Path(__file__).parent
 
@@ -808,7 +809,11 @@ async def test_each_peer_gets_its_own_inbox_and_keys() -> None:
         for s in range(3):
             c[s].push(1, s * ROW, _word(s), [0, 1, 2])
         for r in c.recs:
-            await r.wait_for(lambda r=r: len(r.pushes()) == 2)
+
+            def both_pushes(r: Recorder = r) -> bool:
+                return len(r.pushes()) == 2
+
+            await r.wait_for(both_pushes)
         regions = []
         for t in c.transports:
             assert isinstance(t, RdmaTransport)
@@ -932,7 +937,7 @@ async def test_a_restarted_member_gets_a_fresh_link() -> None:
         t1 = make_rdma_transport("rdma", 1, group=c.group)
         c.transports[1], c.recs[1] = t1, rec
         await t1.start(rec)
-        t1.add_peer(0, c[0].address)
+        t1.add_peer(0, cast(RdmaTransport, c[0]).address)
         c[0].add_peer(1, t1.address)
         t1.set_view(1, [0, 1], ROW)
         await asyncio.sleep(0.2)
@@ -947,7 +952,13 @@ async def test_a_restarted_member_gets_a_fresh_link() -> None:
 
 # -- the bulk path (large messages by RDMA into the peer's bulk region) -----------------------
 
-SMALL_BULK = {"bulk_threshold": 32 << 10, "bulk_block": 16 << 10, "bulk_slots": 4}
+class _BulkSettings(TypedDict):
+    bulk_threshold: int
+    bulk_block: int
+    bulk_slots: int
+
+
+SMALL_BULK: _BulkSettings = {"bulk_threshold": 32 << 10, "bulk_block": 16 << 10, "bulk_slots": 4}
 
 
 def _bulk_blocks_sent(t: Any, peer: int) -> int:
@@ -966,7 +977,11 @@ async def test_bulk_messages_keep_link_order_with_small_messages_and_pushes() ->
         c[0].push(1, 0, _word(0), [1, 2])
         for t in (1, 2):
             want[t].append(("push", 1, 0, 0, _word(0)))
-            await c.recs[t].wait_for(lambda t=t: len(c.recs[t].pushes(0)) == 1)
+
+            def first_push(t: int = t) -> bool:
+                return len(c.recs[t].pushes(0)) == 1
+
+            await c.recs[t].wait_for(first_push)
         for i in range(120):
             for t in (1, 2):
                 r = rnd.random()
@@ -983,12 +998,16 @@ async def test_bulk_messages_keep_link_order_with_small_messages_and_pushes() ->
                 await asyncio.sleep(0)
         # a bytearray payload is copied at send: changing it afterwards changes nothing
         buf = bytearray(rnd.randbytes(200_000))
-        c[0].send(1, buf)
+        c[0].send(1, buf)  # type: ignore[arg-type]  # typed bytes; a bytearray is accepted
         want[1].append(("msg", 0, bytes(buf)))
         buf[:10] = bytes(10)
         for t in (1, 2):
             rec = c.recs[t]
-            await rec.wait_for(lambda rec=rec, t=t: len(rec.from_sender(0)) >= len(want[t]))
+
+            def caught_up(rec: Recorder = rec, t: int = t) -> bool:
+                return len(rec.from_sender(0)) >= len(want[t])
+
+            await rec.wait_for(caught_up)
             assert rec.from_sender(0) == want[t]  # whole, and in link order
             assert _bulk_blocks_sent(c[0], t) > 0, "the large messages did not use rdma"
         await c[0].drain()
@@ -1082,7 +1101,11 @@ async def test_a_member_leaving_the_view_loses_its_keys_and_a_new_link_gets_fres
         for s in range(3):
             c[s].push(1, s * ROW, _word(s), [t for t in range(3) if t != s])
         for t in range(3):
-            await c.recs[t].wait_for(lambda t=t: len(c.recs[t].pushes()) == 2)
+
+            def both_pushes(t: int = t) -> bool:
+                return len(c.recs[t].pushes()) == 2
+
+            await c.recs[t].wait_for(both_pushes)
         t0 = c[0]
         assert isinstance(t0, RdmaTransport)
         old = t0._links[2].ep
@@ -1184,7 +1207,7 @@ async def test_measure_push_latency_and_bandwidth(mode: str) -> None:
     ts: list[Any] = []
     for i in range(2):
         if mode == "tcp":
-            ts.append(support.TcpTransport(i, ("127.0.0.1", 0), secret=SECRET))
+            ts.append(TcpTransport(i, ("127.0.0.1", 0), secret=SECRET))
         else:
             ts.append(
                 RdmaTransport(
@@ -1291,7 +1314,7 @@ async def test_measure_large_payload_throughput(mode: str, mib: int) -> None:
     ts: list[Any] = []
     for i in range(3):
         if mode == "tcp":
-            ts.append(support.TcpTransport(i, ("127.0.0.1", 0), secret=SECRET, max_frame=1 << 30))
+            ts.append(TcpTransport(i, ("127.0.0.1", 0), secret=SECRET, max_frame=1 << 30))
         else:
             ts.append(
                 RdmaTransport(i, ("127.0.0.1", 0), secret=SECRET, device=os.environ.get("RXE_DEV"))

@@ -137,7 +137,11 @@ async def test_spinning_consumer_sleeps_between_sparse_arrivals() -> None:
         for n, word in enumerate((b"one", b"two")):
             fake.record(R_MSG, 3, 0, word)
             fake.publish()
-            await r.wait_for(lambda n=n: len(r.messages(0)) == n + 1)
+
+            def arrived(n: int = n) -> bool:
+                return len(r.messages(0)) == n + 1
+
+            await r.wait_for(arrived)
             await asyncio.sleep(0.015)  # > 5 x 2 ms
         assert fake.ring.words[shm_mod._W_CSLEEP] == 1
     finally:
@@ -159,7 +163,11 @@ async def test_spinning_consumer_needs_no_doorbell(spin_us: float) -> None:
         for n, word in enumerate((b"first", b"second")):  # two arrivals: dense traffic
             fake.record(R_MSG, len(word), 0, word)
             fake.publish()
-            await r.wait_for(lambda n=n: len(r.messages(0)) == n + 1)
+
+            def arrived(n: int = n) -> bool:
+                return len(r.messages(0)) == n + 1
+
+            await r.wait_for(arrived)
         await asyncio.sleep(0.005)
         assert fake.ring.words[shm_mod._W_CSLEEP] == (0 if spin_us else 1)
         if spin_us:

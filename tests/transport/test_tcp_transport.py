@@ -177,9 +177,12 @@ async def test_simultaneous_dials_keep_one_stream_per_pair() -> None:
                 for s in range(3):
                     if s != t:
                         want = [b"%d>%d #%d" % (s, t, i) for i in range(20)]
-                        await rec.wait_for(
-                            lambda rec=rec, s=s, want=want: len(rec.messages(s)) >= len(want)
-                        )
+
+                        def caught_up(rec: Recorder = rec, s: int = s,
+                                      want: list[bytes] = want) -> bool:
+                            return len(rec.messages(s)) >= len(want)
+
+                        await rec.wait_for(caught_up)
                         assert rec.messages(s) == want
                 assert rec.failures() == []
             for s in range(3):
@@ -258,7 +261,7 @@ async def test_connect_helper_and_config_errors() -> None:
     with pytest.raises(ConfigError):
         TcpTransport(0, ("127.0.0.1", "80"), secret=b"x")  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
-        TcpTransport(0, ("127.0.0.1", 0), secret=b"x", peers={1: "nowhere"})  # type: ignore[dict-item]
+        TcpTransport(0, ("127.0.0.1", 0), secret=b"x", peers={1: "nowhere"})
     ra, rb = Recorder(), Recorder()
     a = await started(0, ra)
     b = await started(1, rb)

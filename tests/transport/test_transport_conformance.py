@@ -47,9 +47,12 @@ async def test_fifo_per_link_with_interleaved_messages(kind: str) -> None:
             for s in range(3):
                 if s != t:
                     want = sent[s][t]
-                    await rec.wait_for(
-                        lambda rec=rec, s=s, want=want: len(rec.from_sender(s)) >= len(want)
-                    )
+
+                    def caught_up(rec: Recorder = rec, s: int = s,
+                                  want: list[tuple[object, ...]] = want) -> bool:
+                        return len(rec.from_sender(s)) >= len(want)
+
+                    await rec.wait_for(caught_up)
                     assert rec.from_sender(s) == want
             assert rec.failures() == []
 
@@ -79,7 +82,11 @@ async def test_big_messages_and_bursts_beyond_ring_capacity(kind: str) -> None:
         want.append(("msg", 0, big2))
         for t in (1, 2):
             rec = c.recs[t]
-            await rec.wait_for(lambda rec=rec: len(rec.from_sender(0)) >= len(want))
+
+            def caught_up(rec: Recorder = rec) -> bool:
+                return len(rec.from_sender(0)) >= len(want)
+
+            await rec.wait_for(caught_up)
             got = rec.from_sender(0)
             assert len(got) == len(want)
             assert got == want  # intact and in order
@@ -119,7 +126,11 @@ async def test_push_outside_senders_row_is_dropped_logged_reported(
         c[0].push(1, ROW + 8, b"intruder", [1, 2])  # into member 1's row
         c[0].push(1, 3 * ROW - 4, b"overflow", [1])  # runs past the table
         for t in (1, 2):
-            await c.recs[t].wait_for(lambda t=t: bool(c.recs[t].failures(0)))
+
+            def failed(t: int = t) -> bool:
+                return bool(c.recs[t].failures(0))
+
+            await c.recs[t].wait_for(failed)
             assert "outside member 0's row" in c.recs[t].failures(0)[0]
             assert c.recs[t].pushes(0) == []
         assert "outside member 0's row" in caplog.text
@@ -135,7 +146,11 @@ async def test_push_outside_senders_row_is_dropped_logged_reported(
         c.set_view(1, [0, 1, 2], ROW, at=[0])
         c[0].push(1, 0, word(9), [1, 2])
         for t in (1, 2):
-            await c.recs[t].wait_for(lambda t=t: bool(c.recs[t].pushes(0)))
+
+            def pushed(t: int = t) -> bool:
+                return bool(c.recs[t].pushes(0))
+
+            await c.recs[t].wait_for(pushed)
             assert c.recs[t].pushes(0) == [(1, 0, 0, word(9))]
 
 
@@ -160,7 +175,11 @@ async def test_pushes_for_future_view_are_held_until_set_view(
         c[0].push(2, 16, word(3), [1, 2])  # after set_view: queued behind the held ones
         want = [(2, 0, 0, word(1)), (2, 0, 8, word(2)), (2, 0, 16, word(3))]
         for rec in (rec1, rec2):
-            await rec.wait_for(lambda rec=rec: len(rec.pushes(0)) == 3)
+
+            def all_three(rec: Recorder = rec) -> bool:
+                return len(rec.pushes(0)) == 3
+
+            await rec.wait_for(all_three)
             assert rec.pushes(0) == want
         await rec2.wait_for(lambda: bool(rec2.failures(1)))
         assert "outside member 1's row" in rec2.failures(1)[0]
@@ -269,7 +288,11 @@ async def test_close_releases_everything(kind: str) -> None:
                     c[s].send(t, b"hi")
             c[s].push(1, s * ROW, word(s), [0, 1, 2])
         for r in c.recs:
-            await r.wait_for(lambda r=r: len(r.messages()) == 2 and len(r.pushes()) == 2)
+
+            def all_in(r: Recorder = r) -> bool:
+                return len(r.messages()) == 2 and len(r.pushes()) == 2
+
+            await r.wait_for(all_in)
         if kind == "shm":
             assert len(ShmTransport.segments(group)) == 6
         if kind == "tcp":

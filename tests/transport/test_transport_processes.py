@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import cast
 
 import msgpack  # type: ignore[import-untyped]
 import pytest
@@ -116,7 +117,8 @@ async def crashed_child(kind: str) -> tuple[Transport, Recorder, str, asyncio.su
     try:
         async with asyncio.timeout(60):
             await rec.wait_for(lambda: bool(rec.messages(1)))
-            t.send(1, msgpack.packb(["go", {0: None} if kind == "shm" else {0: list(t.address)}]))
+            peer = {0: None} if kind == "shm" else {0: list(cast(TcpTransport, t).address)}
+            t.send(1, msgpack.packb(["go", peer]))
             await rec.wait_for(lambda: any(b"crash-ready" in m for m in rec.messages(1)))
     except BaseException:
         proc.kill()
