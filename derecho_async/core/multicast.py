@@ -4,7 +4,8 @@ Theory of operation. Each sender owns a ring of ``window`` slots in its own row.
 next free slots with records (a header, then the inline payload), pushes the filled slot range,
 then pushes the ``sent_records`` counter that publishes them: data before counter, as two pushes,
 so a receiver that sees the counter sees the slots (sender batching: every ready record goes out
-in one pair of pushes). Receivers compare each sender's counter with what they have read, copy
+in one pair of pushes). The counter travels with the adjacent ``recv_frontier`` and ``delivered``
+words, in the one push that ends the pass. Receivers compare each sender's counter with what they have read, copy
 every new record out, and publish their ``recv_frontier`` once per scan (receiver batching).
 
 A record covers one turn (a message; a descriptor of a large message whose bytes travel on the
@@ -113,10 +114,14 @@ class ShardState:
             if r != self.my_rank
         )
         self._slot_bytes = cols.slot_words * WORD
+        if not (cols.recv_frontier.offset == cols.sent_records.offset + WORD
+                and cols.delivered.offset == cols.sent_records.offset + 2 * WORD):
+            raise ValueError("sent_records, recv_frontier and delivered must be adjacent words")
         # Sender side. ``queue`` is the member's queue for this subgroup, shared across views.
         self.queue = queue
         self.sent_records = 0
         self.sent_turns = 0
+        self._counter_unpushed = False  # sent_records moved since it was last pushed
         self.inflight_last_seq: deque[int] = deque()
         self.own_undelivered: deque[tuple[int, Outgoing]] = deque()
         # Receiver side, per sender index.
@@ -280,8 +285,10 @@ class ShardState:
                 nbytes -= slot_bytes - (used + WORD - 1) // WORD * WORD
             self._push(self.cols.slot_offset(r), nbytes, self.peer_ids)
             r += run
+        # The counter that publishes them goes out with my frontier and delivered counters, in
+        # one push after these (publish_progress, at the end of the same pass).
         self.table.set(self.cols.sent_records, self.sent_records)
-        self._push(self.cols.sent_records.offset, WORD, self.peer_ids)
+        self._counter_unpushed = True
 
     # -- receiving -----------------------------------------------------------------------------
     def receive(
@@ -401,7 +408,8 @@ class ShardState:
             self.frontier = _frontier(self.turns_held)
 
     def publish_progress(self) -> None:
-        """Push my frontier and delivered counters if they moved (once per scan)."""
+        """Push my frontier and delivered counters if they moved, with my ``sent_records``
+        counter if records were written since it was last pushed (once per pass)."""
         t = self.table
         cols = self.cols
         changed = False
@@ -413,8 +421,13 @@ class ShardState:
             t.set(cols.delivered, self.delivered)
             self.published_delivered = self.delivered
             changed = True
-        if changed:
-            # recv_frontier and delivered are adjacent words: one push to every view member.
+        # sent_records, recv_frontier and delivered are adjacent words: one push to every view
+        # member (the counter is read only by the shard's members, who got the slots it counts
+        # in earlier pushes: data before counter).
+        if self._counter_unpushed:
+            self._counter_unpushed = False
+            self._push(cols.sent_records.offset, 3 * WORD, ())
+        elif changed:
             self._push(cols.recv_frontier.offset, 2 * WORD, ())
 
     # -- delivery ------------------------------------------------------------------------------
