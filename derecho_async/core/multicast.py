@@ -408,8 +408,10 @@ class ShardState:
             self.frontier = _frontier(self.turns_held)
 
     def publish_progress(self) -> None:
-        """Push my frontier and delivered counters if they moved, with my ``sent_records``
-        counter if records were written since it was last pushed (once per pass)."""
+        """Push my frontier if it moved, with my ``sent_records`` counter if records were
+        written since it was last pushed (once per pass). My ``delivered`` counter travels with
+        them: no peer's protocol step reads it (stability and flow control follow frontiers),
+        so a pass that only delivered pushes nothing, and the next push carries it."""
         t = self.table
         cols = self.cols
         changed = False
@@ -420,7 +422,6 @@ class ShardState:
         if self.delivered != self.published_delivered:
             t.set(cols.delivered, self.delivered)
             self.published_delivered = self.delivered
-            changed = True
         # sent_records, recv_frontier and delivered are adjacent words: one push to every view
         # member (the counter is read only by the shard's members, who got the slots it counts
         # in earlier pushes: data before counter).

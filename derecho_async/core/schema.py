@@ -154,7 +154,10 @@ class RowSchema:
                 "Monotone; frozen once the owner wedges.",
             )
             delivered = self._col(
-                f"s{s}.delivered", 1, "Next seq the owner will deliver. Monotone within a view."
+                f"s{s}.delivered",
+                1,
+                "Next seq the owner will deliver, as of its last push of this range (it travels "
+                "with sent_records and recv_frontier, never alone). Monotone within a view.",
             )
             slots = self._col(
                 f"s{s}.slots",
