@@ -314,6 +314,19 @@ class Member:
     def has_ready(self) -> bool:
         return bool(self._ready)
 
+    def settled(self) -> bool:
+        """True when a poll now would find nothing to do: an active member, not changing views,
+        nothing marked changed since its last poll and nothing waiting in its Ready. Until an
+        input arrives (a push, a message, a submit, a landing, a tick), it stays so."""
+        return (
+            self.state is MemberState.ACTIVE
+            and not self.wedged
+            and not self.suspected
+            and not self._dirty_membership
+            and not self._dirty_multicast
+            and not self._ready
+        )
+
     # -- helpers used by view_change -----------------------------------------------------------
     def push_all(self, row_offset: int, nbytes: int) -> None:
         """Push a range of my row to every unsuspected member of the view."""

@@ -372,8 +372,10 @@ class Driver:
         core.advance(ready)
         # Yield to the loop before the next step, even with more to do: the transport rings its
         # peers' doorbells then, and they start on these records while this member writes the
-        # next batch (Config.send_batch) instead of waiting for all of them.
-        self.kick()
+        # next batch (Config.send_batch) instead of waiting for all of them. With nothing more
+        # to do (the usual case) no step is scheduled: the next input kicks one.
+        if not core.settled():
+            self.kick()
 
     def _execute(self, core: Member, ready: Ready) -> None:
         events = ready.events
