@@ -455,7 +455,7 @@ def test_flat_layout_round_trips_arrays_of_every_kind() -> None:
     )
 
     rng = np.random.default_rng(5)
-    arrays = (
+    arrays: tuple[np.ndarray[Any, Any], ...] = (
         rng.standard_normal((300, 7)).astype(np.float64),
         np.arange(24, dtype=">u2").reshape(2, 3, 4),  # big-endian
         np.arange(40, dtype=np.int8)[::3],  # strided
