@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import derecho_async as da
@@ -323,11 +324,12 @@ async def staging_fails(config: da.Config) -> None:
         await asyncio.sleep(0.5)
 
 
-async def ipc_receiver_cannot_allocate(config: da.Config) -> None:
-    """The CUDA IPC plane. Member 2 cannot take pool memory for the third device message it
-    receives (an injected MemoryError where the plane allocates the copy's region): the fault is
-    member 2's, so it leaves, and the sender, member 0, stays. Members 0 and 1 deliver all six
-    of member 0's messages."""
+async def _a_receiver_fails(config: da.Config, break_receiver: Callable[[Any], None],
+                            pooled: bool) -> None:
+    """The CUDA IPC plane, three members. ``break_receiver`` injects a fault of member 2's own
+    into its plane; member 0 sends six device arrays (from its pool when ``pooled``) once every
+    peer announced its pool, so all go by CUDA IPC. The fault is member 2's: it leaves, and the
+    sender stays; members 0 and 1 deliver all six."""
     import cupy
 
     me = config.member_id
@@ -337,63 +339,7 @@ async def ipc_receiver_cannot_allocate(config: da.Config) -> None:
         driver = group._driver
         assert driver is not None and driver.gpuplane is not None
         if me == 2:
-            plane = driver.gpuplane
-            real = plane._alloc
-            allocs = [0]
-
-            def alloc(nbytes: int) -> tuple[int, int]:
-                allocs[0] += 1
-                if allocs[0] == 3:
-                    raise MemoryError("injected: no device memory for the copy")
-                return real(nbytes)
-
-            plane._alloc = alloc  # type: ignore[method-assign]
-            await _wait_left(group)
-            _write(os.environ["DA_GPU_OUT"], me, {
-                "closed": str(group._closed), "seen": [t for t, _ in local.seen]})
-            return
-        if me == 0:
-            # every message by CUDA IPC (one allocation each at member 2), none by host staging
-            await _wait_pools(group, (1, 2))
-            for i in range(6):
-                x = cupy.full((4096,), float(i + 1), dtype=cupy.float32)
-                r = await asyncio.wait_for(chk.put(x, f"c{i}", float(i + 1)), 60)
-                assert r[0] is True, r
-        await _wait_seen(local, 6, 60)
-        _write(os.environ["DA_GPU_OUT"], me, {
-            "seen": [t for t, _ in local.seen], "members": list(group.view.members),
-            "bad": sum(1 for _, ok in local.seen if not ok)})
-        await asyncio.sleep(0.5)
-
-
-async def ipc_receiver_cannot_map(config: da.Config) -> None:
-    """The CUDA IPC plane. Member 2 cannot map member 0's pool segment (opening its IPC handle
-    fails with cudaErrorMemoryAllocation, injected): the fault is member 2's, not the sender's,
-    so member 2 leaves and member 0 stays. Members 0 and 1 deliver all six of member 0's
-    messages."""
-    import cupy
-
-    me = config.member_id
-    async with da.Group(config, actors=[Checker]) as group:
-        chk = group.subgroup(Checker)
-        local: Checker = group.local(Checker)  # type: ignore[assignment]
-        driver = group._driver
-        assert driver is not None and driver.gpuplane is not None
-        if me == 2:
-            plane = driver.gpuplane
-            real = plane._rt
-
-            class Runtime:
-                """The CUDA runtime, except that this process cannot map IPC memory."""
-
-                def __getattr__(self, name: str) -> Any:
-                    return getattr(real, name)
-
-                @staticmethod
-                def ipcOpenMemHandle(*_: object) -> int:  # CUDA's name
-                    raise cupy.cuda.runtime.CUDARuntimeError(2)  # cudaErrorMemoryAllocation
-
-            plane._rt = Runtime()
+            break_receiver(driver.gpuplane)
             await _wait_left(group)
             _write(os.environ["DA_GPU_OUT"], me, {
                 "closed": str(group._closed), "seen": [t for t, _ in local.seen]})
@@ -401,9 +347,12 @@ async def ipc_receiver_cannot_map(config: da.Config) -> None:
         if me == 0:
             await _wait_pools(group, (1, 2))  # every message by CUDA IPC
             for i in range(6):
-                x = group.device_buffer((4096,), "float32")
-                x.fill(float(i + 1))
-                cupy.cuda.Device().synchronize()
+                if pooled:
+                    x = group.device_buffer((4096,), "float32")
+                    x.fill(float(i + 1))
+                    cupy.cuda.Device().synchronize()
+                else:
+                    x = cupy.full((4096,), float(i + 1), dtype=cupy.float32)
                 r = await asyncio.wait_for(chk.put(x, f"c{i}", float(i + 1)), 60)
                 assert r[0] is True, r
         await _wait_seen(local, 6, 60)
@@ -411,6 +360,49 @@ async def ipc_receiver_cannot_map(config: da.Config) -> None:
             "seen": [t for t, _ in local.seen], "members": list(group.view.members),
             "bad": sum(1 for _, ok in local.seen if not ok)})
         await asyncio.sleep(0.5)
+
+
+async def ipc_receiver_cannot_allocate(config: da.Config) -> None:
+    """Member 2 cannot take pool memory for the third device message it receives (an injected
+    MemoryError where the plane allocates the copy's region): see :func:`_a_receiver_fails`."""
+
+    def no_third_region(plane: Any) -> None:
+        real = plane._alloc
+        allocs = [0]
+
+        def alloc(nbytes: int) -> tuple[int, int]:
+            allocs[0] += 1
+            if allocs[0] == 3:
+                raise MemoryError("injected: no device memory for the copy")
+            return real(nbytes)  # type: ignore[no-any-return]
+
+        plane._alloc = alloc
+
+    await _a_receiver_fails(config, no_third_region, pooled=False)
+
+
+async def ipc_receiver_cannot_map(config: da.Config) -> None:
+    """Member 2 cannot map member 0's pool segment (opening its IPC handle fails with
+    cudaErrorMemoryAllocation, injected): see :func:`_a_receiver_fails`."""
+
+    def no_mapping(plane: Any) -> None:
+        import cupy
+
+        real = plane._rt
+
+        class Runtime:
+            """The CUDA runtime, except that this process cannot map IPC memory."""
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            @staticmethod
+            def ipcOpenMemHandle(*_: object) -> int:  # CUDA's name
+                raise cupy.cuda.runtime.CUDARuntimeError(2)  # cudaErrorMemoryAllocation
+
+        plane._rt = Runtime()
+
+    await _a_receiver_fails(config, no_mapping, pooled=True)
 
 
 async def ipc_sender_overstates_its_pool(config: da.Config) -> None:

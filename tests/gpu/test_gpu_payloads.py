@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,22 +119,31 @@ def test_a_member_that_cannot_make_a_received_array_leaves_and_the_others_go_on(
     assert r2["seen"] == 2, r2
 
 
+def _one_receiver_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                        app: Callable[[da.Config], Coroutine[Any, Any, None]],
+                        group: str) -> dict[str, Any]:
+    """Run one of the apps of ``gpu_apps._a_receiver_fails``: the sender and the other receiver
+    stay and deliver everything; returns what the failing member 2 wrote."""
+    _need_gpu()
+    monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
+    codes = da.launch_local(3, app, group=f"{group}{os.getpid()}", timeout=120)
+    assert codes == [0, 0, 0], codes
+    r0, r1, r2 = (json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(3))
+    assert r0["seen"] == r1["seen"] == [f"c{i}" for i in range(6)], (r0, r1)
+    assert r0["bad"] == r1["bad"] == 0 and r0["members"] == r1["members"] == [0, 1]
+    return dict(r2)
+
+
 def test_a_receiver_that_cannot_take_pool_memory_leaves_and_the_sender_stays(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The CUDA IPC plane: a receiver whose pool cannot hold an incoming copy (an injected
     MemoryError in member 2) is the one at fault: it leaves, saying why, and the sender is not
     blamed for it; the sender and the other receiver deliver everything."""
-    _need_gpu()
     from tests.gpu import gpu_apps
 
-    monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
-    codes = da.launch_local(3, gpu_apps.ipc_receiver_cannot_allocate,
-                            group=f"gpualloc{os.getpid()}", timeout=120)
-    assert codes == [0, 0, 0], codes
-    r0, r1, r2 = (json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(3))
-    assert r0["seen"] == r1["seen"] == [f"c{i}" for i in range(6)], (r0, r1)
-    assert r0["bad"] == r1["bad"] == 0 and r0["members"] == r1["members"] == [0, 1]
+    r2 = _one_receiver_fails(tmp_path, monkeypatch, gpu_apps.ipc_receiver_cannot_allocate,
+                             "gpualloc")
     assert "could not be taken in here" in r2["closed"] and "MemoryError" in r2["closed"], r2
     assert r2["seen"] == ["c0", "c1"], r2
 
@@ -143,16 +154,9 @@ def test_a_receiver_that_cannot_map_the_senders_pool_leaves_and_the_sender_stays
     """The CUDA IPC plane: when opening a sender's IPC handle fails for want of memory here
     (cudaErrorMemoryAllocation, injected in member 2), the receiver is at fault: it leaves,
     saying why, and the healthy sender is not removed; the others deliver everything."""
-    _need_gpu()
     from tests.gpu import gpu_apps
 
-    monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
-    codes = da.launch_local(3, gpu_apps.ipc_receiver_cannot_map,
-                            group=f"gpumap{os.getpid()}", timeout=120)
-    assert codes == [0, 0, 0], codes
-    r0, r1, r2 = (json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(3))
-    assert r0["seen"] == r1["seen"] == [f"c{i}" for i in range(6)], (r0, r1)
-    assert r0["bad"] == r1["bad"] == 0 and r0["members"] == r1["members"] == [0, 1]
+    r2 = _one_receiver_fails(tmp_path, monkeypatch, gpu_apps.ipc_receiver_cannot_map, "gpumap")
     assert "could not be taken in here" in r2["closed"] and "CUDARuntimeError" in r2["closed"], r2
     assert r2["seen"] == [], r2
 
