@@ -5,8 +5,9 @@ next free slots with records (a header, then the inline payload), pushes the fil
 then pushes the ``sent_records`` counter that publishes them: data before counter, as two pushes,
 so a receiver that sees the counter sees the slots (sender batching: every ready record goes out
 in one pair of pushes). The counter travels with the adjacent ``recv_frontier`` and ``delivered``
-words, in the one push that ends the pass. Receivers compare each sender's counter with what they have read, copy
-every new record out, and publish their ``recv_frontier`` once per scan (receiver batching).
+words, in the one push that ends the pass. Receivers compare each sender's counter with what they
+have read, copy every new record out, and publish their ``recv_frontier`` once per scan (receiver
+batching).
 
 A record covers one turn (a message; a descriptor of a large message whose bytes travel on the
 data plane) or a run of turns (a null, sent by an idle sender when another sender is ahead of it).

@@ -27,10 +27,11 @@ against the allocation its handle opens (``cuMemGetAddressRange``, once, when it
 breaks these rules, or a handle that cannot be opened, is the sender's fault (a
 ProtocolViolation); an allocation or a copy that fails here is this member's, and it leaves, as
 it does when opening a handle fails for want of memory or of a working device here. For each
-array the receiver takes a region of its *own* pool, makes the stream it keeps for that sender wait on the sender's event, and
-issues a device-to-device copy (a peer copy when the sender's GPU is another one); at the loop's
-next turn one local event is recorded after all the copies issued for that sender since the last
-one (descriptors arrive in bursts; 8 MiB of copies closes a batch at once). One *non-blocking*
+array the receiver takes a region of its *own* pool, makes the stream it keeps for that sender
+wait on the sender's event, and issues a device-to-device copy (a peer copy when the sender's GPU
+is another one); at the loop's next turn one local event is recorded after all the copies issued
+for that sender since the last one (descriptors arrive in bursts; 8 MiB of copies closes a batch
+at once). One *non-blocking*
 stream per sender: a sender that dies leaves an event that may never complete, and a wait on it
 must stall only that sender's copies (which the view change trims anyway), not other senders'
 copies nor the application's work on the default stream. Completion is noticed without blocking the
