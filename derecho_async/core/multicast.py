@@ -115,14 +115,11 @@ class ShardState:
             if r != self.my_rank
         )
         self._slot_bytes = cols.slot_words * WORD
-        if not (cols.recv_frontier.offset == cols.sent_records.offset + WORD
-                and cols.delivered.offset == cols.sent_records.offset + 2 * WORD):
-            raise ValueError("sent_records, recv_frontier and delivered must be adjacent words")
         # Sender side. ``queue`` is the member's queue for this subgroup, shared across views.
         self.queue = queue
         self.sent_records = 0
         self.sent_turns = 0
-        self._counter_unpushed = False  # sent_records moved since it was last pushed
+        self.published_records = 0
         self.inflight_last_seq: deque[int] = deque()
         self.own_undelivered: deque[tuple[int, Outgoing]] = deque()
         # Receiver side, per sender index.
@@ -288,8 +285,6 @@ class ShardState:
             r += run
         # The counter that publishes them goes out with my frontier and delivered counters, in
         # one push after these (publish_progress, at the end of the same pass).
-        self.table.set(self.cols.sent_records, self.sent_records)
-        self._counter_unpushed = True
 
     # -- receiving -----------------------------------------------------------------------------
     def receive(
@@ -423,11 +418,14 @@ class ShardState:
         if self.delivered != self.published_delivered:
             t.set(cols.delivered, self.delivered)
             self.published_delivered = self.delivered
+        records = self.sent_records != self.published_records
+        if records:
+            t.set(cols.sent_records, self.sent_records)
+            self.published_records = self.sent_records
         # sent_records, recv_frontier and delivered are adjacent words: one push to every view
         # member (the counter is read only by the shard's members, who got the slots it counts
         # in earlier pushes: data before counter).
-        if self._counter_unpushed:
-            self._counter_unpushed = False
+        if records:
             self._push(cols.sent_records.offset, 3 * WORD, ())
         elif changed:
             self._push(cols.recv_frontier.offset, 2 * WORD, ())

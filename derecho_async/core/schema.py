@@ -73,6 +73,12 @@ class ShardColumns:
     window: int
     slot_words: int
 
+    def __post_init__(self) -> None:
+        # the multicast pass publishes these three in one push (ShardState.publish_progress)
+        if not (self.recv_frontier.offset == self.sent_records.offset + WORD
+                and self.delivered.offset == self.sent_records.offset + 2 * WORD):
+            raise ValueError("sent_records, recv_frontier and delivered must be adjacent words")
+
     def slot_offset(self, record_no: int) -> int:
         """Row offset of the slot that holds record ``record_no`` (a ring of ``window`` slots)."""
         return self.slots.offset + (record_no % self.window) * self.slot_words * WORD

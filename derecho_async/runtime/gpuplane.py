@@ -1128,10 +1128,8 @@ class IpcPlane:
         is: the fault is this member's, and it leaves rather than have the sender removed."""
         try:
             return int(opener(*args))
-        except MemoryError:
-            raise
         except Exception as exc:
-            if getattr(exc, "status", None) in _LOCAL_CUDA_ERRORS:
+            if isinstance(exc, MemoryError) or getattr(exc, "status", None) in _LOCAL_CUDA_ERRORS:
                 raise
             raise ProtocolViolation(
                 f"cannot map member {sender}'s device memory: {exc!r}") from exc
