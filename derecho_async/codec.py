@@ -517,7 +517,23 @@ def encode_call(
                 break
         else:  # nothing to walk or check (a tuple packs as a list)
             return _pack([method, args, kwargs])
+        if buffers is not None and not buffers:
+            device_call = _device_call(method, args, buffers)
+            if device_call is not None:
+                return device_call
+    return _encode_call_walked(method, args, kwargs, buffers, inline_bytes)
+
+
+def _encode_call_walked(
+    method: str,
+    args: tuple[object, ...],
+    kwargs: dict[str, object],
+    buffers: list[object] | None,
+    inline_bytes: int,
+) -> bytes:
+    """:func:`encode_call`'s general path, its arguments checked: every value walked."""
     encoder = _Encoder(buffers, inline_bytes)
+    plain = _PLAIN_TYPES
     items: list[object] = []
     for i, arg in enumerate(args):
         if arg is None or type(arg) in plain:  # nothing to walk or check
@@ -534,6 +550,54 @@ def encode_call(
         except _EncodeFailure as e:
             raise e.build(f"kwargs[{name!r}]") from None
     return _pack([method, items, named])
+
+
+def _device_call(method: str, args: tuple[object, ...], buffers: list[object]) -> bytes | None:
+    """The encoding of a call whose arguments are all distinct CuPy arrays (new weights, a
+    batch: the GPU hot path), from a memo, with the arrays appended to the empty ``buffers``;
+    None for any other call. Such a call's bytes depend only on the method and each array's
+    dtype and shape (each is a reference by index), so the first call of a kind is encoded by
+    the general path and its bytes are reused: no encoder, no walk, no pack per message."""
+    key: list[object] = [method]
+    for a in args:
+        if not is_cupy_array(a):
+            return None
+        c: Any = a
+        key.append(c.dtype.str)
+        key.append(c.shape)
+    if len(args) > 1 and len({id(a) for a in args}) != len(args):
+        return None  # one array passed twice travels once: the general path numbers them
+    memo_key = tuple(key)
+    call = _DEVICE_CALLS.get(memo_key)
+    if call is None:
+        call = _encode_call_walked(method, args, {}, [], 0)  # checks what it encodes
+        if len(_DEVICE_CALLS) < _DEVICE_CALLS_MAX:
+            _DEVICE_CALLS[memo_key] = call
+            _DEVICE_CALL_METHODS[call] = (method, len(args))
+    buffers.extend(args)
+    return call
+
+
+def own_device_call(
+    data: bytes, arrays: tuple[object, ...]
+) -> tuple[str, tuple[object, ...], dict[str, object]] | None:
+    """What :func:`decode_call` would make of ``data`` with ``arrays`` for a call this process
+    encoded from distinct CuPy arrays alone (:func:`_device_call`'s memo), without decoding:
+    ``(method, arrays, {})``; None for any other bytes. Only for a member's *own* messages,
+    delivered back to it: their arrays are the very ones the call was encoded from, so there is
+    nothing to check (a peer's arrays are checked against the call's references by decoding)."""
+    entry = _DEVICE_CALL_METHODS.get(data)
+    if entry is None or entry[1] != len(arrays):
+        return None
+    return entry[0], arrays, {}
+
+
+# Encoded calls of distinct CuPy array arguments by (method, dtype.str and shape of each):
+# _device_call's memo, and the reverse (bytes -> method and argument count) for
+# own_device_call. Bounded like the other caches (the application's calls fill them).
+_DEVICE_CALLS: dict[tuple[object, ...], bytes] = {}
+_DEVICE_CALL_METHODS: dict[bytes, tuple[str, int]] = {}
+_DEVICE_CALLS_MAX = 4096
 
 
 _unpackb: Final = msgpack.unpackb  # its max_*_len limits default to the input's length
@@ -788,6 +852,8 @@ def _decode_npscalar(payload: bytes) -> object:
 
 
 _SCALAR_TYPES: Final = frozenset({type(None), bool, int, float, str, bytes})
+_SCALAR_BYTES: Final = 64  # encodings this short are tried as one scalar first (_decode_value)
+_NOT_SCALAR: Final = object()
 
 
 def _check_tree(obj: object, depth: int, np: Any, resolved: set[int]) -> None:
@@ -848,8 +914,18 @@ def _decode_value(
     buffers: list[object] | tuple[object, ...] | None,
     max_size: int,
 ) -> object:
-    if type(data) is bytes and data == _NIL:  # None: the usual result of a handler
-        return None
+    if type(data) is bytes and len(data) <= _SCALAR_BYTES:
+        if data == _NIL:  # None: the usual result of a handler
+            return None
+        # The next most usual: one scalar (a count, a flag, a short name), unpacked without a
+        # decoder; anything else, or anything the plain unpack refuses, takes the general path
+        # (which says what is wrong).
+        try:
+            scalar = _unpackb(data, raw=False, strict_map_key=False, ext_hook=_no_ext)
+        except Exception:
+            scalar = _NOT_SCALAR
+        if type(scalar) in _SCALAR_TYPES:
+            return scalar
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"decode() needs bytes, got {type(data).__name__}")
     if len(data) > max_size:

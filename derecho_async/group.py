@@ -191,13 +191,17 @@ _FABRICS: dict[str, LoopbackFabric] = {}
 
 
 class _OrderedMethod:
+    __slots__ = ("_cast_wire", "_group", "_spec", "_wire")
+
     def __init__(self, group: Group, spec: ActorSpec, name: str) -> None:
         self._group = group
         self._spec = spec
-        self._name = name
+        # the wire names of the call and of its one-way form, made once per handle
+        self._wire = f"{spec.name}.{name}"
+        self._cast_wire = f"{spec.name}.{name}{_CAST}"
 
     def __call__(self, *args: object, **kwargs: object) -> Awaitable[Replies]:
-        return self._group._ordered_call(self._spec, self._name, args, kwargs)
+        return self._group._ordered_call(self._spec, self._wire, args, kwargs)
 
     def cast(self, *args: object, **kwargs: object) -> asyncio.Future[tuple[int, int]]:
         """A one-way ordered call: multicast like ``handle.method(...)``, but no member replies.
@@ -214,7 +218,7 @@ class _OrderedMethod:
         when this member leaves, is removed or wedges first. Encoding errors and a closed group
         raise at once.
         """
-        return self._group._cast(self._spec, self._name, args, kwargs)
+        return self._group._cast(self._spec, self._cast_wire, args, kwargs)
 
 
 class _P2PMethod:
@@ -243,12 +247,19 @@ class SubgroupHandle:
         self._spec = spec
 
     def __getattr__(self, name: str) -> Any:
+        # Called only for names not yet in the instance: the method object made here is kept
+        # there, so the next ``handle.method`` is a plain attribute read (a call per message).
         kind = self._spec.kind_of(name)
+        method: _OrderedMethod | _P2PMethod
         if kind == "ordered":
-            return _OrderedMethod(self._group, self._spec, name)
-        if kind == "p2p":
-            return _P2PMethod(self._group, self._spec, name)
-        raise AttributeError(f"actor {self._spec.name} has no @ordered or @p2p method {name!r}")
+            method = _OrderedMethod(self._group, self._spec, name)
+        elif kind == "p2p":
+            method = _P2PMethod(self._group, self._spec, name)
+        else:
+            raise AttributeError(
+                f"actor {self._spec.name} has no @ordered or @p2p method {name!r}")
+        self.__dict__[name] = method
+        return method
 
 
 class Group:
@@ -448,9 +459,12 @@ class Group:
         return driver, msg_no
 
     async def _ordered_call(
-        self, spec: ActorSpec, method: str, args: tuple[object, ...], kwargs: dict[str, object]
+        self, spec: ActorSpec, wire_name: str, args: tuple[object, ...],
+        kwargs: dict[str, object]
     ) -> Replies:
-        driver, msg_no = self._submit(spec, f"{spec.name}.{method}", args, kwargs)
+        """Submit an ordered call named ``wire_name`` (``<Actor>.<method>``) and await its
+        replies."""
+        driver, msg_no = self._submit(spec, wire_name, args, kwargs)
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -460,13 +474,15 @@ class Group:
         return await fut
 
     def _cast(
-        self, spec: ActorSpec, method: str, args: tuple[object, ...], kwargs: dict[str, object]
+        self, spec: ActorSpec, wire_name: str, args: tuple[object, ...],
+        kwargs: dict[str, object]
     ) -> asyncio.Future[tuple[int, int]]:
-        """Submit a one-way ordered call (see :meth:`_OrderedMethod.cast`)."""
+        """Submit a one-way ordered call named ``wire_name`` (``<Actor>.<method>.cast``; see
+        :meth:`_OrderedMethod.cast`)."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        driver, msg_no = self._submit(spec, f"{spec.name}.{method}{_CAST}", args, kwargs)
+        driver, msg_no = self._submit(spec, wire_name, args, kwargs)
         fut: asyncio.Future[tuple[int, int]] = loop.create_future()
         self._casts[msg_no] = fut
         driver.kick()
@@ -554,6 +570,7 @@ class Group:
         me = self._me
         hosted_of = self._hosted
         decode_call = codec.decode_call
+        own_device_call = codec.own_device_call
         for ev in events:
             sender = ev.sender
             if sender == me:
@@ -567,7 +584,11 @@ class Group:
                 if type(payload) is bytes:
                     name, args, kwargs = decode_call(payload)
                 elif isinstance(payload, OutOfBand):
-                    name, args, kwargs = decode_call(payload.call, buffers=list(payload.arrays))
+                    # my own call of device arrays alone comes back as it was sent; the rest
+                    # (and every peer's) is decoded and its arrays checked
+                    own = own_device_call(payload.call, payload.arrays) if sender == me else None
+                    name, args, kwargs = own if own is not None else decode_call(
+                        payload.call, buffers=list(payload.arrays))
                 else:
                     raise ProtocolViolation("ordered call payload is not bytes")
                 entry = methods.get(name)

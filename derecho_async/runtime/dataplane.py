@@ -78,12 +78,15 @@ class OutOfBand:
         payload and the staging all need it, on the sender's hot path)."""
         infos = self._infos
         if infos is None:
-            infos = self._infos = tuple(array_info(a) for a in self.arrays)
+            infos = self._infos = tuple([array_info(a) for a in self.arrays])
         return infos
 
     @property
     def nbytes(self) -> int:
-        return len(self.call) + sum(info.nbytes for info in self.infos())
+        n = len(self.call)
+        for info in self.infos():
+            n += info.nbytes
+        return n
 
 
 class ArrayInfo(NamedTuple):

@@ -30,12 +30,30 @@ class Accumulator(da.Actor):
         return tag
 
     @da.ordered
+    def add_pair(self, x: Any, y: Any) -> str:
+        """A call of device arrays alone (the sender's memoized encoding, and its own delivery
+        without a decode)."""
+        import cupy
+
+        assert isinstance(x, cupy.ndarray) and isinstance(y, cupy.ndarray), (type(x), type(y))
+        assert x.dtype == cupy.float32 and x.shape == (64,), (x.dtype, x.shape)
+        assert y.dtype == cupy.int64 and y.shape == (8, 8), (y.dtype, y.shape)
+        tag = f"p{int(x[0].item())}"
+        self.seen.append((tag, float(y[7, 7].item()), int(x.size + y.size)))
+        return tag
+
+    @da.ordered
     def add_torch(self, t: Any, tag: str) -> str:
         import torch
 
         assert isinstance(t, torch.Tensor) and t.is_cuda, (type(t), getattr(t, "device", None))
         self.seen.append((tag, float(t[0].item()), int(t.numel())))
         return tag
+
+
+SENT_BESIDE_COUNT = 4
+"""Calls each member of :func:`sends_device_arrays` makes beyond ``DA_GPU_COUNT``: a torch
+tensor, two pairs of arrays alone, one array sent in place from the pool."""
 
 
 async def sends_device_arrays(config: da.Config) -> None:
@@ -52,13 +70,16 @@ async def sends_device_arrays(config: da.Config) -> None:
             x = cupy.full((256, 256), float(me * 1000 + i), dtype=cupy.float32)
             calls.append(acc.add(x, f"c{me}-{i}"))
         calls.append(acc.add_torch(torch.full((1000,), float(me), device="cuda"), f"t{me}"))
+        for j in range(2):  # the second: the encoding comes from the memo the first filled
+            calls.append(acc.add_pair(cupy.full((64,), me, dtype=cupy.float32),
+                                      cupy.full((8, 8), 10 * me + j, dtype=cupy.int64)))
         inplace = group.device_buffer((256, 256), "float32")  # sent from the pool, no copy
         inplace.fill(float(me * 1000 + count))
         calls.append(acc.add(inplace, f"c{me}-{count}"))
         replies = await asyncio.gather(*calls)
         assert all(set(r) == set(group.view.members) for r in replies)
         local: Accumulator = group.local(Accumulator)  # type: ignore[assignment]
-        while len(local.seen) < n * (count + 2):
+        while len(local.seen) < n * (count + SENT_BESIDE_COUNT):
             await asyncio.sleep(0.01)
         digest = hashlib.sha256(json.dumps(local.seen).encode()).hexdigest()
         total = float(local.total.sum())
@@ -506,6 +527,9 @@ async def nccl_sends_device_arrays(config: da.Config) -> None:
             x = cupy.full((256, 256), float(me * 1000 + i), dtype=cupy.float32)
             calls.append(acc.add(x, f"c{me}-{i}"))
         calls.append(acc.add_torch(torch.full((1000,), float(me), device="cuda"), f"t{me}"))
+        for j in range(2):  # the second: the encoding comes from the memo the first filled
+            calls.append(acc.add_pair(cupy.full((64,), me, dtype=cupy.float32),
+                                      cupy.full((8, 8), 10 * me + j, dtype=cupy.int64)))
         replies = await asyncio.gather(*calls)
         assert all(set(r) == set(group.view.members) for r in replies)
         local: Accumulator = group.local(Accumulator)  # type: ignore[assignment]

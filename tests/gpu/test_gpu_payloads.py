@@ -51,7 +51,7 @@ def test_cupy_and_torch_payloads_arrive_as_device_arrays_in_total_order(
     results = [json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(members)]
     assert all(r["plane"] for r in results), "device arrays did not take the CUDA IPC plane"
     assert len({r["digest"] for r in results}) == 1, "members saw different sequences"
-    assert all(r["seen"] == members * 22 for r in results)
+    assert all(r["seen"] == members * (20 + gpu_apps.SENT_BESIDE_COUNT) for r in results)
     expected = sum(256 * 256 * float(m * 1000 + i) for m in range(members) for i in range(21))
     assert all(abs(r["total"] - expected) / expected < 1e-6 for r in results)
 
