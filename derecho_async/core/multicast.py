@@ -246,15 +246,27 @@ class ShardState:
     def _write_descriptor(self, out: Outgoing, transfers: list[Transfer]) -> None:
         """Write a large message's descriptor record and start its data-plane transfer (inline
         messages are written by :meth:`_write_messages`)."""
-        assert self.my_index is not None
-        first = self._write_record(KIND_DESCRIPTOR, 1, out.nbytes, out.msg_no, b"")
-        key = DataKey(self.view_id, self.my_id, out.msg_no)
-        transfers.append(Transfer(key, out.payload, out.nbytes, self.peer_ids))
-        rec = Record(first, 1, KIND_DESCRIPTOR, out.msg_no, out.nbytes, out.payload, True)
-        self.pending[self.my_index].append(rec)
-        self.turns_seen[self.my_index] += 1
-        self.turns_held[self.my_index] += 1
-        self.own_undelivered.append((first * self.n + self.my_index, out))
+        k = self.my_index
+        assert k is not None
+        # _write_record's work, written out: one record header (no inline bytes), one turn
+        table = self.table
+        rec_no = self.sent_records
+        first = self.sent_turns
+        msg_no = out.msg_no
+        nbytes = out.nbytes
+        _HEADER.pack_into(table.buf, table.my_rank * table.row_bytes + self.cols.slot_offset(rec_no),
+                          first, KIND_DESCRIPTOR | (1 << 8), nbytes, msg_no)
+        self.sent_records = rec_no + 1
+        self.sent_turns = first + 1
+        seq = first * self.n + k
+        self.inflight_last_seq.append(seq)
+        transfers.append(Transfer(DataKey(self.view_id, self.my_id, msg_no), out.payload, nbytes,
+                                  self.peer_ids))
+        self.pending[k].append(Record(first, 1, KIND_DESCRIPTOR, msg_no, nbytes, out.payload,
+                                      True))
+        self.turns_seen[k] += 1
+        self.turns_held[k] += 1
+        self.own_undelivered.append((seq, out))
 
     def _write_null(self, n_turns: int) -> None:
         assert self.my_index is not None
