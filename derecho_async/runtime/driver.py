@@ -41,7 +41,7 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from derecho_async.config import Config
 from derecho_async.core import (
@@ -118,7 +118,8 @@ class Driver:
         self.contact = min((*config.peers.keys(), 0)) if config.peers else 0
         self.core: Member | None = None
         self._bootstrap_joiners: list[int] = []
-        self._scheduled = False
+        self._step_handle: asyncio.Handle | None = None  # the step kick() scheduled
+        self._stepping = False  # a step is being carried out (steps do not nest)
         self._tick_handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -241,6 +242,7 @@ class Driver:
             self.transport.send,
             self._data_landed,
             failed=self._landing_failed,
+            landed_batch=self.step_now,
         )
         self.add_plane(self.gpuplane, first=True)
         log.info("member %d: device arrays travel by CUDA IPC (GPU %s)",
@@ -345,9 +347,18 @@ class Driver:
     # -- stepping ------------------------------------------------------------------------------
     def kick(self) -> None:
         """Schedule one processing step (coalesced)."""
-        if not self._scheduled and not self._closed and self._loop is not None:
-            self._scheduled = True
-            self._loop.call_soon(self._step)
+        if self._step_handle is None and not self._closed and self._loop is not None:
+            self._step_handle = self._loop.call_soon(self._step)
+
+    def step_now(self) -> None:
+        """Take the scheduled step at once, if one is scheduled. A data plane calls this after
+        landing a batch of messages: the frontier that says so goes out now, not after every
+        callback already waiting on the loop (a burst of descriptor frames takes hundreds of
+        microseconds, and the sender's next messages wait for this stability)."""
+        handle = self._step_handle
+        if handle is not None and not self._stepping:
+            handle.cancel()
+            self._step()
 
     def _on_tick(self) -> None:
         if self._closed:
@@ -359,17 +370,27 @@ class Driver:
         self._step()
 
     def _step(self) -> None:
-        self._scheduled = False
+        self._step_handle = None
         core = self.core
         if core is None or self._closed:
+            return
+        if self._stepping:  # called from inside a step (a handler leaving): take it next
+            self.kick()
             return
         core.poll()
         ready = core.ready()
         if not ready:
             return
         self.steps += 1
-        self._execute(core, ready)
+        # Taken from the core before it is carried out: what the core adds meanwhile (a
+        # transport reporting a failure from inside a push, a member leaving from a handler)
+        # goes into the next Ready, for the next step, not into lists half carried out.
         core.advance(ready)
+        self._stepping = True
+        try:
+            self._execute(core, ready)
+        finally:
+            self._stepping = False
         # Yield to the loop before the next step, even with more to do: the transport rings its
         # peers' doorbells then, and they start on these records while this member writes the
         # next batch (Config.send_batch) instead of waiting for all of them. With nothing more
@@ -379,6 +400,19 @@ class Driver:
 
     def _execute(self, core: Member, ready: Ready) -> None:
         events = ready.events
+        if events and not ready.sends:
+            for event in events:
+                if type(event) is not Delivered:
+                    break
+            else:
+                # Only deliveries (the usual busy step): the pushes go out first, so peers
+                # learn this member's frontier (what became stable, what it holds) while it
+                # runs the handlers, instead of after them. Nothing in a push waits on a
+                # handler: the delivered counter it may carry is read by no peer's protocol.
+                self._put_out(ready)
+                self._report_delivered(cast("list[Delivered]", events))
+                self.host.flush()
+                return
         if events:
             host = self.host
             run: list[Delivered] = []
@@ -407,7 +441,12 @@ class Driver:
                     plane.on_event(event)
             if run:
                 self._report_delivered(run)
-            host.flush()  # one batch of replies per step, before the step's pushes
+            host.flush()  # one batch of replies per step
+        # After the events: a view's install sets up the transport its pushes go out on.
+        self._put_out(ready)
+
+    def _put_out(self, ready: Ready) -> None:
+        """Carry out a step's pushes, channel sends and data-plane transfers."""
         transport = self.transport
         for p in ready.pushes:
             transport.push(p.view_id, p.offset, p.data, p.targets)

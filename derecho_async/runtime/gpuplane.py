@@ -492,9 +492,11 @@ class Completions:
     """Notices completed GPU work on :class:`Lane` streams: polled while busy, a waiter thread's
     wake-up when idle (see the module docstring). Every method runs on the event loop."""
 
-    def __init__(self, rt: Any, device: int) -> None:
+    def __init__(self, rt: Any, device: int,
+                 finished: Callable[[], None] | None = None) -> None:
         self._rt = rt
         self.device = device
+        self._finished = finished  # called after a poll that finished work (see poll)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
         self._busy: dict[Lane, None] = {}  # lanes with work in flight (insertion order)
@@ -526,7 +528,8 @@ class Completions:
         return bool(self._busy)
 
     def poll(self) -> None:
-        """Finish every tracked item that has completed."""
+        """Finish every tracked item that has completed; then, if any did, call ``finished``
+        (once per poll, not per item)."""
         query = self._rt.eventQuery
         spare = self._spare_events
         finished = False
@@ -550,6 +553,11 @@ class Completions:
             self._busy_since = time.monotonic()
         if self._busy:
             self._arm()
+        if finished and self._finished is not None:
+            try:
+                self._finished()
+            except Exception:
+                log.exception("after finishing completed GPU work")
 
     def forget(self, lane: Lane) -> tuple[list[tuple[int, int]], list[int]]:
         """Stop tracking ``lane``: its items will never be finished. Returns the regions they
@@ -657,8 +665,9 @@ class IpcPlane:
     device arrays bound for peers that announced a pool. ``send(dst, frame)`` puts its frames
     on the reliable channel (the descriptors made in one turn of the loop go together);
     ``landed(key, payload)`` reports a message whose bytes are all here, ``failed(key, exc)`` one
-    whose bytes came but whose arrays could not be made (it will never land). See the module
-    docstring.
+    whose bytes came but whose arrays could not be made (it will never land), and
+    ``landed_batch()`` follows each look at the copies that landed any (the driver takes its
+    step then, so the frontier goes out at once). See the module docstring.
     """
 
     kinds: tuple[int, ...] = (env.GPU_POOL, env.GPU_DATA, env.GPU_BATCH)
@@ -667,6 +676,7 @@ class IpcPlane:
                  send: Callable[[int, bytes], None],
                  landed: Callable[[tuple[int, int, int], object], None], *,
                  failed: Callable[[tuple[int, int, int], BaseException], None] | None = None,
+                 landed_batch: Callable[[], None] | None = None,
                  ) -> None:
         import cupy
 
@@ -699,7 +709,8 @@ class IpcPlane:
         self._reclaim: collections.deque[tuple[int, int]] = collections.deque()
         self._unflushed: dict[_Peer, None] = {}  # peers with copies not yet tracked (_flush)
         self._closed = False
-        self._done = Completions(self._rt, self.device)  # copies in flight, per peer
+        # copies in flight, per peer; landed_batch follows each poll that landed messages
+        self._done = Completions(self._rt, self.device, landed_batch)
         self._reclaimed = 0  # regions that arrays gave back (their last use: the app's stream)
         self._released = 0  # staging regions freed by a view change (last use: the send stream)
         self._fence_event = int(self._rt.eventCreateWithFlags(0x2))  # cudaEventDisableTiming
