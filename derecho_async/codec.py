@@ -483,6 +483,8 @@ def encode(obj: object, buffers: list[object] | None = None) -> bytes:
     """
     if obj is None or type(obj) in _PLAIN_TYPES:  # nothing to walk or check (a common result)
         return _pack(obj)
+    if type(obj) is int and _INT_MIN <= obj <= _INT_MAX:  # a count, an index: no walk either
+        return _pack(obj)
     return _pack(_encode_root(obj, "obj", _Encoder(buffers)))
 
 
