@@ -3,10 +3,14 @@
 Theory of operation: the driver is the transport's handler. Remote pushes go straight into the
 core (``receive_push``), channel messages are decoded and dispatched, and either kind of arrival
 schedules one *process* callback on the event loop (coalesced: a burst of arrivals costs one
-step). A step polls the core, carries out its ``Ready`` (events to the host in order, then pushes,
-channel sends and data-plane transfers through the transport) and advances it, repeating while
-the core has more to do. Time enters from a timer that ticks the core every heartbeat period;
-an idle group therefore costs a heartbeat per period and nothing else (no busy polling).
+step). A step polls the core, takes its ``Ready`` (``advance`` first: what the core adds while
+the step runs, such as a failure a transport reports from inside a push, belongs to the next
+step) and carries it out: events to the host in order, then pushes, channel sends and data-plane
+transfers through the transport; a step of deliveries alone puts out its pushes first, so peers
+learn its frontier while its handlers run. It repeats while the core has more to do; a data plane
+that lands messages takes the scheduled step at once (:meth:`Driver.step_now`). Time enters
+from a timer that ticks the core every heartbeat period; an idle group therefore costs a
+heartbeat per period and nothing else (no busy polling).
 
 Bootstrap: the *contact* (the lowest configured member id) collects join requests until
 ``initial_members`` members are known, then forms view 0 and welcomes them; every other member
