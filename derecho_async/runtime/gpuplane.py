@@ -1090,7 +1090,14 @@ class IpcPlane:
             regions = [(seg, off) for _, seg, off in placed if seg >= 0]
             if regions:  # copies into them may be queued: free them once the stream is past
                 assert peer is not None
-                self._done.after_stream(lambda: self._free_regions(regions), peer)
+                try:
+                    self._done.after_stream(lambda: self._free_regions(regions), peer)
+                except Exception:
+                    # The device fails this too: the regions stay taken (a queued copy may
+                    # still write them), and the error raised is the first one, which the
+                    # member leaves for.
+                    log.exception("member %d: the regions of %s stay taken", self.member_id,
+                                  key)
             raise
         if not stream:  # no device arrays: nothing to wait for
             self._finish(key, desc.call, placed)

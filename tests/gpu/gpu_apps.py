@@ -402,6 +402,33 @@ async def ipc_receiver_cannot_allocate(config: da.Config) -> None:
     await _a_receiver_fails(config, no_third_region, pooled=False)
 
 
+async def ipc_receiver_copy_fails(config: da.Config) -> None:
+    """Member 2 cannot issue the copy of its first device message, nor the clean-up that would
+    free the copy's region once its stream is past (both injected): see
+    :func:`_a_receiver_fails`. It leaves for the first error."""
+
+    def copy_and_cleanup_fail(plane: Any) -> None:
+        real = plane._rt
+
+        class Runtime:
+            """The CUDA runtime, except that this process cannot issue a copy."""
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            @staticmethod
+            def memcpyAsync(*args: Any) -> None:
+                raise RuntimeError("injected: the copy could not be issued")
+
+        def after_stream(fn: Callable[[], None], lane: Any) -> None:
+            raise RuntimeError("injected: nor could its clean-up")
+
+        plane._rt = Runtime()
+        plane._done.after_stream = after_stream
+
+    await _a_receiver_fails(config, copy_and_cleanup_fail, pooled=True)
+
+
 async def ipc_receiver_cannot_map(config: da.Config) -> None:
     """Member 2 cannot map member 0's pool segment (opening its IPC handle fails with
     cudaErrorMemoryAllocation, injected): see :func:`_a_receiver_fails`."""

@@ -161,6 +161,20 @@ def test_a_receiver_that_cannot_map_the_senders_pool_leaves_and_the_sender_stays
     assert r2["seen"] == [], r2
 
 
+def test_a_receiver_whose_copy_and_clean_up_both_fail_leaves_for_the_first_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA IPC plane: member 2 cannot issue a copy, nor schedule the freeing of the copy's
+    region (both injected). It leaves, giving the copy's error (not the clean-up's), and the
+    sender and the other receiver deliver everything."""
+    from tests.gpu import gpu_apps
+
+    r2 = _one_receiver_fails(tmp_path, monkeypatch, gpu_apps.ipc_receiver_copy_fails, "gpucopy")
+    assert "could not be taken in here" in r2["closed"], r2
+    assert "the copy could not be issued" in r2["closed"], r2
+    assert r2["seen"] == [], r2
+
+
 def test_a_sender_that_announces_more_pool_than_it_holds_is_removed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
