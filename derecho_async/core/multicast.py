@@ -254,8 +254,8 @@ class ShardState:
         first = self.sent_turns
         msg_no = out.msg_no
         nbytes = out.nbytes
-        _HEADER.pack_into(table.buf, table.my_rank * table.row_bytes + self.cols.slot_offset(rec_no),
-                          first, KIND_DESCRIPTOR | (1 << 8), nbytes, msg_no)
+        off = table.my_rank * table.row_bytes + self.cols.slot_offset(rec_no)
+        _HEADER.pack_into(table.buf, off, first, KIND_DESCRIPTOR | (1 << 8), nbytes, msg_no)
         self.sent_records = rec_no + 1
         self.sent_turns = first + 1
         seq = first * self.n + k
