@@ -383,6 +383,24 @@ async def _a_receiver_fails(config: da.Config, break_receiver: Callable[[Any], N
         await asyncio.sleep(0.5)
 
 
+class _RuntimeFailing:
+    """The CUDA runtime ``real``, except that calling its function ``failing`` raises ``exc``
+    (a fault of this process's own, injected into one member's plane)."""
+
+    def __init__(self, real: Any, failing: str, exc: BaseException) -> None:
+        self._real = real
+        self._failing = failing
+        self._exc = exc
+
+    def __getattr__(self, name: str) -> Any:
+        if name == self._failing:
+            def fail(*_: object) -> Any:
+                raise self._exc
+
+            return fail
+        return getattr(self._real, name)
+
+
 async def ipc_receiver_cannot_allocate(config: da.Config) -> None:
     """Member 2 cannot take pool memory for the third device message it receives (an injected
     MemoryError where the plane allocates the copy's region): see :func:`_a_receiver_fails`."""
@@ -408,22 +426,11 @@ async def ipc_receiver_copy_fails(config: da.Config) -> None:
     :func:`_a_receiver_fails`. It leaves for the first error."""
 
     def copy_and_cleanup_fail(plane: Any) -> None:
-        real = plane._rt
-
-        class Runtime:
-            """The CUDA runtime, except that this process cannot issue a copy."""
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(real, name)
-
-            @staticmethod
-            def memcpyAsync(*args: Any) -> None:
-                raise RuntimeError("injected: the copy could not be issued")
-
         def after_stream(fn: Callable[[], None], lane: Any) -> None:
             raise RuntimeError("injected: nor could its clean-up")
 
-        plane._rt = Runtime()
+        plane._rt = _RuntimeFailing(plane._rt, "memcpyAsync",
+                                    RuntimeError("injected: the copy could not be issued"))
         plane._done.after_stream = after_stream
 
     await _a_receiver_fails(config, copy_and_cleanup_fail, pooled=True)
@@ -436,19 +443,8 @@ async def ipc_receiver_cannot_map(config: da.Config) -> None:
     def no_mapping(plane: Any) -> None:
         import cupy
 
-        real = plane._rt
-
-        class Runtime:
-            """The CUDA runtime, except that this process cannot map IPC memory."""
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(real, name)
-
-            @staticmethod
-            def ipcOpenMemHandle(*_: object) -> int:  # CUDA's name
-                raise cupy.cuda.runtime.CUDARuntimeError(2)  # cudaErrorMemoryAllocation
-
-        plane._rt = Runtime()
+        plane._rt = _RuntimeFailing(  # 2: cudaErrorMemoryAllocation
+            plane._rt, "ipcOpenMemHandle", cupy.cuda.runtime.CUDARuntimeError(2))
 
     await _a_receiver_fails(config, no_mapping, pooled=True)
 

@@ -7,25 +7,13 @@ decode (``codec.own_device_call``). Both must give exactly what the general path
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from derecho_async import codec
 from derecho_async.errors import ProtocolViolation
+from tests.gpu import need_cupy
 
 pytestmark = pytest.mark.gpu
-
-
-def _cupy() -> Any:
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except Exception as exc:  # ImportError, CUDA driver errors
-        pytest.skip(f"CuPy with a CUDA device is needed: {exc}")
-    return cupy
 
 
 def _walked(method: str, args: tuple[object, ...]) -> tuple[bytes, list[object]]:
@@ -35,7 +23,7 @@ def _walked(method: str, args: tuple[object, ...]) -> tuple[bytes, list[object]]
 
 
 def test_a_call_of_device_arrays_alone_encodes_as_the_general_path_and_round_trips() -> None:
-    cp = _cupy()
+    cp = need_cupy()
     method = "Weights.load_pair_for_codec_test"
     for _ in range(3):  # the first fills the memo, the others read it: new arrays each time
         a = cp.ones((16, 4), dtype=cp.float16)
@@ -58,7 +46,7 @@ def test_a_call_of_device_arrays_alone_encodes_as_the_general_path_and_round_tri
 
 
 def test_calls_that_are_not_device_arrays_alone_take_the_general_path() -> None:
-    cp = _cupy()
+    cp = need_cupy()
     a = cp.zeros(8, dtype=cp.float32)
     method = "Weights.mixed_for_codec_test"
     # the same array twice travels once; an array with a scalar; a host array
@@ -79,7 +67,7 @@ def test_calls_that_are_not_device_arrays_alone_take_the_general_path() -> None:
 
 
 def test_own_device_call_refuses_bytes_it_did_not_make_and_a_wrong_array_count() -> None:
-    cp = _cupy()
+    cp = need_cupy()
     a = cp.zeros(4, dtype=cp.float64)
     method = "Weights.count_for_codec_test"
     data = codec.encode_call(method, (a,), {}, buffers=[])

@@ -15,18 +15,13 @@ from typing import Any
 import pytest
 
 import derecho_async as da
+from tests.gpu import need_cupy
 
 pytestmark = pytest.mark.gpu
 
 
 def _need_gpu() -> None:
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except Exception as exc:  # ImportError, CUDA driver errors
-        pytest.skip(f"CuPy with a CUDA device is needed: {exc}")
+    need_cupy()
     try:
         import torch
 
