@@ -229,18 +229,19 @@ class ShardState:
         self.turns_held[k] += inline
         return free
 
-    def _write_record(
-        self, kind: int, n_turns: int, nbytes: int, msg_no: int, inline: bytes
-    ) -> int:
+    def _write_record(self, kind: int, n_turns: int, nbytes: int, msg_no: int) -> int:
+        """Write one header-only record (a descriptor or a null) of ``n_turns`` turns into my
+        next slot; returns its first turn."""
+        table = self.table
         rec_no = self.sent_records
-        off = self.cols.slot_offset(rec_no)
         first = self.sent_turns
-        hdr = _HEADER.pack(first, kind | (n_turns << 8), nbytes, msg_no)
-        self.table.write(off, hdr + inline)
-        self.sent_records += 1
-        self.sent_turns += n_turns
+        _HEADER.pack_into(table.buf, table.my_rank * table.row_bytes
+                          + self.cols.slot_offset(rec_no), first, kind | (n_turns << 8),
+                          nbytes, msg_no)
+        self.sent_records = rec_no + 1
+        self.sent_turns = first + n_turns
         assert self.my_index is not None
-        self.inflight_last_seq.append((self.sent_turns - 1) * self.n + self.my_index)
+        self.inflight_last_seq.append((first + n_turns - 1) * self.n + self.my_index)
         return first
 
     def _write_descriptor(self, out: Outgoing, transfers: list[Transfer]) -> None:
@@ -248,29 +249,20 @@ class ShardState:
         messages are written by :meth:`_write_messages`)."""
         k = self.my_index
         assert k is not None
-        # _write_record's work, written out: one record header (no inline bytes), one turn
-        table = self.table
-        rec_no = self.sent_records
-        first = self.sent_turns
         msg_no = out.msg_no
         nbytes = out.nbytes
-        off = table.my_rank * table.row_bytes + self.cols.slot_offset(rec_no)
-        _HEADER.pack_into(table.buf, off, first, KIND_DESCRIPTOR | (1 << 8), nbytes, msg_no)
-        self.sent_records = rec_no + 1
-        self.sent_turns = first + 1
-        seq = first * self.n + k
-        self.inflight_last_seq.append(seq)
+        first = self._write_record(KIND_DESCRIPTOR, 1, nbytes, msg_no)
         transfers.append(Transfer(DataKey(self.view_id, self.my_id, msg_no), out.payload, nbytes,
                                   self.peer_ids))
         self.pending[k].append(Record(first, 1, KIND_DESCRIPTOR, msg_no, nbytes, out.payload,
                                       True))
         self.turns_seen[k] += 1
         self.turns_held[k] += 1
-        self.own_undelivered.append((seq, out))
+        self.own_undelivered.append((first * self.n + k, out))
 
     def _write_null(self, n_turns: int) -> None:
         assert self.my_index is not None
-        first = self._write_record(KIND_NULL, n_turns, 0, 0, b"")
+        first = self._write_record(KIND_NULL, n_turns, 0, 0)
         self.pending[self.my_index].append(Record(first, n_turns, KIND_NULL, 0, 0, None, True))
         self.turns_seen[self.my_index] += n_turns
         self.turns_held[self.my_index] += n_turns

@@ -359,9 +359,7 @@ class Driver:
         landing a batch of messages: the frontier that says so goes out now, not after every
         callback already waiting on the loop (a burst of descriptor frames takes hundreds of
         microseconds, and the sender's next messages wait for this stability)."""
-        handle = self._step_handle
-        if handle is not None and not self._stepping:
-            handle.cancel()
+        if self._step_handle is not None and not self._stepping:
             self._step()
 
     def _on_tick(self) -> None:
@@ -374,7 +372,10 @@ class Driver:
         self._step()
 
     def _step(self) -> None:
-        self._step_handle = None
+        handle = self._step_handle
+        if handle is not None:  # taken now (a tick, step_now): the scheduled one is not needed
+            handle.cancel()
+            self._step_handle = None
         core = self.core
         if core is None or self._closed:
             return
