@@ -142,16 +142,13 @@ def frontier(held: Sequence[int], /) -> int:
 
 
 def turns_needed(my_index: int, seen: Sequence[int], /) -> int:
-    """Turns sender ``my_index`` must have covered so that the latest turn seen from every other
-    sender can be delivered (see :func:`derecho_async.core.ordering.turns_needed`)."""
+    """Turns sender ``my_index`` covers when idle: the most turns seen from any other sender
+    (see :func:`derecho_async.core.ordering.turns_needed`)."""
     vals = _turns(seen, "seen must be a sequence of ints")
     need = 0
     for j, t in enumerate(vals):
-        if j == my_index or t == 0:
-            continue
-        mine = t if my_index < j else t - 1
-        if mine > need:
-            need = mine
+        if j != my_index and t > need:
+            need = t
     return need
 
 

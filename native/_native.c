@@ -308,12 +308,9 @@ native_turns_needed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     uint64_t need = 0;
     for (Py_ssize_t j = 0; j < n; j++) {
-        uint64_t t = vals[j];
-        if (j == me || t == 0)
-            continue;
-        uint64_t mine = me < j ? t : t - 1;
-        if (mine > need)
-            need = mine;
+        /* the most turns seen from another sender: idle, I cover their latest round whole */
+        if (j != me && vals[j] > need)
+            need = vals[j];
     }
     PyMem_Free(vals);
     Py_DECREF(seq);
@@ -642,7 +639,7 @@ static PyMethodDef native_methods[] = {
     {"frontier", native_frontier, METH_O,
      "frontier(held) -> int: lowest seq not held, min over k of held[k] * n + k."},
     {"turns_needed", (PyCFunction)(void (*)(void))native_turns_needed, METH_FASTCALL,
-     "turns_needed(my_index, seen) -> int: turns an idle sender must cover."},
+     "turns_needed(my_index, seen) -> int: turns an idle sender covers."},
     {"scan_slots", (PyCFunction)(void (*)(void))native_scan_slots, METH_FASTCALL,
      "scan_slots(buf, base, window, slot_bytes, lo, hi, turn, max_payload) -> "
      "(records, turn, error): copy out and validate slot records lo..hi-1."},

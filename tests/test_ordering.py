@@ -20,10 +20,15 @@ def naive_frontier(held: list[int]) -> int:
 
 
 def naive_needed(me: int, seen: list[int]) -> int:
-    """Fewest turns of mine so that every seq below each other sender's last turn is mine-covered."""
+    """Fewest turns of mine, counted one by one, such that my first uncovered seq lies after
+    the whole round of the latest seq any other sender took."""
     n = len(seen)
     last = max((((t - 1) * n + j) for j, t in enumerate(seen) if j != me and t), default=-1)
-    return sum(1 for i in range(last + 1) if i * n + me < last)
+    round_end = (last // n + 1) * n - 1 if last >= 0 else -1
+    mine = 0
+    while mine * n + me <= round_end:
+        mine += 1
+    return mine
 
 
 @given(held_lists)
@@ -52,13 +57,13 @@ def test_stable_limit_is_held_everywhere(members: list[list[int]]) -> None:
 def test_turns_needed_matches_enumeration(seen: list[int], data: st.DataObject) -> None:
     me = data.draw(st.integers(0, len(seen) - 1))
     need = turns_needed(me, seen)
-    # The smallest count of my turns such that all seqs below the latest other turn are mine
-    # or theirs: exactly the number of my seqs below that latest turn.
+    # Covered: every seq below the latest other turn is mine or theirs, my turn of that round
+    # too; and no turn more than that round.
     n = len(seen)
     last = max((((t - 1) * n + j) for j, t in enumerate(seen) if j != me and t), default=-1)
-    assert need == len([i for i in range(last + 1) if i * n + me < last])
     assert need == naive_needed(me, seen)
-    # Covered: my first uncovered turn comes after their latest; and no turn more than needed.
     assert need * n + me > last
+    if last >= 0:
+        assert need > last // n  # my turn in the latest round is covered
     if need:
-        assert (need - 1) * n + me < last
+        assert (need - 1) * n + me < (last // n + 1) * n

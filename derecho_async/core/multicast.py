@@ -10,7 +10,8 @@ have read, copy every new record out, and publish their ``recv_frontier`` once p
 batching).
 
 A record covers one turn (a message; a descriptor of a large message whose bytes travel on the
-data plane) or a run of turns (a null, sent by an idle sender when another sender is ahead of it).
+data plane) or a run of turns (a null, sent by an idle sender to cover every round in which another
+sender took a turn: :func:`derecho_async.core.ordering.turns_needed`).
 A descriptor counts as held only once its bytes have landed. Seq ``s`` is stable when it is below
 every shard member's published frontier; stable messages are delivered in seq order.
 

@@ -3,8 +3,15 @@
 A shard with ``n`` senders orders turn ``i`` of sender index ``k`` at ``seq = i * n + k``. A
 member holding the first ``held[k]`` turns of every sender ``k`` (received, payload landed) holds
 every seq below its *frontier* ``min_k(held[k] * n + k)``. A seq is stable once it is below every
-member's frontier. An idle sender keeps the order moving by covering, with a null record, the
-turns that precede the latest turn any other sender has taken (:func:`turns_needed`).
+member's frontier. An idle sender keeps the order moving by covering, with a null record, every
+round up to the latest turn any other sender has taken, that turn's round included
+(:func:`turns_needed`). Covering the whole round, not only the turns before the latest one, is
+what keeps a lone sender's message two hops from stable: by the time sender ``j`` takes turn
+``i``, every idle sender covered round ``i - 1`` in reply to ``j``'s turn ``i - 1``, so the
+members already hold each other's nulls below ``j``'s new message and need only that message to
+advance their frontiers past it. Covering only the turns before ``j``'s would leave each idle
+sender's turn ``i - 1`` to be sent in reply to turn ``i``, and a member could not pass ``j``'s
+message before another member's null for it arrived: a third hop.
 
 ``tests/test_ordering.py`` checks each function against a naive enumeration twin.
 """
@@ -38,13 +45,13 @@ def stable_limit(frontiers: Iterable[int]) -> int:
 
 
 def turns_needed(my_index: int, seen: Sequence[int]) -> int:
-    """Turns sender ``my_index`` must have covered so that the latest turn seen from every other
-    sender can be delivered: every turn of mine with a lower seq than theirs."""
+    """Turns sender ``my_index`` covers when idle: every round up to the latest turn seen from
+    any other sender, that round included (the most turns seen from another sender).
+
+    This is one turn more than delivery of their latest turn strictly needs when I come after
+    that sender within a round; the module docstring says why it is taken."""
     need = 0
     for j, t in enumerate(seen):
-        if j == my_index or t == 0:
-            continue
-        # The last turn of sender j has seq (t-1)*n + j; my turns below it: t if I precede j
-        # within a round, t-1 otherwise.
-        need = max(need, t if my_index < j else t - 1)
+        if j != my_index and t > need:
+            need = t
     return need
