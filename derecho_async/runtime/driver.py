@@ -453,8 +453,8 @@ class Driver:
     def _put_out(self, ready: Ready) -> None:
         """Carry out a step's pushes, channel sends and data-plane transfers."""
         transport = self.transport
-        if ready.pushes:
-            transport.push_many(ready.pushes)
+        for p in ready.pushes:
+            transport.push(p.view_id, p.offset, p.data, p.targets)
         for s in ready.sends:
             message = s.message
             if s.attach_state and isinstance(message, Welcome):

@@ -37,7 +37,7 @@ from typing import Protocol
 
 from derecho_async.errors import GroupClosed, UsageError
 
-__all__ = ["GROUP_MESSAGE_LIMIT", "PushArgs", "PushGate", "Transport", "TransportHandler"]
+__all__ = ["GROUP_MESSAGE_LIMIT", "PushGate", "Transport", "TransportHandler"]
 
 #: the bound on a group's channel messages (shm ``max_message``, tcp and rdma ``max_frame``;
 #: rdma's channel carries that less its own 17-byte header): a data-plane frame may hold a
@@ -53,11 +53,6 @@ MAX_HELD_PUSHES = 1 << 16
 MAX_HELD_BYTES = 64 << 20
 
 _U63 = 1 << 63
-
-
-PushArgs = tuple[int, int, "bytes | memoryview", Sequence[int]]
-"""One push as :meth:`Transport.push_many` takes it: ``(view_id, offset, data, targets)`` (a
-:class:`derecho_async.core.effects.Push` is one)."""
 
 
 class TransportHandler(Protocol):
@@ -322,20 +317,6 @@ class Transport(abc.ABC):
 
         Non-blocking; FIFO per (sender, target) link together with :meth:`send`.
         """
-
-    def push_many(self, pushes: Sequence[PushArgs]) -> None:
-        """Several pushes, each ``(view_id, offset, data, targets)`` as :meth:`push` takes them,
-        with the effect of pushing them one by one in this order (FIFO per link).
-
-        Every push is checked before any is queued, so a bad one raises with none of them sent.
-        A transport may hand each link its share at once (the shm transport writes a link's
-        records together and publishes them with one store, so the peer takes in a step's
-        slots and counters in one pass); this default pushes them one by one after the checks.
-        """
-        for view_id, offset, data, targets in pushes:
-            self._check_push(view_id, offset, data, targets)
-        for view_id, offset, data, targets in pushes:
-            self.push(view_id, offset, data, targets)
 
     @abc.abstractmethod
     def send(self, to: int, payload: bytes) -> None:

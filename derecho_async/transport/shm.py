@@ -68,7 +68,6 @@ from dataclasses import dataclass, field
 from derecho_async import hotpath
 from derecho_async.errors import ConfigError, UsageError
 from derecho_async.transport.base import (
-    PushArgs,
     Transport,
     TransportHandler,
     check_member_id,
@@ -510,34 +509,19 @@ class ShmTransport(Transport):
         self, view_id: int, offset: int, data: bytes | memoryview, targets: Sequence[int]
     ) -> None:
         """Append PUSH records (split at aligned offsets if larger than a record) to each ring."""
-        self.push_many(((view_id, offset, data, targets),))
-
-    def push_many(self, pushes: Sequence[PushArgs]) -> None:
-        """Check every push, then append each link's PUSH records together and publish them
-        with one store of its head: the peer takes in a step's slots and counters in one pass
-        (pushed one by one, a polling peer often sees the slots and steps before the counter
-        that publishes them is written)."""
-        per_link: dict[int, list[_Record]] = {}
-        for view_id, offset, data, targets in pushes:
-            mv, remote = self._check_push(view_id, offset, data, targets)
-            if not remote:
-                continue
-            n = len(mv)
-            recs: list[_Record]
-            if n <= self._chunk - (offset & 7):
-                recs = [(_R_PUSH, view_id, offset, mv)]
-            else:
-                recs = [
-                    (_R_PUSH, view_id, offset + pos, mv[pos:end])
-                    for pos, end in self._aligned_pieces(offset, n, self._chunk)
-                ]
-            for t in remote:
-                queued = per_link.get(t)
-                if queued is None:
-                    per_link[t] = list(recs)
-                else:
-                    queued += recs
-        for t, recs in per_link.items():
+        mv, remote = self._check_push(view_id, offset, data, targets)
+        if not remote:
+            return
+        n = len(mv)
+        recs: list[_Record]
+        if n <= self._chunk - (offset & 7):  # the usual push: one record, nothing to cut
+            recs = [(_R_PUSH, view_id, offset, mv)]
+        else:
+            recs = [
+                (_R_PUSH, view_id, offset + pos, mv[pos:end])
+                for pos, end in self._aligned_pieces(offset, n, self._chunk)
+            ]
+        for t in remote:
             self._enqueue(t, recs)
 
     def send(self, to: int, payload: bytes) -> None:

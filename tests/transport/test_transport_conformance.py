@@ -95,55 +95,6 @@ async def test_big_messages_and_bursts_beyond_ring_capacity(kind: str) -> None:
         assert all(not r.failures() for r in c.recs)
 
 
-async def test_push_many_lands_as_the_pushes_one_by_one_in_order(kind: str) -> None:
-    """A step's pushes handed over together (slots, then the counter that publishes them) reach
-    each target in their order, between the messages sent before and after them; pushes to
-    different target sets each reach only their own targets."""
-    async with cluster(kind) as c:
-        c.set_view(1, [0, 1, 2], ROW)
-        want: dict[int, list[tuple[object, ...]]] = {1: [], 2: []}
-        for i in range(200):
-            c[0].send(1, b"before %d" % i)
-            want[1].append(("msg", 0, b"before %d" % i))
-            batch = [
-                (1, 8 * (i % 4), word(i), (1, 2)),
-                (1, 40, word(1000 + i), [2]),
-                (1, 48, word(2000 + i) + word(3000 + i), (0, 1, 2)),  # to self: skipped
-            ]
-            c[0].push_many(batch)
-            want[1] += [("push", 1, 0, 8 * (i % 4), word(i)),
-                        ("push", 1, 0, 48, word(2000 + i) + word(3000 + i))]
-            want[2] += [("push", 1, 0, 8 * (i % 4), word(i)), ("push", 1, 0, 40, word(1000 + i)),
-                        ("push", 1, 0, 48, word(2000 + i) + word(3000 + i))]
-            c[0].send(1, b"after %d" % i)
-            want[1].append(("msg", 0, b"after %d" % i))
-        for t in (1, 2):
-            rec = c.recs[t]
-
-            def arrived(rec: Recorder = rec, n: int = len(want[t])) -> bool:
-                return len(rec.from_sender(0)) >= n
-
-            await rec.wait_for(arrived)
-            assert rec.from_sender(0) == want[t]
-            assert rec.failures() == []
-        assert c.recs[0].from_sender(0) == []
-
-
-async def test_push_many_with_a_bad_push_raises_and_sends_none_of_them(kind: str) -> None:
-    async with cluster(kind) as c:
-        c.set_view(1, [0, 1, 2], ROW)
-        good = (1, 0, word(7), (1,))
-        outside = (1, ROW, word(8), (1,))  # member 1's row, not mine
-        with pytest.raises(UsageError, match="outside my row"):
-            c[0].push_many([good, outside])
-        with pytest.raises(UsageError, match="target"):
-            c[0].push_many([good, (1, 8, word(9), (1, -1))])
-        c[0].push_many([(1, 16, word(10), (1,))])
-        await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) >= 1)
-        await asyncio.sleep(0.05)
-        assert c.recs[1].pushes(0) == [(1, 0, 16, word(10))]
-
-
 async def test_push_larger_than_a_record_lands_whole(kind: str) -> None:
     row = 256 << 10
     data = random.Random(3).randbytes(200 << 10)
