@@ -394,6 +394,12 @@ class Driver:
         self._stepping = True
         try:
             self._execute(core, ready)
+        except Exception as exc:
+            # The step is half carried out (a slot push may be gone while the counter that
+            # publishes it goes out in the next step) and cannot be taken again (its
+            # deliveries may have run): peers can no longer trust this member's row.
+            log.exception("member %d: carrying out a step failed", self.member_id)
+            self._leave_for(f"carrying out a step failed ({type(exc).__name__}: {exc})")
         finally:
             self._stepping = False
         # Yield to the loop before the next step, even with more to do: the transport rings its
