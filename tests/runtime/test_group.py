@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
@@ -392,15 +392,51 @@ class _ReportsFailureInsidePush(LoopbackTransport):
             self._handler.on_failure(self.member, "stream broken while writing")
 
 
-class _FabricWithBrokenStream(LoopbackFabric):
-    def __init__(self, armed: list[bool]) -> None:
+class _FabricReplacing(LoopbackFabric):
+    """A loopback fabric whose endpoint for ``member`` is made by ``make``."""
+
+    def __init__(self, member: int,
+                 make: Callable[[LoopbackFabric, int], LoopbackTransport]) -> None:
         super().__init__()
-        self.armed = armed
+        self.member = member
+        self.make = make
 
     def transport(self, member_id: int) -> LoopbackTransport:
-        if member_id == 0:
-            return _ReportsFailureInsidePush(self, 0, member=2, armed=self.armed)
+        if member_id == self.member:
+            return self.make(self, member_id)
         return super().transport(member_id)
+
+
+@contextlib.asynccontextmanager
+async def _items_group(fabric: LoopbackFabric) -> AsyncIterator[list[da.Group]]:
+    """Three members of an ``_Items`` group on ``fabric``."""
+    name = f"g{next(_ids)}"
+    group_module._FABRICS[name] = fabric
+    gs = list(await asyncio.gather(
+        *(da.Group.join(cfg(name, i), actors=[_Items], timeout=10) for i in range(3))
+    ))
+    try:
+        yield gs
+    finally:
+        for g in gs:
+            with contextlib.suppress(Exception):
+                await g.leave()
+        group_module._FABRICS.pop(name, None)
+
+
+async def _stream_until_member_2_is_out(gs: list[da.Group]) -> None:
+    """Members 0 and 1 cast 400 items; member 2 is then out of their view, and they delivered
+    the same sequence, every item once."""
+    calls = [gs[i % 2].subgroup(_Items).put.cast(b"%d" % i) for i in range(400)]
+    await asyncio.wait_for(asyncio.gather(*calls), 20)
+    for _ in range(200):
+        if all(g.view.members == (0, 1) for g in gs[:2]):
+            break
+        await asyncio.sleep(0.02)
+    assert gs[0].view.members == gs[1].view.members == (0, 1)
+    logs = [g.local(_Items).items for g in gs[:2]]  # type: ignore[attr-defined]
+    assert logs[0] == logs[1], "the survivors delivered different sequences"
+    assert sorted(logs[0], key=int) == [b"%d" % i for i in range(400)], "lost or doubled"
 
 
 class _PushRaises(LoopbackTransport):
@@ -421,17 +457,6 @@ class _PushRaises(LoopbackTransport):
         super().push(view_id, offset, data, targets)
 
 
-class _FabricWithRaisingPush(LoopbackFabric):
-    def __init__(self, armed: list[bool]) -> None:
-        super().__init__()
-        self.armed = armed
-
-    def transport(self, member_id: int) -> LoopbackTransport:
-        if member_id == 2:
-            return _PushRaises(self, 2, self.armed)
-        return super().transport(member_id)
-
-
 async def test_a_member_whose_step_fails_half_way_leaves_and_the_others_go_on_intact(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -441,29 +466,10 @@ async def test_a_member_whose_step_fails_half_way_leaves_and_the_others_go_on_in
     armed: list[bool] = []
     monkeypatch.setattr(_Items, "armed", armed)
     monkeypatch.setattr(_Items, "arm_at", 120)
-    name = f"g{next(_ids)}"
-    group_module._FABRICS[name] = _FabricWithRaisingPush(armed)
-    gs = list(await asyncio.gather(
-        *(da.Group.join(cfg(name, i), actors=[_Items], timeout=10) for i in range(3))
-    ))
-    try:
-        calls = [gs[i % 2].subgroup(_Items).put.cast(b"%d" % i) for i in range(400)]
-        await asyncio.wait_for(asyncio.gather(*calls), 20)
-        for _ in range(200):
-            if all(g.view.members == (0, 1) for g in gs[:2]):
-                break
-            await asyncio.sleep(0.02)
-        assert gs[0].view.members == gs[1].view.members == (0, 1)
+    async with _items_group(_FabricReplacing(2, lambda f, m: _PushRaises(f, m, armed))) as gs:
+        await _stream_until_member_2_is_out(gs)
         with pytest.raises(da.GroupClosed, match="carrying out a step failed"):
             await gs[2].subgroup(_Items).put(b"late")
-        logs = [g.local(_Items).items for g in gs[:2]]  # type: ignore[attr-defined]
-        assert logs[0] == logs[1], "the survivors delivered different sequences"
-        assert sorted(logs[0], key=int) == [b"%d" % i for i in range(400)], "lost or doubled"
-    finally:
-        for g in gs:
-            with contextlib.suppress(Exception):
-                await g.leave()
-        group_module._FABRICS.pop(name, None)
 
 
 @pytest.mark.parametrize("arm_at", [50, 150, 300])
@@ -478,24 +484,7 @@ async def test_a_failure_reported_from_inside_a_push_is_taken_once_and_nothing_i
     armed: list[bool] = []
     monkeypatch.setattr(_Items, "armed", armed)
     monkeypatch.setattr(_Items, "arm_at", arm_at)
-    name = f"g{next(_ids)}"
-    group_module._FABRICS[name] = _FabricWithBrokenStream(armed)
-    gs = list(await asyncio.gather(
-        *(da.Group.join(cfg(name, i), actors=[_Items], timeout=10) for i in range(3))
-    ))
-    try:
-        calls = [gs[i % 2].subgroup(_Items).put.cast(b"%d" % i) for i in range(400)]
-        await asyncio.wait_for(asyncio.gather(*calls), 20)
-        for _ in range(200):  # member 2 is removed: 0 and 1 agree on a view without it
-            if all(g.view.members == (0, 1) for g in gs[:2]):
-                break
-            await asyncio.sleep(0.02)
-        assert gs[0].view.members == gs[1].view.members == (0, 1)
-        logs = [g.local(_Items).items for g in gs[:2]]  # type: ignore[attr-defined]
-        assert logs[0] == logs[1], "the survivors delivered different sequences"
-        assert sorted(logs[0], key=int) == [b"%d" % i for i in range(400)], "lost or doubled"
-    finally:
-        for g in gs:
-            with contextlib.suppress(Exception):
-                await g.leave()
-        group_module._FABRICS.pop(name, None)
+    fabric = _FabricReplacing(
+        0, lambda f, m: _ReportsFailureInsidePush(f, m, member=2, armed=armed))
+    async with _items_group(fabric) as gs:
+        await _stream_until_member_2_is_out(gs)
