@@ -6,12 +6,14 @@ that the peers' rows say they were skipped, and that the latency histogram is wr
 matplotlib is installed. The derecho-only run needs no peer (pyzmq, PySyncObj); it is skipped
 with a reason when numpy, which its large-payload table needs, is missing. A second, quick test
 checks that a missing peer is reported as "not installed (pip install ...)" instead of failing,
-and a third that `benchmarks/codec_costs.py` prints a figure for every call shape.
+and a third that `benchmarks/codec_costs.py` prints a figure for every call shape; a fourth runs
+`benchmarks/latency_timeline.py` briefly.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,3 +105,21 @@ def test_codec_costs_prints_a_figure_for_every_call_shape() -> None:
     assert len(rows) == 3, proc.stdout
     for _, encode_us, decode_us in rows:
         assert float(encode_us) > 0 and float(decode_us) > 0
+
+
+def test_latency_timeline_merges_the_members_logs() -> None:
+    """``benchmarks/latency_timeline.py``: a short closed loop of 3 real member processes; the
+    merged timeline of the median call starts at the call and holds the caller's delivery and
+    resumption, and each member's steps have a length."""
+    script = ROOT / "benchmarks" / "latency_timeline.py"
+    proc = subprocess.run([sys.executable, str(script), "--calls", "40"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert re.search(r"^40 calls: p50 \d+ µs, p99 \d+ µs$", out, re.M), out
+    timeline = out.split("timeline of call")[1].split("first event")[0]
+    events = [line.split(None, 1)[1] for line in timeline.splitlines()[1:] if line.strip()]
+    assert events[0] == "member 0  call", timeline
+    assert "member 0  caller resumed" in events and "member 0  delivered" in events, timeline
+    for m in range(3):  # (the others may deliver a call after the caller made the next one)
+        assert re.search(rf"member {m} step: \d+\.\d \(\d+\.\d\), \d+ of them", out), out
