@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import derecho_async as da
+from derecho_async.workload import percentile
 
 Log = list[tuple[float, str]]
 
@@ -122,11 +123,6 @@ async def _member(config: da.Config) -> None:
         await asyncio.sleep(0.3)
 
 
-def _pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(len(s) * q))]
-
-
 def report(out: str, members: int, show: int = 1) -> str:
     """The text summary of the logs in ``out`` (one JSON file per member)."""
     data = []
@@ -136,19 +132,19 @@ def report(out: str, members: int, show: int = 1) -> str:
     logs: dict[int, Log] = {m: [(t, tag) for t, tag in d["log"]] for m, d in enumerate(data)}
     latencies: list[float] = data[0]["latencies"]
     lines = [
-        f"{len(latencies)} calls: p50 {_pct(latencies, 0.5) * 1e6:.0f} µs, "
-        f"p99 {_pct(latencies, 0.99) * 1e6:.0f} µs",
+        f"{len(latencies)} calls: p50 {percentile(latencies, 0.5) * 1e6:.0f} µs, "
+        f"p99 {percentile(latencies, 0.99) * 1e6:.0f} µs",
         "CPU per call, µs: " + ", ".join(
             f"member {m} {float(c) * 1e6:.0f}" for m, c in sorted(data[0]["cpu"].items())),
     ]
     merged = sorted((t, m, tag) for m, lg in logs.items() for t, tag in lg)
     starts = [t for t, tag in logs[0] if tag == "call"]
-    if not starts or len(starts) < 3:
+    if len(starts) < 3:
         return "\n".join([*lines, "(no time stamps: --plain)"])
     spans = list(zip(starts, [*starts[1:], float("inf")], strict=True))[:-1]
-    # the timeline of the call(s) nearest the median latency
-    middle = sorted(range(len(spans)), key=lambda i: abs(
-        (latencies[i] if i < len(latencies) else 0) - _pct(latencies, 0.5)))[:show]
+    # the timeline of the call(s) nearest the median latency (span i is call i's)
+    median = percentile(latencies, 0.5)
+    middle = sorted(range(len(spans)), key=lambda i: abs(latencies[i] - median))[:show]
     for i in middle:
         t0, t1 = spans[i]
         lines.append(f"\ntimeline of call {i} (µs from the call):")
@@ -177,7 +173,7 @@ def report(out: str, members: int, show: int = 1) -> str:
                     opened = None
             if lengths:
                 lines.append(f"  member {m} {start}: {statistics.median(lengths):.1f} "
-                             f"({_pct(lengths, 0.9):.1f}), {len(lengths)} of them")
+                             f"({percentile(lengths, 0.9):.1f}), {len(lengths)} of them")
     return "\n".join(lines)
 
 

@@ -236,9 +236,8 @@ class ShardState:
         table = self.table
         rec_no = self.sent_records
         first = self.sent_turns
-        _HEADER.pack_into(table.buf, table.my_rank * table.row_bytes
-                          + self.cols.slot_offset(rec_no), first, kind | (n_turns << 8),
-                          nbytes, msg_no)
+        _HEADER.pack_into(table.buf, table.table_offset(self.cols.slot_offset(rec_no)), first,
+                          kind | (n_turns << 8), nbytes, msg_no)
         self.sent_records = rec_no + 1
         self.sent_turns = first + n_turns
         assert self.my_index is not None
