@@ -303,6 +303,7 @@ class Group:
         self._p2p_ids = itertools.count(1)
         self._p2p: dict[int, tuple[int, asyncio.Future[Any]]] = {}
         self._closed: BaseException | None = None
+        self._gone: asyncio.Future[None] | None = None  # resolved once a deferred leave is done
         self._started = False
         # Shard members per subgroup in the current view (whose replies an ordered call awaits).
         self._repliers: dict[str, frozenset[int]] = {}
@@ -350,14 +351,29 @@ class Group:
             raise GroupClosed(f"could not join: {exc}") from None
 
     async def leave(self) -> None:
-        """Leave the group: the others install a view without this member. Idempotent."""
+        """Leave the group: the others install a view without this member. Idempotent.
+
+        Called during a view change, this waits (a few suspicion timeouts at most) for the change
+        to end, so the member leaves the view it installs; see :meth:`Member.leave`.
+        """
         driver = self._driver
         if driver is None:
             return
         if driver.core is not None and driver.core.state is MemberState.ACTIVE:
             driver.leave()
+            if self._closed is None and not driver.closed:
+                self._gone = asyncio.get_running_loop().create_future()
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._gone), self._leave_wait_s())
+                except TimeoutError:
+                    log.warning("member %d: the view change under way did not end within "
+                                "%.1f s; leaving without it", self.member_id,
+                                self._leave_wait_s())
         self._close(GroupClosed("this member left the group"))
         await driver.close()
+
+    def _leave_wait_s(self) -> float:
+        return 1.0 + 4 * self.config.suspect_after_ms / 1000
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -845,6 +861,8 @@ class Group:
     def _close(self, exc: BaseException) -> None:
         if self._closed is None:
             self._closed = exc
+        if self._gone is not None and not self._gone.done():
+            self._gone.set_result(None)
         for call in self._pending.values():
             if not call.future.done():
                 call.future.set_exception(exc)

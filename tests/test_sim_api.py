@@ -226,3 +226,29 @@ def test_send_batch_writes_a_few_records_per_poll_and_loses_nothing() -> None:
     c.check()
     assert sorted(payloads(c, 0)) == sorted(b"msg-%d" % i for i in range(30))
     assert payloads(c, 1) == payloads(c, 0) == payloads(c, 2)
+
+
+def test_the_last_member_stays_when_the_other_two_leave_one_during_the_others_view_change() -> None:
+    """Member 0 leaves; member 1 (the next leader) leaves while the view change that removes 0
+    is under way. Had 1 left the old view, member 2 could install a view of (1, 2) that 1 never
+    runs and, alone in it, lose its majority. The leave waits for the change: 1 leaves the view
+    of (1, 2), and 2 goes on alone."""
+    for seed in range(12):
+        for gap in range(0, 24, 3):
+            c = SimCluster(3, seed=seed)
+            for t in range(30):
+                for m in range(3):
+                    c.send(m, b"%d:%d" % (m, t))
+                c.run(1)
+            c.leave(0)
+            for _ in range(gap):
+                c.send(2, b"between")
+                c.run(1)
+            c.leave(1)
+            assert c.run_until_idle(), (seed, gap)
+            c.check()
+            assert c.alive() == {2}, (seed, gap)
+            assert c.views(2)[-1].members == (2,), (seed, gap)
+            assert c.send(2, b"alone")
+            assert c.run_until_idle()
+            assert payloads(c, 2)[-1] == b"alone"

@@ -122,6 +122,7 @@ class Member:
         self._next_join_try = 0
         self._join_attempt = 0
         self.leaving = False
+        self._leave_reason: str | None = None  # set by leave(); the Left event's reason
         # What changed since the last poll: membership columns (other than heartbeats) and
         # shard columns or local send work. A poll skips the scans nothing can have changed.
         self._dirty_membership = True
@@ -266,10 +267,24 @@ class Member:
 
     def leave(self, reason: str = "") -> None:
         """Leave the group: the others remove this member in the next view. ``reason`` (empty
-        for a leave the application asked for) goes into the :class:`Left` event."""
-        if self.state is not MemberState.ACTIVE:
+        for a leave the application asked for) goes into the :class:`Left` event.
+
+        Asked for during a view change, the leave waits for that change to end: this member
+        still takes part in it (it may be the leader, or have accepted a proposal that keeps it)
+        and leaves the view it installs, where the others see a voluntary leave. Leaving the old
+        view instead could leave a lone survivor with a new view whose other member never runs
+        it, a failure that no majority outlives. Nothing new can be sent meanwhile.
+        """
+        if self.state is not MemberState.ACTIVE or self._leave_reason is not None:
             return
         self.leaving = True
+        self._leave_reason = reason
+        self._fail_queued("this member left the group")
+        if not self.wedged:
+            self._depart()
+
+    def _depart(self) -> None:
+        reason = self._leave_reason or ""
         self._suspect(self.rank)
         self._publish_suspicions()
         self._fail_queued("this member left the group")
@@ -349,7 +364,10 @@ class Member:
         old = self.view
         survivors = tuple(m for r, m in enumerate(old.members) if not removed >> r & 1)
         if self.member_id not in survivors:
-            self._leave_group(Evicted(old.view_id), MemberState.EVICTED)
+            if self.leaving:  # removed while a leave waited for this change: what it asked for
+                self._leave_group(Left(old.view_id, self._leave_reason or ""), MemberState.LEFT)
+            else:
+                self._leave_group(Evicted(old.view_id), MemberState.EVICTED)
             return
         joined = tuple(j for j in dict.fromkeys(joiners) if j not in survivors)
         departed = tuple(m for m in old.members if m not in survivors)
@@ -371,6 +389,8 @@ class Member:
                 self._ready.sends.append(
                     Send(j, Welcome(new_view.view_id, new_view.members), attach_state=True)
                 )
+        if self.leaving:
+            self._depart()  # asked for during the change just ended: leave the view it made
 
     # -- internals -----------------------------------------------------------------------------
     def _push(self, row_offset: int, nbytes: int, targets: tuple[int, ...]) -> None:
@@ -570,8 +590,10 @@ class Member:
 
     def _leave_group(self, event: Evicted | Partitioned | Left, state: MemberState) -> None:
         self.state = state
-        self._fail_queued(f"this member is out of the group ({state.value})")
+        # The event first: a host fails every waiting call with the error it names (a
+        # PartitionedError for a partition), before the queued messages' own SendFailed.
         self._ready.events.append(event)
+        self._fail_queued(f"this member is out of the group ({state.value})")
 
     def _on_join_request(self, joiner: int) -> None:
         if self.state is not MemberState.ACTIVE:

@@ -514,5 +514,10 @@ class Driver:
 
     # -- introspection -------------------------------------------------------------------------
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
     def state(self) -> MemberState:
         return self.core.state if self.core is not None else MemberState.JOINING

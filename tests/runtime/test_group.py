@@ -488,3 +488,27 @@ async def test_a_failure_reported_from_inside_a_push_is_taken_once_and_nothing_i
         0, lambda f, m: _ReportsFailureInsidePush(f, m, member=2, armed=armed))
     async with _items_group(fabric) as gs:
         await _stream_until_member_2_is_out(gs)
+
+
+async def test_a_leave_during_a_view_change_waits_for_it_and_the_last_member_goes_on() -> None:
+    """Member 1 leaves right after proposing the view that removes member 0: it leaves the view
+    it proposed (not the old one), so member 2 keeps a majority of what is left and goes on."""
+    _, gs = await start(3)
+    try:
+        await gs[0].subgroup(Log).append(b"before")
+        await gs[0].leave()
+        core = gs[1]._driver.core if gs[1]._driver is not None else None
+        assert core is not None
+        for _ in range(500):  # member 1 leads the change that removes 0: wait for its proposal
+            if core.wedged and core.table.mine(core.schema.prop_ballot):
+                break
+            await asyncio.sleep(0.001)
+        else:
+            pytest.fail("member 1 never proposed a view")
+        await asyncio.wait_for(gs[1].leave(), 10)
+        r = await asyncio.wait_for(gs[2].subgroup(Log).append(b"alone"), 10)
+        assert r == {2: 2}
+        assert gs[2].view.members == (2,)
+        assert gs[2].local(Log).items == [b"before", b"alone"]  # type: ignore[attr-defined]
+    finally:
+        await close(gs)
