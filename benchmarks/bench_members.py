@@ -122,6 +122,12 @@ def _payload(me: int, ph: Phase) -> Any:
     return b"x" * ph["size"]
 
 
+def _steps(group: da.Group) -> int:
+    """Protocol steps this member took so far (the driver's count; steps that did something)."""
+    driver = group._driver  # a benchmark's look inside
+    return driver.steps if driver is not None else 0
+
+
 async def _stream(
     group: da.Group, handle: Any, sink: BenchSink, ph: Phase, payload: Any
 ) -> dict[str, Any]:
@@ -131,6 +137,7 @@ async def _stream(
     depth: int = ph["depth"]
     latencies: list[float] = []
     cpu0 = time.process_time()
+    steps0 = _steps(group)
     method = handle.blob if ph["kind"] == "blob" else handle.put
     if ph.get("one_way"):
         method = method.cast  # no replies: a call completes when it is delivered here
@@ -157,6 +164,7 @@ async def _stream(
         "sender": me in senders,
         "calls": len(latencies),
         "cpu_s": time.process_time() - cpu0,
+        "steps": _steps(group) - steps0,
     }
     if latencies:
         report.update(

@@ -1,10 +1,12 @@
 """One 3-member ordered throughput run (1 KB, depth 32), for profiling and quick A/B checks.
 
 Usage: python benchmarks/shm_stream.py [--count N] [--transport shm|tcp] [--one-sender] [--one-way]
+    [--max-payload BYTES]
 
 Prints the delivered msgs/s at the slowest member and the CPU time all members spent per
 delivered message (user + system, from the phase start to its last delivery), which is steadier
-than msgs/s on a machine shared with other work. To profile with py-spy (top entries by own and
+than msgs/s on a machine shared with other work, and each member's delivered messages per
+protocol step. To profile with py-spy (top entries by own and
 by inclusive time, GIL-holding samples of the member processes)::
 
     py-spy record --subprocesses --gil -r 400 --format raw -o /tmp/raw.txt -- \\
@@ -27,17 +29,20 @@ def main() -> None:
     parser.add_argument("--one-sender", action="store_true", help="only member 0 sends")
     parser.add_argument("--one-way", action="store_true",
                         help="one-way calls (handle.put.cast): no replies")
+    parser.add_argument("--max-payload", type=int, default=None,
+                        help="Config.max_payload (the slot size; default the Config's)")
     args = parser.parse_args()
     senders = [0] if args.one_sender else [0, 1, 2]
     plan = [c.warmup(3, c.FULL), c.plan_stream(senders, args.count, 1024, c.DEPTH, one_way=args.one_way)]
-    res = bm.GroupRun(3, args.transport, plan).run(300, 60)[1]
+    res = bm.GroupRun(3, args.transport, plan, max_payload=args.max_payload).run(300, 60)[1]
     cpu = sum(r["cpu_s"] for r in res.values())
     delivered = min(r["delivered"] for r in res.values())
     print(
         f"{args.transport}, 3 members, {len(senders)} sender(s), 1 KB"
         f"{', one-way' if args.one_way else ''}: "
         f"{c.min_rate(res):,.0f} msgs/s; CPU {cpu / delivered * 1e6:.1f} us per delivered "
-        "message (all members together)"
+        "message (all members together); delivered per step "
+        + " ".join(f"{r['delivered'] / max(r['steps'], 1):.1f}" for _, r in sorted(res.items()))
     )
 
 
