@@ -10,6 +10,9 @@ proposer's rank + 1):
    the view (partition safety on) is *partitioned* and wedges for good. Members that left
    voluntarily (their own row suspects themselves) do not count towards the majority: they will
    never form a view, so two disjoint sides still cannot both hold a majority of the rest.
+   A member asked to leave while wedged first sees the change through and leaves the view it
+   installs: once a proposal that keeps it may be chosen, a leave from the old view would
+   leave the others a member in the new view that never runs it.
 2. **Wedge.** On any suspicion, any peer's wedged flag, or a join request at the leader, a member
    stops sending, receiving and delivering in this view, publishes its final ``recv_frontier``
    and then ``wedged = 1``.
