@@ -48,7 +48,9 @@ SLOT_HEADER = 32
 KIND_MESSAGE = 1
 KIND_DESCRIPTOR = 2
 KIND_NULL = 3
+KIND_BATCH = 4
 MAX_NULL_TURNS = 1 << 40
+BATCH_ENTRY = 16  # a batch record's per-message header: nbytes, msg_no (then the payload)
 MAX_TURN = 1 << 56
 RING_HEADER = 32
 R_PUSH = 1
@@ -58,6 +60,7 @@ _U64 = 1 << 64
 
 _WORD = struct.Struct("<Q")
 _SLOT = struct.Struct("<4Q")
+_ENTRY = struct.Struct("<2Q")
 _RING = struct.Struct("<IIQQQ")
 _lock = threading.Lock()
 _NATIVE_LE = sys.byteorder == "little"  # a "Q" item is then a little-endian u64
@@ -162,14 +165,17 @@ def scan_slots(
     turn: int,
     max_payload: int,
     /,
-) -> tuple[list[SlotRecord], int, str | None]:
+) -> tuple[list[SlotRecord], int, int, str | None]:
     """Copy out and validate the slot records ``lo .. hi-1`` of a sender's ring.
 
     The ring is ``window`` slots of ``slot_bytes`` at byte ``base`` of ``buf``; record ``r`` is
-    in slot ``r % window``. ``turn`` is the first turn the next record must start at. Returns
-    the records that were valid, in order, the turn after them, and the reason the next record
-    was refused (None when all were valid). Arguments that do not describe a ring inside
-    ``buf`` raise ValueError (a local bug, not remote data).
+    in slot ``r % window``. ``turn`` is the first turn the next record must start at. A batch
+    record (several inline messages of consecutive turns in one slot: ``nbytes`` bytes of
+    entries, each a 16-byte (nbytes, msg_no) header and its payload padded to a word) comes out
+    as one message record per entry. Returns the records of the slots that were valid, in
+    order, the turn after them, how many slots that was, and the reason the next slot was
+    refused (None when all were valid). Arguments that do not describe a ring inside ``buf``
+    raise ValueError (a local bug, not remote data).
     """
     base = _u64(base, "base")
     window = _u64(window, "window")
@@ -195,31 +201,71 @@ def scan_slots(
     records: list[SlotRecord] = []
     unpack = _SLOT.unpack_from
     for rec_no in range(lo, hi):
+        slots = rec_no - lo
         off = base + (rec_no % window) * slot_bytes
         first, kind_turns, nbytes, msg_no = unpack(buf, off)
         kind = kind_turns & 0xFF
         n_turns = kind_turns >> 8
         payload: bytes | None = None
         if first != turn:
-            return records, turn, f"record {rec_no} starts at turn {first}, expected {turn}"
+            return records, turn, slots, f"record {rec_no} starts at turn {first}, expected {turn}"
         if kind == KIND_MESSAGE:
             if n_turns != 1 or nbytes > max_payload or nbytes > slot_bytes - SLOT_HEADER:
-                return records, turn, f"bad message record ({n_turns} turns, {nbytes} B)"
+                return records, turn, slots, f"bad message record ({n_turns} turns, {nbytes} B)"
             start = off + SLOT_HEADER
             payload = bytes(buf[start : start + nbytes])
         elif kind == KIND_DESCRIPTOR:
             if n_turns != 1:
-                return records, turn, "descriptor record must cover one turn"
+                return records, turn, slots, "descriptor record must cover one turn"
         elif kind == KIND_NULL:
             if not 1 <= n_turns <= MAX_NULL_TURNS:
-                return records, turn, f"null record of {n_turns} turns"
+                return records, turn, slots, f"null record of {n_turns} turns"
+        elif kind == KIND_BATCH:
+            if n_turns > MAX_TURN - turn:
+                return records, turn, slots, "turn count passed 2**56"
+            entries, error = _batch_entries(buf, off, slot_bytes, turn, n_turns, nbytes,
+                                            max_payload)
+            if error is not None:
+                return records, turn, slots, error
+            records += entries
+            turn += n_turns
+            continue
         else:
-            return records, turn, f"unknown record kind {kind}"
+            return records, turn, slots, f"unknown record kind {kind}"
         if n_turns > MAX_TURN - turn:
-            return records, turn, "turn count passed 2**56"
+            return records, turn, slots, "turn count passed 2**56"
         records.append((first, kind, n_turns, nbytes, msg_no, payload))
         turn += n_turns
-    return records, turn, None
+    return records, turn, hi - lo, None
+
+
+def _batch_entries(
+    buf: Buffer, off: int, slot_bytes: int, turn: int, n_turns: int, nbytes: int,
+    max_payload: int,
+) -> tuple[list[SlotRecord], str | None]:
+    """The message records of the batch record in the slot at ``off`` (see scan_slots)."""
+    if (
+        n_turns < 2
+        or n_turns > (slot_bytes - SLOT_HEADER) // BATCH_ENTRY
+        or nbytes > slot_bytes - SLOT_HEADER
+        or nbytes % WORD
+    ):
+        return [], f"bad batch record ({n_turns} messages, {nbytes} B)"
+    pos = off + SLOT_HEADER
+    end = pos + nbytes
+    entries: list[SlotRecord] = []
+    for i in range(n_turns):
+        if pos + BATCH_ENTRY > end:
+            return [], f"batch entry {i} lies past the record's {nbytes} B"
+        size, msg_no = _ENTRY.unpack_from(buf, pos)
+        start = pos + BATCH_ENTRY
+        if size > max_payload or size > end - start:
+            return [], f"batch entry {i} of {size} B does not fit"
+        entries.append((turn + i, KIND_MESSAGE, 1, size, msg_no, bytes(buf[start : start + size])))
+        pos = start + (size + WORD - 1) // WORD * WORD
+    if pos != end:
+        return [], f"batch record of {nbytes} B holds {pos - off - SLOT_HEADER} B of entries"
+    return entries, None
 
 
 def _ring_read(data: Buffer, cap: int, pos: int, n: int) -> bytes:

@@ -27,6 +27,8 @@
 #define KIND_MESSAGE 1
 #define KIND_DESCRIPTOR 2
 #define KIND_NULL 3
+#define KIND_BATCH 4
+#define BATCH_ENTRY 16          /* a batch entry's header: nbytes, msg_no (then the payload) */
 #define MAX_NULL_TURNS ((uint64_t)1 << 40)
 #define MAX_TURN ((uint64_t)1 << 56)
 #define RING_HEADER 32          /* u32 type, u32 flags, u64 a, u64 b, u64 length */
@@ -319,8 +321,65 @@ native_turns_needed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 /* ------------------------------------------------------------------------ slot scan */
 
+/* The message records of a batch record (entries of consecutive turns from ``turn``) appended
+ * to ``records``: 0 with *error NULL when valid, 0 with *error set (nothing appended) when not,
+ * -1 on a Python error. Checked whole before anything is made, as the pure twin does. */
+static int
+batch_entries(PyObject *records, const unsigned char *slot, uint64_t slot_bytes, uint64_t turn,
+              uint64_t n_turns, uint64_t nbytes, uint64_t max_payload, PyObject **error)
+{
+    if (n_turns < 2 || n_turns > (slot_bytes - SLOT_HEADER) / BATCH_ENTRY ||
+        nbytes > slot_bytes - SLOT_HEADER || nbytes % WORD) {
+        *error = PyUnicode_FromFormat("bad batch record (%llu messages, %llu B)",
+                                      (unsigned long long)n_turns, (unsigned long long)nbytes);
+        return *error == NULL ? -1 : 0;
+    }
+    const unsigned char *body = slot + SLOT_HEADER;
+    uint64_t pos = 0;
+    for (uint64_t i = 0; i < n_turns; i++) {
+        if (pos + BATCH_ENTRY > nbytes) {
+            *error = PyUnicode_FromFormat("batch entry %llu lies past the record's %llu B",
+                                          (unsigned long long)i, (unsigned long long)nbytes);
+            return *error == NULL ? -1 : 0;
+        }
+        uint64_t size = get_u64(body + pos);
+        if (size > max_payload || size > nbytes - pos - BATCH_ENTRY) {
+            *error = PyUnicode_FromFormat("batch entry %llu of %llu B does not fit",
+                                          (unsigned long long)i, (unsigned long long)size);
+            return *error == NULL ? -1 : 0;
+        }
+        pos += BATCH_ENTRY + (size + WORD - 1) / WORD * WORD;
+    }
+    if (pos != nbytes) {
+        *error = PyUnicode_FromFormat("batch record of %llu B holds %llu B of entries",
+                                      (unsigned long long)nbytes, (unsigned long long)pos);
+        return *error == NULL ? -1 : 0;
+    }
+    pos = 0;
+    for (uint64_t i = 0; i < n_turns; i++) {
+        uint64_t size = get_u64(body + pos);
+        uint64_t msg_no = get_u64(body + pos + 8);
+        PyObject *payload = PyBytes_FromStringAndSize((const char *)body + pos + BATCH_ENTRY,
+                                                      (Py_ssize_t)size);
+        if (payload == NULL)
+            return -1;
+        PyObject *rec = Py_BuildValue("(KKKKKN)", (unsigned long long)(turn + i),
+                                      (unsigned long long)KIND_MESSAGE, 1ULL,
+                                      (unsigned long long)size, (unsigned long long)msg_no,
+                                      payload);
+        if (rec == NULL)
+            return -1;
+        int rc = PyList_Append(records, rec);
+        Py_DECREF(rec);
+        if (rc < 0)
+            return -1;
+        pos += BATCH_ENTRY + (size + WORD - 1) / WORD * WORD;
+    }
+    return 0;
+}
+
 /* scan_slots(buf, base, window, slot_bytes, lo, hi, turn, max_payload)
- *   -> (records, turn, error) */
+ *   -> (records, turn, slots, error) */
 static PyObject *
 native_scan_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -358,7 +417,8 @@ native_scan_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (records == NULL)
         goto done;
     const unsigned char *buf = (const unsigned char *)view.buf;
-    for (uint64_t rec_no = lo; rec_no < hi; rec_no++) {
+    uint64_t rec_no;
+    for (rec_no = lo; rec_no < hi; rec_no++) {
         const unsigned char *slot = buf + base + (rec_no % window) * slot_bytes;
         uint64_t first = get_u64(slot);
         uint64_t kind_turns = get_u64(slot + 8);
@@ -398,6 +458,19 @@ native_scan_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 break;
             }
         }
+        else if (kind == KIND_BATCH) {
+            if (n_turns > MAX_TURN - turn) {
+                error = PyUnicode_FromString("turn count passed 2**56");
+                break;
+            }
+            if (batch_entries(records, slot, slot_bytes, turn, n_turns, nbytes, max_payload,
+                              &error) < 0)
+                goto fail;
+            if (error != NULL)
+                break;
+            turn += n_turns;
+            continue;
+        }
         else {
             error = PyUnicode_FromFormat("unknown record kind %llu", (unsigned long long)kind);
             break;
@@ -423,7 +496,8 @@ native_scan_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto fail;
     if (error == NULL)
         error = Py_NewRef(Py_None);
-    result = Py_BuildValue("(NKN)", records, (unsigned long long)turn, error);
+    result = Py_BuildValue("(NKKN)", records, (unsigned long long)turn,
+                           (unsigned long long)(rec_no - lo), error);
     records = error = NULL;
     goto done;
 fail:
@@ -642,7 +716,7 @@ static PyMethodDef native_methods[] = {
      "turns_needed(my_index, seen) -> int: turns an idle sender covers."},
     {"scan_slots", (PyCFunction)(void (*)(void))native_scan_slots, METH_FASTCALL,
      "scan_slots(buf, base, window, slot_bytes, lo, hi, turn, max_payload) -> "
-     "(records, turn, error): copy out and validate slot records lo..hi-1."},
+     "(records, turn, slots, error): copy out and validate slot records lo..hi-1."},
     {"ring_scan", (PyCFunction)(void (*)(void))native_ring_scan, METH_FASTCALL,
      "ring_scan(data, tail, head, budget) -> (records, tail, error): parse and validate "
      "up to budget shm ring records between tail and head."},

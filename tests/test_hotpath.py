@@ -184,14 +184,14 @@ def test_turns_needed(my_index: int, seen: list[int]) -> None:
 # -- slot scan --------------------------------------------------------------------------------
 
 field = st.one_of(st.integers(0, 12), st.integers(0, U64 - 1))
-kinds = st.one_of(st.sampled_from([1, 2, 3]), st.integers(0, 255))
+kinds = st.one_of(st.sampled_from([1, 2, 3, 4]), st.integers(0, 255))
 n_turns = st.one_of(st.just(1), st.integers(0, 5), st.sampled_from([1 << 40, (1 << 40) + 1]))
 
 
 @st.composite
 def slot_rings(draw: st.DrawFn) -> tuple[bytes, tuple[int, ...]]:
     window = draw(st.integers(1, 5))
-    slot_bytes = 32 + 8 * draw(st.integers(0, 4))
+    slot_bytes = 32 + 8 * draw(st.integers(0, 12))
     base = 8 * draw(st.integers(0, 3))
     buf = bytearray(base + window * slot_bytes + 8 * draw(st.integers(0, 2)))
     turn = draw(st.one_of(st.integers(0, 4), st.just((1 << 56) - 2)))
@@ -201,13 +201,29 @@ def slot_rings(draw: st.DrawFn) -> tuple[bytes, tuple[int, ...]]:
     for rec_no in range(lo, min(hi, lo + window)):
         off = base + (rec_no % window) * slot_bytes
         valid = draw(st.booleans()) or draw(st.booleans())
-        kind = draw(st.sampled_from([1, 2, 3])) if valid else draw(kinds)
+        kind = draw(st.sampled_from([1, 2, 3, 4])) if valid else draw(kinds)
         turns = 1 if valid and kind != 3 else draw(n_turns)
         nbytes = draw(st.integers(0, slot_bytes - 32)) if valid else draw(field)
         first = t if valid else draw(st.one_of(st.just(t), field))
         msg_no = draw(field)
-        struct.pack_into("<4Q", buf, off, first, (kind | turns << 8) % U64, nbytes, msg_no)
-        body = draw(st.binary(min_size=slot_bytes - 32, max_size=slot_bytes - 32))
+        body = bytearray(draw(st.binary(min_size=slot_bytes - 32, max_size=slot_bytes - 32)))
+        if kind == 4 and valid and slot_bytes >= 64:  # a well-formed batch, perhaps spoiled
+            sizes = draw(st.lists(st.integers(0, 12), min_size=2, max_size=(slot_bytes - 32) // 16))
+            pos = 0
+            turns = 0
+            for size in sizes:
+                need = 16 + (size + 7) // 8 * 8
+                if pos + need > len(body):
+                    break
+                struct.pack_into("<2Q", body, pos, size, draw(field))
+                pos += need
+                turns += 1
+            nbytes = pos
+            turns = draw(st.sampled_from([turns, turns, turns, turns + 1, max(turns - 1, 0)]))
+            nbytes = draw(st.sampled_from([nbytes, nbytes, nbytes, nbytes + 8, nbytes - 8]))
+            if draw(st.integers(0, 5)) == 0 and pos:  # an entry claiming more than it holds
+                struct.pack_into("<Q", body, 0, draw(field))
+        struct.pack_into("<4Q", buf, off, first, (kind | turns << 8) % U64, nbytes % U64, msg_no)
         buf[off + 32 : off + slot_bytes] = body
         t += max(turns, 0)
     max_payload = draw(st.integers(0, 40))
@@ -226,10 +242,53 @@ def test_scan_slots(ring: tuple[bytes, tuple[int, ...]]) -> None:
     kind, value = same("scan_slots", buf, *args)
     same("scan_slots", memoryview(bytearray(buf)), *args)
     if kind == "ok":
-        records, _turn, error = value
+        records, turn, slots, error = value
         lo, hi = args[3], args[4]
-        assert len(records) <= hi - lo
-        assert (error is None) == (len(records) == hi - lo)
+        assert slots <= hi - lo
+        assert (error is None) == (slots == hi - lo)
+        # every record takes the turns after the one before it
+        assert turn == args[5] + sum(r[2] for r in records)
+
+
+def _batch_ring() -> bytearray:
+    """Three 96-byte slots from turn 7: a message, a batch of three, a null of two turns."""
+    buf = bytearray(3 * 96)
+    struct.pack_into("<4Q", buf, 0, 7, 1 | 1 << 8, 3, 100)
+    buf[32:35] = b"abc"
+    entries = [(b"", 101), (b"hello", 102), (b"12345678", 103)]
+    pos = 96 + 32
+    for payload, msg_no in entries:
+        struct.pack_into("<2Q", buf, pos, len(payload), msg_no)
+        buf[pos + 16 : pos + 16 + len(payload)] = payload
+        pos += 16 + (len(payload) + 7) // 8 * 8
+    struct.pack_into("<4Q", buf, 96, 8, 4 | 3 << 8, pos - 96 - 32, 0)
+    struct.pack_into("<4Q", buf, 192, 11, 3 | 2 << 8, 0, 0)
+    return buf
+
+
+@pytest.mark.parametrize("impl", ["pure", "native"])
+def test_a_batch_record_comes_out_as_one_message_record_per_entry(impl: str) -> None:
+    if impl == "native" and native is None:
+        pytest.skip("derecho_async._native is not built")
+    scan = (pure if impl == "pure" else native).scan_slots  # type: ignore[union-attr]
+    buf = _batch_ring()
+    records, turn, slots, error = scan(buf, 0, 3, 96, 0, 3, 7, 64)
+    assert error is None and slots == 3 and turn == 13
+    assert records == [
+        (7, 1, 1, 3, 100, b"abc"),
+        (8, 1, 1, 0, 101, b""),
+        (9, 1, 1, 5, 102, b"hello"),
+        (10, 1, 1, 8, 103, b"12345678"),
+        (11, 3, 2, 0, 0, None),
+    ]
+    # An entry larger than the payloads allowed is refused, and nothing of its batch comes out.
+    records, turn, slots, error = scan(buf, 0, 3, 96, 0, 3, 7, 4)
+    assert (records, turn, slots) == ([(7, 1, 1, 3, 100, b"abc")], 8, 1)
+    assert error == "batch entry 1 of 5 B does not fit"
+    # A batch that claims one message more than it holds is refused.
+    struct.pack_into("<Q", buf, 96 + 8, 4 | 4 << 8)
+    _, _, slots, error = scan(buf, 0, 3, 96, 0, 3, 7, 64)
+    assert slots == 1 and error == "batch entry 3 lies past the record's 64 B"
 
 
 # -- ring scan --------------------------------------------------------------------------------

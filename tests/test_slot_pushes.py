@@ -90,3 +90,23 @@ def test_counters_travel_in_one_push_after_the_slots_and_delivering_alone_pushes
         assert all(a in (counters, progress) or a[0] >= cols.slots.offset for a in s), s
         assert (cols.delivered.offset, 8) not in s
     assert len(heartbeat_free[1]) <= 2 * 20, heartbeat_free[1]
+
+
+def test_a_burst_of_small_messages_shares_slots_and_its_push_moves_about_what_they_hold() -> None:
+    """Twenty 100-byte messages queued at once go out in batch records (several to a slot):
+    the sender's slot pushes come to little more than the messages, where a slot each would
+    push 20 x 1 KB; both members deliver all twenty, in order, each exactly."""
+    config = CoreConfig(window=8, max_payload=1024, suspect_after=1000)
+    cores = {m: Member(m, config, view=View(0, (0, 1))) for m in (0, 1)}
+    pushes: list[tuple[int, int]] = []
+    delivered: dict[int, list[bytes]] = {0: [], 1: []}
+    sent = [bytes([i + 1]) * (100 - i % 3) for i in range(20)]
+    for data in sent:
+        assert cores[0].submit(DEFAULT_SUBGROUP, data) is not None
+    _run(cores, 8, pushes, delivered)
+    assert delivered[0] == delivered[1] == sent
+    shard = next(sh for sh in cores[0].shards if sh is not None)
+    assert shard.sent_records == 3  # 20 entries of 16 + 104 bytes, 8 to a 1 KB slot
+    # one push of the run: two full slots, then the third as far as its 4 entries go
+    slot_pushes = [n for m, n in pushes if m == 0 and n > 24]
+    assert slot_pushes == [2 * (32 + 1024) + 32 + 4 * (16 + 104)]

@@ -11,7 +11,10 @@ batching).
 
 A record covers one turn (a message; a descriptor of a large message whose bytes travel on the
 data plane) or a run of turns (a null, sent by an idle sender to cover every round in which another
-sender took a turn: :func:`derecho_async.core.ordering.turns_needed`).
+sender took a turn: :func:`derecho_async.core.ordering.turns_needed`; a batch, several small
+messages queued together that share one slot, a turn each, which receivers read as separate
+messages: a burst of 1 KB messages then fills 8 KB slots instead of taking one each, and its push
+moves the messages, not mostly empty slots).
 A descriptor counts as held only once its bytes have landed. Seq ``s`` is stable when it is below
 every shard member's published frontier; stable messages are delivered in seq order.
 
@@ -32,6 +35,8 @@ from dataclasses import dataclass
 from derecho_async.core.effects import DataKey, Delivered, Event, Expect, Transfer
 from derecho_async.core.layout import ShardInfo
 from derecho_async.core.schema import (
+    BATCH_ENTRY,
+    KIND_BATCH,
     KIND_DESCRIPTOR,
     KIND_MESSAGE,
     KIND_NULL,
@@ -47,6 +52,7 @@ from derecho_async.hotpath import turns_needed as _turns_needed
 __all__ = ["Outgoing", "Record", "ShardState"]
 
 _HEADER = struct.Struct("<4Q")
+_ENTRY = struct.Struct("<2Q")
 
 
 @dataclass(slots=True)
@@ -168,12 +174,13 @@ class ShardState:
         free = self._window_free()
         if free <= 0:
             return 0
-        if 0 < self.send_batch < free:
-            free = self.send_batch
+        limit = self.send_batch if self.send_batch > 0 else 1 << 62  # messages, this pass
+        if limit < free:
+            free = limit
         first_record = self.sent_records
         q = self.queue
         if q:
-            free = self._write_messages(q, free, transfers)
+            free = self._write_messages(q, free, limit, transfers)
         if free > 0 and not q:
             need = _turns_needed(self.my_index, self.turns_seen)
             if need > self.sent_turns:
@@ -184,12 +191,17 @@ class ShardState:
             self._recompute_frontier()
         return written
 
-    def _write_messages(self, q: deque[Outgoing], free: int, transfers: list[Transfer]) -> int:
-        """Write queued messages into at most ``free`` slots; returns the slots left.
+    def _write_messages(
+        self, q: deque[Outgoing], free: int, limit: int, transfers: list[Transfer]
+    ) -> int:
+        """Write at most ``limit`` queued messages into at most ``free`` slots; returns the
+        slots left.
 
-        An inline message (the usual one) is written here: header and payload straight into its
-        slot, queued in ``pending`` as an :data:`_Inline`; a large one by
-        :meth:`_write_descriptor`.
+        Inline messages (the usual ones) are written here, queued in ``pending`` as
+        :data:`_Inline` tuples: a lone one as a message record (header and payload), and
+        consecutive ones that fit one slot together as a batch record, so a burst of small
+        messages fills its slots instead of using one slot each (a push then moves about what
+        the messages hold, not whole slots). A large one goes out by :meth:`_write_descriptor`.
         """
         k = self.my_index
         assert k is not None
@@ -199,33 +211,73 @@ class ShardState:
         slots_base = table.my_rank * table.row_bytes + self.cols.slots.offset
         window = self.cols.window
         slot_bytes = self._slot_bytes
-        pack_into = _HEADER.pack_into
+        body_room = slot_bytes - _HEADER.size
+        pack_header = _HEADER.pack_into
+        pack_entry = _ENTRY.pack_into
         pend = self.pending[k]
         own = self.own_undelivered
         inflight = self.inflight_last_seq
         one_message = KIND_MESSAGE | (1 << 8)
         inline = 0
-        while free > 0 and q:
+        written = 0  # messages
+        while free > 0 and q and written < limit:
             out = q.popleft()
             free -= 1
+            written += 1
             if out.large:
                 self._write_descriptor(out, transfers)
                 continue
             data = out.payload
             assert isinstance(data, bytes)
-            size = len(data)
             rec_no = self.sent_records
             first = self.sent_turns
             off = slots_base + (rec_no % window) * slot_bytes
-            pack_into(buf, off, first, one_message, size, out.msg_no)
-            buf[off + _HEADER.size : off + _HEADER.size + size] = data
             self.sent_records = rec_no + 1
-            self.sent_turns = first + 1
-            seq = first * n + k
-            inflight.append(seq)
-            pend.append((first, KIND_MESSAGE, 1, size, out.msg_no, data))
-            own.append((seq, out))
-            inline += 1
+            used = BATCH_ENTRY + (len(data) + WORD - 1) // WORD * WORD
+            nxt = q[0] if q else None
+            if (
+                nxt is None
+                or written == limit
+                or nxt.large
+                or used + BATCH_ENTRY + (nxt.nbytes + WORD - 1) // WORD * WORD > body_room
+            ):
+                size = len(data)
+                pack_header(buf, off, first, one_message, size, out.msg_no)
+                buf[off + _HEADER.size : off + _HEADER.size + size] = data
+                self.sent_turns = first + 1
+                seq = first * n + k
+                inflight.append(seq)
+                pend.append((first, KIND_MESSAGE, 1, size, out.msg_no, data))
+                own.append((seq, out))
+                inline += 1
+                continue
+            # A batch: this message and the ones after it that fit the slot.
+            pos = off + _HEADER.size
+            turn = first
+            while True:
+                size = len(data)
+                pack_entry(buf, pos, size, out.msg_no)
+                buf[pos + BATCH_ENTRY : pos + BATCH_ENTRY + size] = data
+                pos += BATCH_ENTRY + (size + WORD - 1) // WORD * WORD
+                pend.append((turn, KIND_MESSAGE, 1, size, out.msg_no, data))
+                own.append((turn * n + k, out))
+                turn += 1
+                if not q or written == limit:
+                    break
+                nxt = q[0]
+                if nxt.large:
+                    break
+                if pos + BATCH_ENTRY + (nxt.nbytes + WORD - 1) // WORD * WORD > off + slot_bytes:
+                    break
+                out = q.popleft()
+                written += 1
+                data = out.payload
+                assert isinstance(data, bytes)
+            count = turn - first
+            pack_header(buf, off, first, KIND_BATCH | (count << 8), pos - off - _HEADER.size, 0)
+            self.sent_turns = turn
+            inflight.append((turn - 1) * n + k)
+            inline += count
         self.turns_seen[k] += inline
         self.turns_held[k] += inline
         return free
@@ -277,7 +329,8 @@ class ShardState:
         table = self.table
         last = table.table_offset(self.cols.slot_offset(hi - 1))
         _, kind_turns, size, _ = _HEADER.unpack_from(table.buf, last)
-        used = _HEADER.size + (size if kind_turns & 0xFF == KIND_MESSAGE else 0)
+        kind = kind_turns & 0xFF
+        used = _HEADER.size + (size if kind in (KIND_MESSAGE, KIND_BATCH) else 0)
         r = lo
         while r < hi:
             start = r % w
@@ -319,7 +372,7 @@ class ShardState:
                     f"{cols.window}",
                     self.sender_ids[k],
                 )
-            records, _turn, error = scan_slots(
+            records, _turn, slots, error = scan_slots(
                 src,
                 base + slots_off,
                 cols.window,
@@ -354,7 +407,7 @@ class ShardState:
                 unheld.append(rec)
             turns_seen[k] += held
             turns_held[k] += held
-            self.records_read[k] = read + len(records)
+            self.records_read[k] = read + slots
             if error is not None:
                 raise ProtocolViolation(error, self.sender_ids[k])
         self._recompute_frontier()

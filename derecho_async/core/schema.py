@@ -20,7 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "BATCH_ENTRY",
     "HEADER_WORDS",
+    "KIND_BATCH",
     "KIND_DESCRIPTOR",
     "KIND_MESSAGE",
     "KIND_NULL",
@@ -46,6 +48,12 @@ KIND_DESCRIPTOR = 2
 """A large message: the slot holds its size; the bytes travel on the data plane."""
 KIND_NULL = 3
 """A null record standing for ``n_turns`` skipped turns of an idle sender; never delivered."""
+KIND_BATCH = 4
+"""Several inline messages of consecutive turns (``n_turns`` of them, at least 2) in one slot:
+``nbytes`` bytes of entries, each a (nbytes, msg_no) header of 2 words and its payload padded to
+a word. Receivers read it as that many message records."""
+BATCH_ENTRY = 16
+"""Bytes of a batch entry's header."""
 
 
 @dataclass(frozen=True, slots=True)
