@@ -206,10 +206,10 @@ class Config:
     """Install a view only with a majority of the previous one (no split brain)."""
     send_batch: int | None = None
     """Messages a sender writes into its slots per protocol step (0: as many as the window
-    allows; small ones share a slot). Receivers start on a batch while the sender writes the next one: with all of a
-    window written in one go, sender and receivers take turns instead of overlapping. That
-    needs a core per member; where members share few cores the extra steps only cost. None: 8 on
-    a machine of at least 8 cores, else 0."""
+    allows; small ones share a slot). Receivers start on a batch while the sender writes the
+    next one: with all of a window written in one go, sender and receivers take turns instead
+    of overlapping. That needs a core per member; where members share few cores the extra steps
+    only cost. None: 8 on a machine of at least 8 cores, else 0."""
     gpu_plane: str = "auto"
     """How device arrays travel: 'ipc' (pooled CUDA IPC between members of one host), 'nccl'
     (NCCL broadcasts on per-sender communicators, for members on different GPUs, any transport;

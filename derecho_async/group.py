@@ -362,18 +362,16 @@ class Group:
         if driver.core is not None and driver.core.state is MemberState.ACTIVE:
             driver.leave()
             if self._closed is None and not driver.closed:
-                self._gone = asyncio.get_running_loop().create_future()
+                if self._gone is None:  # (a second leave() meanwhile waits for the same end)
+                    self._gone = asyncio.get_running_loop().create_future()
+                wait_s = 1.0 + 4 * self.config.suspect_after_ms / 1000
                 try:
-                    await asyncio.wait_for(asyncio.shield(self._gone), self._leave_wait_s())
+                    await asyncio.wait_for(asyncio.shield(self._gone), wait_s)
                 except TimeoutError:
                     log.warning("member %d: the view change under way did not end within "
-                                "%.1f s; leaving without it", self.member_id,
-                                self._leave_wait_s())
+                                "%.1f s; leaving without it", self.member_id, wait_s)
         self._close(GroupClosed("this member left the group"))
         await driver.close()
-
-    def _leave_wait_s(self) -> float:
-        return 1.0 + 4 * self.config.suspect_after_ms / 1000
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -122,7 +122,7 @@ class Member:
         self._next_join_try = 0
         self._join_attempt = 0
         self.leaving = False
-        self._leave_reason: str | None = None  # set by leave(); the Left event's reason
+        self._leave_reason = ""  # what leave() was given: the Left event's reason
         # What changed since the last poll: membership columns (other than heartbeats) and
         # shard columns or local send work. A poll skips the scans nothing can have changed.
         self._dirty_membership = True
@@ -275,16 +275,17 @@ class Member:
         view instead could leave a lone survivor with a new view whose other member never runs
         it, a failure that no majority outlives. Nothing new can be sent meanwhile.
         """
-        if self.state is not MemberState.ACTIVE or self._leave_reason is not None:
+        if self.state is not MemberState.ACTIVE or self.leaving:
             return
         self.leaving = True
         self._leave_reason = reason
-        self._fail_queued("this member left the group")
-        if not self.wedged:
+        if self.wedged:
+            self._fail_queued("this member left the group")  # the rest when install departs
+        else:
             self._depart()
 
     def _depart(self) -> None:
-        reason = self._leave_reason or ""
+        reason = self._leave_reason
         self._suspect(self.rank)
         self._publish_suspicions()
         self._fail_queued("this member left the group")
@@ -365,7 +366,7 @@ class Member:
         survivors = tuple(m for r, m in enumerate(old.members) if not removed >> r & 1)
         if self.member_id not in survivors:
             if self.leaving:  # removed while a leave waited for this change: what it asked for
-                self._leave_group(Left(old.view_id, self._leave_reason or ""), MemberState.LEFT)
+                self._leave_group(Left(old.view_id, self._leave_reason), MemberState.LEFT)
             else:
                 self._leave_group(Evicted(old.view_id), MemberState.EVICTED)
             return

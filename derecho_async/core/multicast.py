@@ -31,6 +31,7 @@ import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from derecho_async.core.effects import DataKey, Delivered, Event, Expect, Transfer
 from derecho_async.core.layout import ShardInfo
@@ -227,57 +228,43 @@ class ShardState:
             if out.large:
                 self._write_descriptor(out, transfers)
                 continue
-            data = out.payload
-            assert isinstance(data, bytes)
+            # The inline messages after it that fit the same slot (entry headers and padding
+            # included) go with it, as a batch record.
+            group = [out]
+            room = body_room - BATCH_ENTRY - (out.nbytes + WORD - 1) // WORD * WORD
+            while q and written < limit:
+                nxt = q[0]
+                need = BATCH_ENTRY + (nxt.nbytes + WORD - 1) // WORD * WORD
+                if nxt.large or need > room:
+                    break
+                group.append(q.popleft())
+                written += 1
+                room -= need
             rec_no = self.sent_records
             first = self.sent_turns
             off = slots_base + (rec_no % window) * slot_bytes
             self.sent_records = rec_no + 1
-            used = BATCH_ENTRY + (len(data) + WORD - 1) // WORD * WORD
-            nxt = q[0] if q else None
-            if (
-                nxt is None
-                or written == limit
-                or nxt.large
-                or used + BATCH_ENTRY + (nxt.nbytes + WORD - 1) // WORD * WORD > body_room
-            ):
-                size = len(data)
-                pack_header(buf, off, first, one_message, size, out.msg_no)
-                buf[off + _HEADER.size : off + _HEADER.size + size] = data
-                self.sent_turns = first + 1
-                seq = first * n + k
-                inflight.append(seq)
-                pend.append((first, KIND_MESSAGE, 1, size, out.msg_no, data))
-                own.append((seq, out))
-                inline += 1
-                continue
-            # A batch: this message and the ones after it that fit the slot.
+            batched = len(group) > 1
             pos = off + _HEADER.size
             turn = first
-            while True:
-                size = len(data)
-                pack_entry(buf, pos, size, out.msg_no)
-                buf[pos + BATCH_ENTRY : pos + BATCH_ENTRY + size] = data
-                pos += BATCH_ENTRY + (size + WORD - 1) // WORD * WORD
-                pend.append((turn, KIND_MESSAGE, 1, size, out.msg_no, data))
-                own.append((turn * n + k, out))
+            for m in group:
+                data = cast("bytes", m.payload)  # inline: submit() made it bytes
+                if batched:
+                    pack_entry(buf, pos, m.nbytes, m.msg_no)
+                    buf[pos + BATCH_ENTRY : pos + BATCH_ENTRY + m.nbytes] = data
+                    pos += BATCH_ENTRY + (m.nbytes + WORD - 1) // WORD * WORD
+                pend.append((turn, KIND_MESSAGE, 1, m.nbytes, m.msg_no, data))
+                own.append((turn * n + k, m))
                 turn += 1
-                if not q or written == limit:
-                    break
-                nxt = q[0]
-                if nxt.large:
-                    break
-                if pos + BATCH_ENTRY + (nxt.nbytes + WORD - 1) // WORD * WORD > off + slot_bytes:
-                    break
-                out = q.popleft()
-                written += 1
-                data = out.payload
-                assert isinstance(data, bytes)
-            count = turn - first
-            pack_header(buf, off, first, KIND_BATCH | (count << 8), pos - off - _HEADER.size, 0)
+            if batched:
+                pack_header(buf, off, first, KIND_BATCH | (len(group) << 8),
+                            pos - off - _HEADER.size, 0)
+            else:  # a lone message: a message record, its payload right after the header
+                pack_header(buf, off, first, one_message, out.nbytes, out.msg_no)
+                buf[pos : pos + out.nbytes] = data
             self.sent_turns = turn
             inflight.append((turn - 1) * n + k)
-            inline += count
+            inline += len(group)
         self.turns_seen[k] += inline
         self.turns_held[k] += inline
         return free
