@@ -83,6 +83,7 @@ class _Run:
         self.views: dict[int, tuple[int, list[int]]] = {}
         self.view_times: dict[tuple[int, int], float] = {}  # (member, view_id) -> monotonic
         self.errors: dict[int, str] = {}
+        self.killed: set[int] = set()  # their queues are no longer read (see kill)
         self.linger = linger
         self.released = self.ctx.Event()  # set by release(): the members stop lingering
         base: dict[str, Any] = {
@@ -125,7 +126,9 @@ class _Run:
         deadline = time.monotonic() + timeout
         while True:
             msg = None
-            for q in self.queues:
+            for i, q in enumerate(self.queues):
+                if i - 1 in self.killed:
+                    continue
                 try:
                     msg = q.get_nowait()
                     break
@@ -151,6 +154,12 @@ class _Run:
             if time.monotonic() >= deadline:
                 break
         return out
+
+    def kill(self, member: int) -> None:
+        """SIGKILL ``member``. Its queue is not read from then on: the kill may have torn a
+        message in its pipe, and reading a torn message would block for good."""
+        self.killed.add(member)
+        os.kill(self.procs[member].pid, signal.SIGKILL)
 
     def release(self) -> None:
         """End the members' linger now (they leave the group and exit)."""
@@ -222,7 +231,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if not args.no_kill and killed is None and done >= total // 2:
             killed = n - 1
             killed_at = time.monotonic()
-            os.kill(run.procs[killed].pid, signal.SIGKILL)
+            run.kill(killed)
             print(f"{cr}  SIGKILL member {killed} at {done} delivered" + " " * 20)
         if len(run.reports) + (1 if killed is not None else 0) >= n:
             break

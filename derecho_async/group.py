@@ -785,6 +785,13 @@ class Group:
         if ev.state is not None:
             self._restore(ev.state)
         self._repliers = {}
+        log.info(
+            "member %d: view %d installed: members %s%s",
+            self.member_id,
+            ev.view.view_id,
+            list(ev.view.members),
+            f", departed {sorted(ev.departed)}" if ev.departed else "",
+        )
         self._view = ev.view
         self.history.append(ev.view)
         self.installed_at.append(time.monotonic())

@@ -9,9 +9,6 @@ none of their own appends, and clean up the killed member's pool segments.
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 
 from derecho_async.cli import _Run
@@ -45,7 +42,7 @@ def test_sigkill_of_a_sender_and_relay_mid_transfer(
         wait_for(run, lambda: min(run.progress.values(), default=0) >= members * 3, 90)
         if transport == "shm":
             assert [p for p, owner, _ in pool_segments(run.group) if owner == victim]
-        os.kill(run.procs[victim].pid, signal.SIGKILL)
+        run.kill(victim)
         wait_for(run, lambda: survivors <= run.reports.keys(), 90)
         if transport == "shm":
             # the survivors removed the dead member's pool segments when they installed the

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from typing import TYPE_CHECKING
 
@@ -48,7 +46,7 @@ def test_sigkill_mid_run_survivors_agree_and_lose_nothing(
     victim = members - 1
     try:
         wait_for(run, lambda: max(run.progress.values(), default=0) >= 200, 60)
-        os.kill(run.procs[victim].pid, signal.SIGKILL)
+        run.kill(victim)
         survivors = set(range(members)) - {victim}
         wait_for(run, lambda: survivors <= run.reports.keys(), 60)
     finally:

@@ -54,11 +54,22 @@ def install_rdma_factory() -> None:
 
 def child(fields: dict[str, Any], q: Any, count: int, size: int, depth: int, sender: bool) -> None:
     """Process target: run the replicated-log workload as one member."""
+    import faulthandler
+    import logging
+    import signal
+    import sys
+
     import uvloop
 
     import derecho_async as da
     from derecho_async.workload import run_member
 
+    # a test that times out sends SIGUSR1: every thread's stack goes to stderr (pytest shows it)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    logging.basicConfig(
+        stream=sys.stderr,
+        format=f"[%(levelname)s] %(asctime)s member {fields['member_id']} %(name)s: %(message)s",
+    )
     install_rdma_factory()
     config = da.Config(**fields)
     try:

@@ -1473,7 +1473,9 @@ def test_group_over_rdma_survives_a_sigkilled_member() -> None:
 
     members, count, victim = 3, 300, 2
     ctx = multiprocessing.get_context("spawn")
-    q = ctx.Queue()
+    # One queue per member. They must not share one: a member SIGKILLed while it holds a
+    # shared queue's write lock blocks every other member's reports for good.
+    queues = [ctx.Queue() for _ in range(members)]
     ports = free_ports(members)
     base: dict[str, Any] = {
         "group": f"rdma-{os.getpid()}-{secrets.token_hex(3)}",
@@ -1484,40 +1486,62 @@ def test_group_over_rdma_survives_a_sigkilled_member() -> None:
         "peers": {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)},
         "secret": secrets.token_hex(16),
         "rdma_device": os.environ.get("RXE_DEV"),
+        "log_level": "INFO",  # view installs and transport reports, shown if the test fails
     }
     procs = {}
     for i in range(members):
         fields = dict(base, member_id=i, listen=base["peers"][i])
-        p = ctx.Process(target=rdma_group.child, args=(fields, q, count, 200, 8, True))
+        p = ctx.Process(target=rdma_group.child, args=(fields, queues[i], count, 200, 8, True))
         p.start()
         procs[i] = p
-    progress: dict[int, int] = {}
+    t0 = time.monotonic()
+    progress: dict[int, tuple[int, float]] = {}  # member -> (delivered, when it last grew)
+    views: dict[int, list[tuple[int, list[int]]]] = {}
     reports: dict[int, dict[str, Any]] = {}
     errors: dict[int, str] = {}
+    killed: set[int] = set()
 
     def pump(until: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not until():
-            try:
-                msg = q.get(timeout=0.2)
-            except queue_mod.Empty:
+            msg = None
+            for m, q in enumerate(queues):
+                if m in killed:  # its pipe may end in a torn message: a read could block
+                    continue
+                with contextlib.suppress(queue_mod.Empty):
+                    msg = q.get_nowait()
+                    break
+            if msg is None:
+                time.sleep(0.02)
                 continue
             if msg[0] == "progress":
-                progress[msg[1]] = msg[2]
+                if msg[2] != progress.get(msg[1], (None, 0.0))[0]:
+                    progress[msg[1]] = (msg[2], round(time.monotonic() - t0, 1))
+            elif msg[0] == "view":
+                views.setdefault(msg[1], []).append((msg[2], msg[3]))
             elif msg[0] == "done":
                 reports[msg[1]] = msg[2]
             elif msg[0] == "error":
                 errors[msg[1]] = msg[2]
+        if not until():
+            # a hang: every live child writes its threads' stacks to stderr (see rdma_group)
+            for p in procs.values():
+                if p.is_alive() and p.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGUSR1)
+            time.sleep(2)
         assert until(), (
-            f"timed out: progress {progress}, reports {sorted(reports)}, errors {errors}"
+            f"timed out at {time.monotonic() - t0:.1f} s: progress (delivered, at s) {progress},"
+            f" views {views}, reports {sorted(reports)}, errors {errors}"
         )
 
     survivors = set(range(members)) - {victim}
     try:
-        pump(lambda: max(progress.values(), default=0) >= 100 or bool(errors), 180)
+        pump(lambda: max((n for n, _ in progress.values()), default=0) >= 100 or bool(errors), 180)
         assert not errors, errors
         pid = procs[victim].pid
         assert pid is not None
+        killed.add(victim)
         os.kill(pid, signal.SIGKILL)
         pump(lambda: survivors <= reports.keys() or bool(errors), 180)
         assert not errors, errors
