@@ -19,7 +19,6 @@ __all__ = [
     "Delivered",
     "Event",
     "Evicted",
-    "Expect",
     "Left",
     "Partitioned",
     "Push",
@@ -35,8 +34,8 @@ __all__ = [
 class DataKey(NamedTuple):
     """Names one large message's bytes on the data plane: unique per view, sender and message.
 
-    The per-message records of the large-message path (this, :class:`Push`, :class:`Transfer`,
-    :class:`Expect`) are named tuples for the reason :class:`Delivered` gives; a data plane may
+    The per-message records of the large-message path (this, :class:`Push`, :class:`Transfer`)
+    are named tuples for the reason :class:`Delivered` gives; a data plane may
     use a key as the plain ``(view_id, sender, msg_no)`` tuple it equals.
     """
 
@@ -74,14 +73,6 @@ class Transfer(NamedTuple):
     payload: object
     nbytes: int
     targets: tuple[int, ...]
-
-
-class Expect(NamedTuple):
-    """A descriptor arrived: ``nbytes`` of ``key`` are on their way (pull-based data planes
-    start fetching here); report arrival with ``Member.data_landed``."""
-
-    key: DataKey
-    nbytes: int
 
 
 class Delivered(NamedTuple):
@@ -166,7 +157,6 @@ class Ready:
     pushes: list[Push] = field(default_factory=list)
     sends: list[Send] = field(default_factory=list)
     transfers: list[Transfer] = field(default_factory=list)
-    expects: list[Expect] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
 
@@ -175,7 +165,6 @@ class Ready:
             self.pushes
             or self.sends
             or self.transfers
-            or self.expects
             or self.events
             or self.violations
         )

@@ -569,13 +569,12 @@ class Member:
         self.push_all(self.schema.wedged.offset, WORD)
 
     def _run_multicast(self) -> None:
-        expects = self._ready.expects
         events = self._ready.events
         transfers = self._ready.transfers
         for sh in self.shards:
             if sh is None:
                 continue
-            sh.receive(self._landed_early, self._awaiting, expects)
+            sh.receive(self._landed_early, self._awaiting)
             if sh.send(transfers) and sh.queue:
                 # My own progress may free more of the window (alone in a view, nobody else's
                 # push will say so): look again on the next poll.

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from derecho_async.core.effects import DataKey, Delivered, Event, Expect, Transfer
+from derecho_async.core.effects import DataKey, Delivered, Event, Transfer
 from derecho_async.core.layout import ShardInfo
 from derecho_async.core.schema import (
     BATCH_ENTRY,
@@ -335,7 +335,6 @@ class ShardState:
         self,
         landed_early: dict[DataKey, object],
         awaiting: dict[DataKey, ShardState],
-        expects: list[Expect],
     ) -> None:
         """Copy every newly published record out of the senders' rings (one batch per sender:
         :func:`derecho_async.hotpath.scan_slots` validates and copies the records out)."""
@@ -381,7 +380,7 @@ class ShardState:
                     turns_seen[k] += held
                     turns_held[k] += held
                     held = 0
-                    self._take_record(k, raw, landed_early, awaiting, expects)
+                    self._take_record(k, raw, landed_early, awaiting)
                     continue
                 if not unheld:
                     pend.append(raw)
@@ -405,7 +404,6 @@ class ShardState:
         raw: tuple[int, int, int, int, int, bytes | None],
         landed_early: dict[DataKey, object],
         awaiting: dict[DataKey, ShardState],
-        expects: list[Expect],
     ) -> None:
         """Queue one validated record of sender index ``k``."""
         first, kind, n_turns, nbytes, msg_no, payload = raw
@@ -418,7 +416,6 @@ class ShardState:
             else:
                 awaiting[key] = self
                 self.awaiting_records[key] = rec
-                expects.append(Expect(key, nbytes))
         elif kind == KIND_NULL:
             rec = Record(first, n_turns, kind, 0, 0, None, True)
         else:
