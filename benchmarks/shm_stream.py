@@ -1,7 +1,7 @@
 """One 3-member ordered throughput run (1 KB, depth 32), for profiling and quick A/B checks.
 
 Usage: python benchmarks/shm_stream.py [--count N] [--transport shm|tcp] [--one-sender] [--one-way]
-    [--max-payload BYTES]
+    [--max-payload BYTES] [--depth CALLS]
 
 Prints the delivered msgs/s at the slowest member and the CPU time all members spent per
 delivered message (user + system, from the phase start to its last delivery), which is steadier
@@ -31,15 +31,17 @@ def main() -> None:
                         help="one-way calls (handle.put.cast): no replies")
     parser.add_argument("--max-payload", type=int, default=None,
                         help="Config.max_payload (the slot size; default the Config's)")
+    parser.add_argument("--depth", type=int, default=c.DEPTH,
+                        help=f"outstanding calls per sender (default {c.DEPTH})")
     args = parser.parse_args()
     senders = [0] if args.one_sender else [0, 1, 2]
-    plan = [c.warmup(3, c.FULL), c.plan_stream(senders, args.count, 1024, c.DEPTH, one_way=args.one_way)]
+    plan = [c.warmup(3, c.FULL), c.plan_stream(senders, args.count, 1024, args.depth, one_way=args.one_way)]
     res = bm.GroupRun(3, args.transport, plan, max_payload=args.max_payload).run(300, 60)[1]
     cpu = sum(r["cpu_s"] for r in res.values())
     delivered = min(r["delivered"] for r in res.values())
     print(
         f"{args.transport}, 3 members, {len(senders)} sender(s), 1 KB"
-        f"{', one-way' if args.one_way else ''}: "
+        f"{', one-way' if args.one_way else ''}, depth {args.depth}: "
         f"{c.min_rate(res):,.0f} msgs/s; CPU {cpu / delivered * 1e6:.1f} us per delivered "
         "message (all members together); delivered per step "
         + " ".join(f"{r['delivered'] / max(r['steps'], 1):.1f}" for _, r in sorted(res.items()))
