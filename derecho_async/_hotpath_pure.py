@@ -19,11 +19,15 @@ import sys
 import threading
 from collections.abc import Sequence
 
+import msgpack  # type: ignore[import-untyped]
+
 __all__ = [
     "IMPLEMENTATION",
     "Buffer",
+    "PlainCall",
     "RingRecord",
     "SlotRecord",
+    "decode_plain_call",
     "fence",
     "frontier",
     "load_u64",
@@ -42,6 +46,8 @@ SlotRecord = tuple[int, int, int, int, int, bytes | None]
 """(first_turn, kind, n_turns, nbytes, msg_no, payload): payload only for inline messages."""
 RingRecord = tuple[int, int, int, bytes]
 """(type, a, b, payload) of one shm ring record."""
+PlainCall = tuple[str, tuple[object, ...], dict[str, object]]
+"""(method, args, kwargs) of an ordered call, as :func:`decode_plain_call` gives it."""
 
 WORD = 8
 SLOT_HEADER = 32
@@ -356,3 +362,36 @@ def ring_put(
     if length:
         _ring_write(data, cap, pos + RING_HEADER, payload)
     return size
+
+
+_PLAIN_ARG_TYPES = frozenset({type(None), bool, int, float, str, bytes})
+
+
+def _refuse_ext(code: int, data: bytes) -> object:
+    raise ValueError("an ext value is not plain")
+
+
+def decode_plain_call(data: object, /) -> PlainCall | None:
+    """Decode the usual ordered call in one pass: msgpack ``[method, [args...], {}]`` whose
+    method is a str and whose args are all nil, bool, int, float, str or bin (bytes).
+
+    None for anything else: another type than ``bytes``, another shape, a nested or ext value,
+    an envelope not written as a fixarray of 3 or kwargs not as an empty fixmap (the bytes msgpack
+    writes for such a call), truncated or trailing bytes, invalid UTF-8. The general decoder
+    then takes the message and says what is wrong with it. The method name is not checked."""
+    if type(data) is not bytes or len(data) < 4 or data[0] != 0x93 or data[-1] != 0x80:
+        return None
+    try:
+        method, args, kwargs = msgpack.unpackb(
+            data, raw=False, strict_map_key=False, ext_hook=_refuse_ext
+        )
+    except Exception:
+        return None
+    # the last byte is 0x80: an empty map there is an empty fixmap (map16 and map32 end in 0)
+    if type(method) is not str or type(args) is not list or type(kwargs) is not dict or kwargs:
+        return None
+    plain = _PLAIN_ARG_TYPES
+    for a in args:
+        if type(a) not in plain:
+            return None
+    return method, tuple(args), kwargs

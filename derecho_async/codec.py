@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import msgpack  # type: ignore[import-untyped]
 
+from derecho_async import hotpath
 from derecho_async.errors import DerechoError, ProtocolViolation, UsageError
 
 if TYPE_CHECKING:
@@ -603,6 +604,10 @@ _DEVICE_CALLS_MAX = 4096
 
 
 _unpackb: Final = msgpack.unpackb  # its max_*_len limits default to the input's length
+
+# The usual call decoded in one native pass (hotpath.decode_plain_call); the pure twin would only
+# repeat what _decode_call_checked does, so without the extension the general path runs alone.
+_decode_plain: Final = hotpath.decode_plain_call if hotpath.IMPLEMENTATION == "native" else None
 
 _VALID_METHODS: dict[str, bool] = {}
 _VALID_METHODS_MAX = 4096  # names remembered as valid (a peer cannot grow this without bound)
@@ -1160,6 +1165,10 @@ def decode_call(
     map of identifier keys); any defect raises ProtocolViolation.
     """
     if type(data) is bytes and len(data) <= max_size:
+        if not buffers and _decode_plain is not None:
+            plain = _decode_plain(data)
+            if plain is not None and (plain[0] in _VALID_METHODS or _valid_method(plain[0])):
+                return plain
         fast = _decode_call_fast(data, buffers)
         if fast is not None:
             return fast

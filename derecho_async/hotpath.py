@@ -21,6 +21,7 @@ import os
 __all__ = [
     "IMPLEMENTATION",
     "REQUESTED_PURE",
+    "decode_plain_call",
     "fence",
     "frontier",
     "load_u64",
@@ -37,6 +38,7 @@ REQUESTED_PURE: bool = os.environ.get("DERECHO_ASYNC_PURE_PYTHON", "") not in ("
 if REQUESTED_PURE:
     from derecho_async._hotpath_pure import (
         IMPLEMENTATION,
+        decode_plain_call,
         fence,
         frontier,
         load_u64,
@@ -51,6 +53,7 @@ else:
     try:
         from derecho_async._native import (
             IMPLEMENTATION,
+            decode_plain_call,
             fence,
             frontier,
             load_u64,
@@ -64,6 +67,7 @@ else:
     except ImportError:  # built without a compiler: the pure twin does the same work
         from derecho_async._hotpath_pure import (
             IMPLEMENTATION,
+            decode_plain_call,
             fence,
             frontier,
             load_u64,

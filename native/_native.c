@@ -700,6 +700,202 @@ native_ring_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+/* ------------------------------------------------------------ decode_plain_call */
+
+/* The usual ordered call, [method, [args...], {}], whose args are all nil, bool, int, float,
+ * str or bin, is decoded here in one pass; anything else (another shape, a nested or ext value,
+ * non-canonical envelope bytes, truncated or trailing bytes, invalid UTF-8) gives None, and the
+ * general (msgpack) decoder takes it and says what is wrong. Every length is checked against
+ * the bytes left before it is used. */
+
+static inline uint64_t
+be_uint(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* One scalar at *pp, as a new reference, *pp moved past it. NULL with no exception set: not a
+ * scalar of a plain call (or cut short); NULL with an exception: out of memory. */
+static PyObject *
+plain_scalar(const unsigned char **pp, const unsigned char *end)
+{
+    const unsigned char *p = *pp;
+    PyObject *v;
+    uint64_t n;
+    int w;
+    if (p >= end)
+        return NULL;
+    unsigned char c = *p++;
+    if (c <= 0x7f) {
+        v = PyLong_FromLong((long)c);
+        goto done;
+    }
+    if (c >= 0xe0) {
+        v = PyLong_FromLong((long)(int8_t)c);
+        goto done;
+    }
+    if ((c & 0xe0) == 0xa0) {
+        n = c & 0x1f;
+        goto str;
+    }
+    switch (c) {
+    case 0xc0:
+        Py_INCREF(Py_None);
+        v = Py_None;
+        goto done;
+    case 0xc2:
+        Py_INCREF(Py_False);
+        v = Py_False;
+        goto done;
+    case 0xc3:
+        Py_INCREF(Py_True);
+        v = Py_True;
+        goto done;
+    case 0xcc: case 0xcd: case 0xce: case 0xcf:
+        w = 1 << (c - 0xcc);
+        if (end - p < w)
+            return NULL;
+        v = PyLong_FromUnsignedLongLong(be_uint(p, w));
+        p += w;
+        goto done;
+    case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
+        w = 1 << (c - 0xd0);
+        if (end - p < w)
+            return NULL;
+        int shift = 64 - 8 * w;
+        int64_t s = (int64_t)(be_uint(p, w) << shift) >> shift;
+        v = PyLong_FromLongLong(s);
+        p += w;
+        goto done;
+    }
+    case 0xca: {
+        if (end - p < 4)
+            return NULL;
+        uint32_t u = (uint32_t)be_uint(p, 4);
+        float f;
+        memcpy(&f, &u, 4);
+        v = PyFloat_FromDouble((double)f);
+        p += 4;
+        goto done;
+    }
+    case 0xcb: {
+        if (end - p < 8)
+            return NULL;
+        uint64_t u = be_uint(p, 8);
+        double d;
+        memcpy(&d, &u, 8);
+        v = PyFloat_FromDouble(d);
+        p += 8;
+        goto done;
+    }
+    case 0xd9: case 0xda: case 0xdb:
+        w = 1 << (c - 0xd9);
+        if (end - p < w)
+            return NULL;
+        n = be_uint(p, w);
+        p += w;
+        goto str;
+    case 0xc4: case 0xc5: case 0xc6:
+        w = 1 << (c - 0xc4);
+        if (end - p < w)
+            return NULL;
+        n = be_uint(p, w);
+        p += w;
+        if ((uint64_t)(end - p) < n)
+            return NULL;
+        v = PyBytes_FromStringAndSize((const char *)p, (Py_ssize_t)n);
+        p += n;
+        goto done;
+    default:
+        return NULL;
+    }
+str:
+    if ((uint64_t)(end - p) < n)
+        return NULL;
+    v = PyUnicode_DecodeUTF8((const char *)p, (Py_ssize_t)n, "strict");
+    if (v == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+            PyErr_Clear();
+        return NULL;
+    }
+    p += n;
+done:
+    if (v != NULL)
+        *pp = p;
+    return v;
+}
+
+/* decode_plain_call(data) -> (method, args, kwargs) | None */
+static PyObject *
+native_decode_plain_call(PyObject *self, PyObject *data)
+{
+    if (!PyBytes_CheckExact(data))
+        Py_RETURN_NONE;
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
+    const unsigned char *end = p + PyBytes_GET_SIZE(data);
+    PyObject *method = NULL, *args = NULL, *kwargs = NULL;
+    if (end - p < 4 || *p != 0x93)  /* fixarray of 3 */
+        Py_RETURN_NONE;
+    p++;
+    unsigned char c = *p;
+    if (!((c & 0xe0) == 0xa0 || c == 0xd9 || c == 0xda || c == 0xdb))
+        Py_RETURN_NONE;  /* the method is not a str */
+    method = plain_scalar(&p, end);
+    if (method == NULL)
+        goto fail;
+    if (p >= end)
+        goto none;
+    c = *p++;
+    uint64_t n;
+    if ((c & 0xf0) == 0x90) {
+        n = c & 0x0f;
+    }
+    else if (c == 0xdc || c == 0xdd) {
+        int w = c == 0xdc ? 2 : 4;
+        if (end - p < w)
+            goto none;
+        n = be_uint(p, w);
+        p += w;
+    }
+    else {
+        goto none;
+    }
+    if (n > (uint64_t)(end - p))  /* every item takes at least one byte */
+        goto none;
+    args = PyTuple_New((Py_ssize_t)n);
+    if (args == NULL)
+        goto fail;
+    for (uint64_t i = 0; i < n; i++) {
+        PyObject *v = plain_scalar(&p, end);
+        if (v == NULL)
+            goto fail;
+        PyTuple_SET_ITEM(args, (Py_ssize_t)i, v);
+    }
+    if (end - p != 1 || *p != 0x80)  /* an empty fixmap, and nothing after it */
+        goto none;
+    kwargs = PyDict_New();
+    if (kwargs == NULL)
+        goto fail;
+    PyObject *result = PyTuple_Pack(3, method, args, kwargs);
+    Py_DECREF(method);
+    Py_DECREF(args);
+    Py_DECREF(kwargs);
+    return result;
+fail:
+    if (PyErr_Occurred()) {
+        Py_XDECREF(method);
+        Py_XDECREF(args);
+        return NULL;
+    }
+none:
+    Py_XDECREF(method);
+    Py_XDECREF(args);
+    Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------------ module */
 
 static PyMethodDef native_methods[] = {
@@ -723,6 +919,9 @@ static PyMethodDef native_methods[] = {
     {"ring_put", (PyCFunction)(void (*)(void))native_ring_put, METH_FASTCALL,
      "ring_put(data, pos, typ, a, b, payload) -> size: write one shm ring record (header "
      "and payload) at stream position pos."},
+    {"decode_plain_call", native_decode_plain_call, METH_O,
+     "decode_plain_call(data) -> (method, args, kwargs) | None: the call [method, [args...], "
+     "{}] whose args are all nil, bool, int, float, str or bytes; None for anything else."},
     {NULL, NULL, 0, NULL},
 };
 

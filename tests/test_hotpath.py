@@ -21,12 +21,14 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+import msgpack  # type: ignore[import-untyped]
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from derecho_async import _hotpath_pure as pure
-from derecho_async import hotpath
+from derecho_async import codec, hotpath
+from derecho_async.errors import ProtocolViolation
 
 native: ModuleType | None
 try:
@@ -408,6 +410,104 @@ def test_ring_put_refuses_examples() -> None:
         data = bytearray(64)
         assert mod.ring_put(data, 48, 2, 7, 3, b"abcdefghij") == 48  # wraps: 16 + 32 bytes
         assert hotpath.ring_scan(data, 48, 96, 9) == ([(2, 7, 3, b"abcdefghij")], 96, None)
+
+
+# -- decode_plain_call ---------------------------------------------------------------------------
+
+plain_args = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(1 << 63), U64 - 1),  # what msgpack can write
+    st.floats(allow_nan=False),
+    st.text(max_size=40),
+    st.binary(max_size=300),
+)
+msgpack_ints = st.integers(-(1 << 63), U64 - 1)
+other_args = st.one_of(
+    st.lists(msgpack_ints, max_size=2),
+    st.dictionaries(st.text(max_size=3), msgpack_ints, max_size=2),
+    st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=4)),
+)
+method_names = st.one_of(
+    st.sampled_from(["Log.append", "Sink.put.cast", "Weights.update"]),
+    st.text(max_size=12),
+    st.binary(max_size=6),
+    msgpack_ints,
+)
+
+
+def _packed(obj: object) -> bytes:
+    return bytes(msgpack.packb(obj, use_bin_type=True))
+
+
+@st.composite
+def call_bytes(draw: st.DrawFn) -> bytes:
+    """Calls as msgpack writes them (plain or not), hand-written variants (non-canonical
+    envelopes, kwargs as map16), cut or extended, or with one byte changed."""
+    args = draw(st.lists(st.one_of(plain_args, other_args) if draw(st.booleans()) else plain_args,
+                         max_size=6))
+    kwargs = draw(st.sampled_from([{}, {}, {"k": 1}]))
+    data = _packed([draw(method_names), args, kwargs])
+    how = draw(st.sampled_from(["as is", "as is", "cut", "extend", "flip", "array16", "map16",
+                                "args32"]))
+    if how == "cut":
+        data = data[: draw(st.integers(0, max(len(data) - 1, 0)))]
+    elif how == "extend":
+        data += draw(st.binary(min_size=1, max_size=3))
+    elif how == "flip" and data:
+        i = draw(st.integers(0, len(data) - 1))
+        data = data[:i] + bytes([draw(st.integers(0, 255))]) + data[i + 1 :]
+    elif how == "array16":  # the same envelope as an array16 of 3: msgpack reads it alike
+        data = b"\xdc\x00\x03" + data[1:]
+    elif how == "map16" and data.endswith(b"\x80"):
+        data = data[:-1] + b"\xde\x00\x00"
+    elif how == "args32" and len(args) < 16 and data[0] == 0x93:
+        head = _packed(draw(method_names))
+        data = b"\x93" + head + b"\xdd" + struct.pack(">I", len(args))
+        data += b"".join(_packed(a) for a in args) + _packed(kwargs)
+    return data
+
+
+@needs_native
+@SETTINGS
+@given(call_bytes())
+def test_decode_plain_call(data: bytes) -> None:
+    """The twins agree on every input, and a call they decode whose method is a dotted name
+    (what codec.decode_call then accepts) is the call the general decoder makes of it."""
+    assert native is not None
+    want = outcome(pure.decode_plain_call, data)
+    got = outcome(native.decode_plain_call, data)
+    assert repr(got) == repr(want), f"{data!r}: native {got!r}, pure {want!r}"
+    assert want[0] == "ok"
+    if want[1] is not None and codec._valid_method(want[1][0]):
+        assert repr(codec._decode_call_checked(data, None)) == repr(want[1])
+        assert repr(codec.decode_call(data)) == repr(want[1])
+
+
+def test_decode_plain_call_examples() -> None:
+    call = _packed(["Log.append", [b"\x00" * 3, -1, 1.5, None, True, "é", U64 - 1, -(1 << 63)], {}])
+    for mod in (pure, native) if native is not None else (pure,):
+        assert mod.decode_plain_call(call) == (
+            "Log.append", (b"\x00" * 3, -1, 1.5, None, True, "é", U64 - 1, -(1 << 63)), {}
+        )
+        assert mod.decode_plain_call(bytearray(call)) is None  # bytes only
+        assert mod.decode_plain_call(call[:-1]) is None
+        assert mod.decode_plain_call(call + b"\x00") is None
+        assert mod.decode_plain_call(_packed(["Log.append", [[1]], {}])) is None
+        assert mod.decode_plain_call(_packed(["Log.append", [], {"k": 1}])) is None
+        assert mod.decode_plain_call(_packed([b"Log.append", [], {}])) is None
+        bad_utf8 = b"\x93\xa2\xff\xfe\x90\x80"
+        assert mod.decode_plain_call(bad_utf8) is None
+        # a count past the bytes left: refused before anything is allocated for it
+        assert mod.decode_plain_call(b"\x93\xa1a\xdd\xff\xff\xff\xff\x80") is None
+
+
+def test_decode_call_checks_the_method_of_a_plain_call() -> None:
+    """A plain call with a method that is no dotted identifier still fails as before."""
+    for name in ["not a name", "", "a..b", "x" * 600]:
+        with pytest.raises(ProtocolViolation, match="method"):
+            codec.decode_call(_packed([name, [1], {}]))
+    assert codec.decode_call(_packed(["Log.append", [1], {}])) == ("Log.append", (1,), {})
 
 
 # -- words shared between processes -----------------------------------------------------------
