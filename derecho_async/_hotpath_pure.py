@@ -18,6 +18,7 @@ import struct
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -28,6 +29,7 @@ __all__ = [
     "RingRecord",
     "SlotRecord",
     "decode_plain_call",
+    "deliver_messages",
     "fence",
     "frontier",
     "load_u64",
@@ -395,3 +397,53 @@ def decode_plain_call(data: object, /) -> PlainCall | None:
         if type(a) not in plain:
             return None
     return method, tuple(args), kwargs
+
+
+def deliver_messages(
+    pending: Sequence[Any],
+    sender_ids: Sequence[int],
+    own: Any,
+    events: list[Any],
+    event_type: type[tuple[Any, ...]],
+    head: tuple[str, int, int],
+    my_index: int,
+    d: int,
+    limit: int,
+    /,
+) -> int:
+    """The delivery loop of ``ShardState.deliver_until`` for its usual record.
+
+    While ``d < limit``, with ``n = len(pending)`` and ``k = d % n``: if the head of the deque
+    ``pending[k]`` is an inline message as :func:`scan_slots` made it (a 6-tuple whose first turn
+    is not below ``d // n``), pop it, append ``event_type(*head, d, sender_ids[k], msg_no,
+    payload)`` to ``events`` (built as ``tuple.__new__`` builds it), pop the head of the deque
+    ``own`` when ``k == my_index`` and that head is ``(d, ...)``, and go on with ``d + 1``. Stops at
+    anything else (an empty deque, another kind of record, a turn out of step) and returns the
+    ``d`` it stopped at: the caller handles that record."""
+    if type(pending) is not list or type(events) is not list or type(head) is not tuple or (
+        len(head) != 3 or not isinstance(event_type, type) or not issubclass(event_type, tuple)
+    ):
+        raise TypeError(
+            "deliver_messages: pending and events must be lists, head a 3-tuple and event_type a "
+            "tuple subclass"
+        )
+    n = len(pending)
+    if n == 0 or d < 0:
+        raise ValueError("deliver_messages: no senders, or d < 0")
+    new = tuple.__new__
+    sub, shard, view_id = head
+    append = events.append
+    while d < limit:
+        turn, k = divmod(d, n)
+        pend = pending[k]
+        if not pend:
+            break
+        rec = pend[0]
+        if type(rec) is not tuple or len(rec) != 6 or turn >= rec[0] + 1:
+            break
+        pend.popleft()
+        append(new(event_type, (sub, shard, view_id, d, sender_ids[k], rec[4], rec[5])))
+        if k == my_index and own and own[0][0] == d:
+            own.popleft()
+        d += 1
+    return d

@@ -5,13 +5,25 @@ have the same API, results and error messages.
 """
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 IMPLEMENTATION: Final[str]
 
 def decode_plain_call(
     data: object, /
 ) -> tuple[str, tuple[object, ...], dict[str, object]] | None: ...
+def deliver_messages(
+    pending: Sequence[Any],
+    sender_ids: Sequence[int],
+    own: Any,
+    events: list[Any],
+    event_type: type[tuple[Any, ...]],
+    head: tuple[str, int, int],
+    my_index: int,
+    d: int,
+    limit: int,
+    /,
+) -> int: ...
 def load_u64(buf: bytes | bytearray | memoryview, offset: int, /) -> int: ...
 def store_u64(buf: bytearray | memoryview, offset: int, value: int, /) -> None: ...
 def fence() -> None: ...

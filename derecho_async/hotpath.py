@@ -22,6 +22,7 @@ __all__ = [
     "IMPLEMENTATION",
     "REQUESTED_PURE",
     "decode_plain_call",
+    "deliver_messages",
     "fence",
     "frontier",
     "load_u64",
@@ -39,6 +40,7 @@ if REQUESTED_PURE:
     from derecho_async._hotpath_pure import (
         IMPLEMENTATION,
         decode_plain_call,
+        deliver_messages,
         fence,
         frontier,
         load_u64,
@@ -54,6 +56,7 @@ else:
         from derecho_async._native import (
             IMPLEMENTATION,
             decode_plain_call,
+            deliver_messages,
             fence,
             frontier,
             load_u64,
@@ -68,6 +71,7 @@ else:
         from derecho_async._hotpath_pure import (
             IMPLEMENTATION,
             decode_plain_call,
+            deliver_messages,
             fence,
             frontier,
             load_u64,

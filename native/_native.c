@@ -896,6 +896,149 @@ none:
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------- deliver_messages */
+
+/* deliver_messages(pending, sender_ids, own, events, event_type, head, my_index, d, limit) -> d
+ *
+ * The delivery loop of ShardState.deliver_until for its usual record: while d < limit, the
+ * record at the head of pending[d % n] (n = len(pending)) is an inline message as scan_slots
+ * made it (a 6-tuple whose first turn is not below d // n): pop it, append
+ * event_type(*head, d, sender_ids[k], msg_no, payload) to events (a tuple subclass, built as
+ * tuple.__new__ would), drop own's head when it is (d, ...) and k == my_index, and go on with
+ * d + 1. Stops at anything else (an empty deque, another record type, a turn out of step) and
+ * returns the d it stopped at: the caller handles that record. */
+
+static PyObject *str_popleft;
+
+static int
+as_ll(PyObject *o, long long *out)
+{
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static PyObject *
+native_deliver_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "deliver_messages(pending, sender_ids, own, events, event_type, head, "
+                        "my_index, d, limit) takes 9 arguments");
+        return NULL;
+    }
+    PyObject *pending = args[0], *sender_ids = args[1], *own = args[2], *events = args[3];
+    PyObject *event_type = args[4], *head = args[5];
+    long long my_index, d, limit;
+    if (as_ll(args[6], &my_index) < 0 || as_ll(args[7], &d) < 0 || as_ll(args[8], &limit) < 0)
+        return NULL;
+    if (!PyList_CheckExact(pending) || !PyList_CheckExact(events) ||
+        !PyTuple_CheckExact(head) || PyTuple_GET_SIZE(head) != 3 || !PyType_Check(event_type) ||
+        !PyType_IsSubtype((PyTypeObject *)event_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "deliver_messages: pending and events must be lists, head a 3-tuple "
+                        "and event_type a tuple subclass");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(pending);
+    if (n == 0 || d < 0) {
+        PyErr_SetString(PyExc_ValueError, "deliver_messages: no senders, or d < 0");
+        return NULL;
+    }
+    PyTypeObject *etype = (PyTypeObject *)event_type;
+    while (d < limit) {
+        long long turn = d / n;
+        Py_ssize_t k = (Py_ssize_t)(d % n);
+        PyObject *pend = PyList_GET_ITEM(pending, k);
+        Py_ssize_t len = PyObject_Length(pend);
+        if (len < 0)
+            return NULL;
+        if (len == 0)
+            break;
+        PyObject *rec = PySequence_GetItem(pend, 0);
+        if (rec == NULL)
+            return NULL;
+        if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 6) {
+            Py_DECREF(rec);
+            break;
+        }
+        long long first;
+        if (as_ll(PyTuple_GET_ITEM(rec, 0), &first) < 0) {
+            Py_DECREF(rec);
+            return NULL;
+        }
+        if (turn >= first + 1) {
+            Py_DECREF(rec);
+            break;
+        }
+        PyObject *sender = PySequence_GetItem(sender_ids, k);
+        if (sender == NULL) {
+            Py_DECREF(rec);
+            return NULL;
+        }
+        PyObject *ev = etype->tp_alloc(etype, 7);
+        PyObject *seq = ev == NULL ? NULL : PyLong_FromLongLong(d);
+        if (seq == NULL) {
+            Py_XDECREF(ev);
+            Py_DECREF(sender);
+            Py_DECREF(rec);
+            return NULL;
+        }
+        for (int i = 0; i < 3; i++) {
+            PyObject *h = PyTuple_GET_ITEM(head, i);
+            Py_INCREF(h);
+            PyTuple_SET_ITEM(ev, i, h);
+        }
+        PyTuple_SET_ITEM(ev, 3, seq);
+        PyTuple_SET_ITEM(ev, 4, sender);  /* the reference GetItem gave */
+        PyObject *msg_no = PyTuple_GET_ITEM(rec, 4), *payload = PyTuple_GET_ITEM(rec, 5);
+        Py_INCREF(msg_no);
+        Py_INCREF(payload);
+        PyTuple_SET_ITEM(ev, 5, msg_no);
+        PyTuple_SET_ITEM(ev, 6, payload);
+        Py_DECREF(rec);
+        PyObject *popped = PyObject_CallMethodNoArgs(pend, str_popleft);
+        if (popped == NULL) {
+            Py_DECREF(ev);
+            return NULL;
+        }
+        Py_DECREF(popped);
+        int appended = PyList_Append(events, ev);
+        Py_DECREF(ev);
+        if (appended < 0)
+            return NULL;
+        if (k == my_index) {
+            Py_ssize_t olen = PyObject_Length(own);
+            if (olen < 0)
+                return NULL;
+            if (olen > 0) {
+                PyObject *top = PySequence_GetItem(own, 0);
+                if (top == NULL)
+                    return NULL;
+                PyObject *s0 = PySequence_GetItem(top, 0);
+                Py_DECREF(top);
+                if (s0 == NULL)
+                    return NULL;
+                long long seq0;
+                int bad = as_ll(s0, &seq0);
+                Py_DECREF(s0);
+                if (bad < 0)
+                    return NULL;
+                if (seq0 == d) {
+                    PyObject *o = PyObject_CallMethodNoArgs(own, str_popleft);
+                    if (o == NULL)
+                        return NULL;
+                    Py_DECREF(o);
+                }
+            }
+        }
+        d++;
+    }
+    return PyLong_FromLongLong(d);
+}
+
 /* ------------------------------------------------------------------------ module */
 
 static PyMethodDef native_methods[] = {
@@ -922,6 +1065,9 @@ static PyMethodDef native_methods[] = {
     {"decode_plain_call", native_decode_plain_call, METH_O,
      "decode_plain_call(data) -> (method, args, kwargs) | None: the call [method, [args...], "
      "{}] whose args are all nil, bool, int, float, str or bytes; None for anything else."},
+    {"deliver_messages", (PyCFunction)(void (*)(void))native_deliver_messages, METH_FASTCALL,
+     "deliver_messages(pending, sender_ids, own, events, event_type, head, my_index, d, limit) "
+     "-> int: deliver inline message records in seq order from d; the d it stopped at."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -940,6 +1086,9 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC
 PyInit__native(void)
 {
+    str_popleft = PyUnicode_InternFromString("popleft");
+    if (str_popleft == NULL)
+        return NULL;
     PyObject *m = PyModule_Create(&native_module);
     if (m == NULL)
         return NULL;

@@ -12,6 +12,8 @@ suite on a machine without a C compiler).
 
 from __future__ import annotations
 
+import collections
+import copy
 import importlib.util
 import os
 import struct
@@ -508,6 +510,88 @@ def test_decode_call_checks_the_method_of_a_plain_call() -> None:
         with pytest.raises(ProtocolViolation, match="method"):
             codec.decode_call(_packed([name, [1], {}]))
     assert codec.decode_call(_packed(["Log.append", [1], {}])) == ("Log.append", (1,), {})
+
+
+# -- deliver_messages ----------------------------------------------------------------------------
+
+
+class _Event(tuple):  # type: ignore[type-arg]
+    """Stands for Delivered: a tuple subclass."""
+
+
+class _Other:
+    """Stands for a record that is not an inline message (a Record object)."""
+
+    def __repr__(self) -> str:
+        return "Other"
+
+
+@st.composite
+def delivery_states(draw: st.DrawFn) -> tuple[Any, ...]:
+    """Senders' pending deques of message tuples (first turns mostly in step, sometimes not) and
+    other records, my own undelivered deque, a start and a limit."""
+    n = draw(st.integers(1, 4))
+    d = draw(st.integers(0, 12))
+    pending = []
+    for k in range(n):
+        turn = (d + (k - d % n) % n) // n  # the turn of sender k's first seq at or after d
+        recs: list[object] = []
+        for _ in range(draw(st.integers(0, 6))):
+            if draw(st.integers(0, 5)) == 0:
+                recs.append(_Other())
+            elif draw(st.integers(0, 7)) == 0:
+                recs.append((turn - 1, 1, 1, 8, 7, b"late"))  # out of step
+            elif draw(st.integers(0, 9)) == 0:
+                recs.append((turn, 1, 1))  # not a 6-tuple
+            else:
+                recs.append((turn, 1, 1, 4, 100 * k + turn, b"m%d" % turn))
+            turn += 1
+        pending.append(collections.deque(recs))
+    my_index = draw(st.integers(-1, n - 1))
+    own = collections.deque((s, "out") for s in sorted(draw(st.sets(st.integers(0, 30)))))
+    limit = d + draw(st.integers(-2, 20))
+    return pending, [10 + k for k in range(n)], own, my_index, d, limit
+
+
+def _run_delivery(mod: Any, state: tuple[Any, ...]) -> tuple[Any, ...]:
+    pending, ids, own, my_index, d, limit = copy.deepcopy(state)
+    events: list[Any] = []
+    result = outcome(
+        mod.deliver_messages, pending, ids, own, events, _Event, ("sub", 0, 3), my_index, d, limit
+    )
+    assert all(type(e) is _Event for e in events)
+    return result, repr(events), repr(pending), repr(own)
+
+
+@needs_native
+@SETTINGS
+@given(delivery_states())
+def test_deliver_messages(state: tuple[Any, ...]) -> None:
+    assert native is not None
+    want = _run_delivery(pure, state)
+    assert _run_delivery(native, state) == want
+    assert want[0][0] == "ok"
+
+
+def test_deliver_messages_example() -> None:
+    for mod in (pure, native) if native is not None else (pure,):
+        other = _Other()
+        pending: list[collections.deque[object]] = [
+            collections.deque([(0, 1, 1, 4, 1, b"a"), (1, 1, 1, 4, 2, b"c")]),
+            collections.deque([(0, 1, 1, 4, 9, b"b"), other]),
+        ]
+        own = collections.deque([(0, "mine"), (2, "mine too")])
+        events: list[Any] = []
+        d = mod.deliver_messages(pending, [5, 6], own, events, _Event, ("s", 1, 2), 0, 0, 10)
+        assert d == 3  # stopped at seq 3: sender 1's next record is another kind
+        assert events == [("s", 1, 2, 0, 5, 1, b"a"), ("s", 1, 2, 1, 6, 9, b"b"),
+                          ("s", 1, 2, 2, 5, 2, b"c")]
+        assert all(type(e) is _Event for e in events)
+        assert list(own) == [] and list(pending[1]) == [other] and not pending[0]
+        with pytest.raises(TypeError, match="tuple subclass"):
+            mod.deliver_messages(pending, [5, 6], own, events, dict, ("s", 1, 2), 0, 0, 10)
+        with pytest.raises(ValueError, match="no senders"):
+            mod.deliver_messages([], [], own, events, _Event, ("s", 1, 2), 0, 0, 10)
 
 
 # -- words shared between processes -----------------------------------------------------------

@@ -46,6 +46,7 @@ from derecho_async.core.schema import (
 )
 from derecho_async.core.table import Table
 from derecho_async.errors import ProtocolViolation
+from derecho_async.hotpath import deliver_messages as _deliver_messages
 from derecho_async.hotpath import frontier as _frontier
 from derecho_async.hotpath import load_u64, min_u64, scan_slots
 from derecho_async.hotpath import turns_needed as _turns_needed
@@ -489,6 +490,8 @@ class ShardState:
         pending = self.pending
         sender_ids = self.sender_ids
         my_index = self.my_index
+        me = -1 if my_index is None else my_index
+        head = (sub, shard, view_id)
         append = events.append
         new = tuple.__new__  # Delivered(...) without its Python-level __new__ frame
         while d < limit:
@@ -497,14 +500,15 @@ class ShardState:
             if not pend:
                 raise AssertionError(f"seq {d} is not held (sender index {k})")
             rec = pend[0]
-            if isinstance(rec, tuple):  # a message as scan_slots gave it (_Inline): one turn
-                if turn >= rec[0] + 1:
+            if isinstance(rec, tuple):
+                # A message as scan_slots gave it (_Inline, one turn), the usual record: this
+                # and the messages after it go in one call, up to the next record of another
+                # kind (hotpath.deliver_messages, the same steps as the rest of this loop).
+                nd = _deliver_messages(pending, sender_ids, own, events, Delivered, head, me, d,
+                                       limit)
+                if nd == d:
                     raise AssertionError(f"seq {d}: record bookkeeping out of step")
-                pend.popleft()
-                append(new(Delivered, (sub, shard, view_id, d, sender_ids[k], rec[4], rec[5])))
-                if k == my_index and own and own[0][0] == d:
-                    own.popleft()
-                d += 1
+                d = nd
                 continue
             end = rec.first_turn + rec.n_turns
             if turn >= end:
