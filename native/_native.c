@@ -969,7 +969,7 @@ native_deliver_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(rec);
             return NULL;
         }
-        if (turn >= first + 1) {
+        if (turn > first) {  /* turn >= first + 1, without overflow */
             Py_DECREF(rec);
             break;
         }
