@@ -30,6 +30,7 @@ __all__ = [
     "SlotRecord",
     "decode_plain_call",
     "deliver_messages",
+    "encode_plain_call",
     "fence",
     "frontier",
     "load_u64",
@@ -447,3 +448,27 @@ def deliver_messages(
             own.popleft()
         d += 1
     return d
+
+
+_INT_LO, _INT_HI = -(1 << 63), (1 << 64) - 1
+
+
+def encode_plain_call(method: object, args: object, /) -> bytes | None:
+    """msgpack ``[method, [args...], {}]`` exactly as ``msgpack.Packer(use_bin_type=True)``
+    writes it, for a str ``method`` and a tuple ``args`` whose items are all None, bool, int
+    (``-2**63 .. 2**64-1``), float, str or bytes (exact types, no subclasses). None for anything
+    else (another type, an int out of range, a str that cannot be UTF-8 encoded): the general
+    encoder then takes the call and reports what is wrong. The method name is not checked."""
+    if type(method) is not str or type(args) is not tuple:
+        return None
+    for a in args:
+        t = type(a)
+        if a is None or t is bool or t is float or t is str or t is bytes:
+            continue
+        if t is int and _INT_LO <= a <= _INT_HI:
+            continue
+        return None
+    try:
+        return bytes(msgpack.packb([method, list(args), {}], use_bin_type=True))
+    except UnicodeEncodeError:  # a lone surrogate
+        return None

@@ -504,6 +504,17 @@ def encode_call(
     ``buffers``, numpy arrays are still copied inline, in the order met, while their bytes
     total at most ``inline_bytes``: small arrays are cheaper in the message than beside it.
     """
+    if (
+        _encode_plain is not None
+        and type(kwargs) is dict
+        and not kwargs
+        and type(method) is str
+        and method in _VALID_METHODS
+    ):
+        # the usual call (a known method, scalar args) in one native pass, the same bytes
+        data = _encode_plain(method, args)
+        if data is not None:
+            return data
     if not _valid_method(method):
         raise UsageError(f"method name must be a dotted identifier, got {method!r}")
     if not isinstance(args, tuple):
@@ -608,6 +619,7 @@ _unpackb: Final = msgpack.unpackb  # its max_*_len limits default to the input's
 # The usual call decoded in one native pass (hotpath.decode_plain_call); the pure twin would only
 # repeat what _decode_call_checked does, so without the extension the general path runs alone.
 _decode_plain: Final = hotpath.decode_plain_call if hotpath.IMPLEMENTATION == "native" else None
+_encode_plain: Final = hotpath.encode_plain_call if hotpath.IMPLEMENTATION == "native" else None
 
 _VALID_METHODS: dict[str, bool] = {}
 _VALID_METHODS_MAX = 4096  # names remembered as valid (a peer cannot grow this without bound)

@@ -896,6 +896,279 @@ none:
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------- encode_plain_call */
+
+/* encode_plain_call(method, args) -> bytes | None: msgpack [method, [args...], {}] exactly as
+ * msgpack.Packer(use_bin_type=True) writes it, for a str method and a tuple of args that are all
+ * None, bool, int (-2**63 .. 2**64-1), float, str or bytes (exact types); None for anything
+ * else (a subclass, another type, an int out of range, a str that is not valid UTF-8), which the
+ * general encoder then takes and reports. */
+
+static inline unsigned char *
+put_be(unsigned char *p, uint64_t v, int n)
+{
+    for (int i = n - 1; i >= 0; i--) {
+        p[i] = (unsigned char)(v & 0xff);
+        v >>= 8;
+    }
+    return p + n;
+}
+
+/* the bytes of a length header for str (kind 0) or bin (kind 1) of n bytes */
+static inline Py_ssize_t
+len_header(int kind, Py_ssize_t n)
+{
+    if (kind == 0 && n < 32)
+        return 1;
+    if (n < 0x100)
+        return 2;
+    if (n < 0x10000)
+        return 3;
+    return 5;
+}
+
+static unsigned char *
+put_len(unsigned char *p, int kind, Py_ssize_t n)
+{
+    if (kind == 0 && n < 32) {
+        *p++ = (unsigned char)(0xa0 | n);
+        return p;
+    }
+    unsigned char base = kind == 0 ? 0xd9 : 0xc4;
+    if (n < 0x100) {
+        *p++ = base;
+        return put_be(p, (uint64_t)n, 1);
+    }
+    if (n < 0x10000) {
+        *p++ = base + 1;
+        return put_be(p, (uint64_t)n, 2);
+    }
+    *p++ = base + 2;
+    return put_be(p, (uint64_t)n, 4);
+}
+
+/* An int argument, classified: 0 signed (*s), 1 unsigned above 2**63 - 1 (*u), -1 not
+ * encodable here (out of range; the error is cleared). */
+static int
+int_arg(PyObject *o, long long *s, unsigned long long *u)
+{
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (overflow == 0) {
+        *s = v;
+        return 0;
+    }
+    if (overflow < 0)
+        return -1;
+    unsigned long long w = PyLong_AsUnsignedLongLong(o);
+    if (w == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    *u = w;
+    return 1;
+}
+
+static Py_ssize_t
+int_size(long long v)
+{
+    if (v >= 0) {
+        if (v < 0x80)
+            return 1;
+        if (v < 0x100)
+            return 2;
+        if (v < 0x10000)
+            return 3;
+        if (v <= 0xffffffffLL)
+            return 5;
+        return 9;
+    }
+    if (v >= -32)
+        return 1;
+    if (v >= -128)
+        return 2;
+    if (v >= -32768)
+        return 3;
+    if (v >= -2147483648LL)
+        return 5;
+    return 9;
+}
+
+static unsigned char *
+put_int(unsigned char *p, long long v)
+{
+    if (v >= 0) {
+        if (v < 0x80) {
+            *p++ = (unsigned char)v;
+            return p;
+        }
+        if (v < 0x100) {
+            *p++ = 0xcc;
+            return put_be(p, (uint64_t)v, 1);
+        }
+        if (v < 0x10000) {
+            *p++ = 0xcd;
+            return put_be(p, (uint64_t)v, 2);
+        }
+        if (v <= 0xffffffffLL) {
+            *p++ = 0xce;
+            return put_be(p, (uint64_t)v, 4);
+        }
+        *p++ = 0xcf;
+        return put_be(p, (uint64_t)v, 8);
+    }
+    if (v >= -32) {
+        *p++ = (unsigned char)(int8_t)v;
+        return p;
+    }
+    if (v >= -128) {
+        *p++ = 0xd0;
+        return put_be(p, (uint64_t)v, 1);
+    }
+    if (v >= -32768) {
+        *p++ = 0xd1;
+        return put_be(p, (uint64_t)v, 2);
+    }
+    if (v >= -2147483648LL) {
+        *p++ = 0xd2;
+        return put_be(p, (uint64_t)v, 4);
+    }
+    *p++ = 0xd3;
+    return put_be(p, (uint64_t)v, 8);
+}
+
+static PyObject *
+native_encode_plain_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "encode_plain_call(method, args) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *method = args[0], *items = args[1];
+    if (!PyUnicode_CheckExact(method) || !PyTuple_CheckExact(items))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    Py_ssize_t mlen;
+    const char *m = PyUnicode_AsUTF8AndSize(method, &mlen);
+    if (m == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (mlen > 0xffffffffLL || n > 0xffffffffLL)
+        Py_RETURN_NONE;
+    /* first pass: check every arg and add up the size */
+    Py_ssize_t size = 1 + len_header(0, mlen) + mlen + (n < 16 ? 1 : n < 0x10000 ? 3 : 5) + 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GET_ITEM(items, i);
+        if (a == Py_None || a == Py_True || a == Py_False) {
+            size += 1;
+        }
+        else if (PyLong_CheckExact(a)) {
+            long long s;
+            unsigned long long u;
+            int k = int_arg(a, &s, &u);
+            if (k < 0)
+                Py_RETURN_NONE;
+            size += k == 1 ? 9 : int_size(s);
+        }
+        else if (PyFloat_CheckExact(a)) {
+            size += 9;
+        }
+        else if (PyUnicode_CheckExact(a)) {
+            Py_ssize_t len;
+            if (PyUnicode_AsUTF8AndSize(a, &len) == NULL) {
+                PyErr_Clear();
+                Py_RETURN_NONE;
+            }
+            if (len > 0xffffffffLL)
+                Py_RETURN_NONE;
+            size += len_header(0, len) + len;
+        }
+        else if (PyBytes_CheckExact(a)) {
+            Py_ssize_t len = PyBytes_GET_SIZE(a);
+            if (len > 0xffffffffLL)
+                Py_RETURN_NONE;
+            size += len_header(1, len) + len;
+        }
+        else {
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    *p++ = 0x93;
+    p = put_len(p, 0, mlen);
+    memcpy(p, m, (size_t)mlen);
+    p += mlen;
+    if (n < 16) {
+        *p++ = (unsigned char)(0x90 | n);
+    }
+    else if (n < 0x10000) {
+        *p++ = 0xdc;
+        p = put_be(p, (uint64_t)n, 2);
+    }
+    else {
+        *p++ = 0xdd;
+        p = put_be(p, (uint64_t)n, 4);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GET_ITEM(items, i);
+        if (a == Py_None) {
+            *p++ = 0xc0;
+        }
+        else if (a == Py_True) {
+            *p++ = 0xc3;
+        }
+        else if (a == Py_False) {
+            *p++ = 0xc2;
+        }
+        else if (PyLong_CheckExact(a)) {
+            long long s = 0;
+            unsigned long long u = 0;
+            if (int_arg(a, &s, &u) == 1) {
+                *p++ = 0xcf;
+                p = put_be(p, (uint64_t)u, 8);
+            }
+            else {
+                p = put_int(p, s);
+            }
+        }
+        else if (PyFloat_CheckExact(a)) {
+            double d = PyFloat_AS_DOUBLE(a);
+            uint64_t bits;
+            memcpy(&bits, &d, 8);
+            *p++ = 0xcb;
+            p = put_be(p, bits, 8);
+        }
+        else if (PyUnicode_CheckExact(a)) {
+            Py_ssize_t len;
+            const char *sbuf = PyUnicode_AsUTF8AndSize(a, &len);  /* cached by the first pass */
+            p = put_len(p, 0, len);
+            memcpy(p, sbuf, (size_t)len);
+            p += len;
+        }
+        else {
+            Py_ssize_t len = PyBytes_GET_SIZE(a);
+            p = put_len(p, 1, len);
+            memcpy(p, PyBytes_AS_STRING(a), (size_t)len);
+            p += len;
+        }
+    }
+    *p++ = 0x80;
+    if (p != (unsigned char *)PyBytes_AS_STRING(out) + size) {  /* the two passes disagree */
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_SystemError, "encode_plain_call: size mismatch");
+        return NULL;
+    }
+    return out;
+}
+
 /* ------------------------------------------------------------- deliver_messages */
 
 /* deliver_messages(pending, sender_ids, own, events, event_type, head, my_index, d, limit) -> d
@@ -1065,6 +1338,9 @@ static PyMethodDef native_methods[] = {
     {"decode_plain_call", native_decode_plain_call, METH_O,
      "decode_plain_call(data) -> (method, args, kwargs) | None: the call [method, [args...], "
      "{}] whose args are all nil, bool, int, float, str or bytes; None for anything else."},
+    {"encode_plain_call", (PyCFunction)(void (*)(void))native_encode_plain_call, METH_FASTCALL,
+     "encode_plain_call(method, args) -> bytes | None: msgpack [method, [args...], {}] for a "
+     "str method and args that are all None, bool, int, float, str or bytes; None otherwise."},
     {"deliver_messages", (PyCFunction)(void (*)(void))native_deliver_messages, METH_FASTCALL,
      "deliver_messages(pending, sender_ids, own, events, event_type, head, my_index, d, limit) "
      "-> int: deliver inline message records in seq order from d; the d it stopped at."},

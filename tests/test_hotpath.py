@@ -512,6 +512,71 @@ def test_decode_call_checks_the_method_of_a_plain_call() -> None:
     assert codec.decode_call(_packed(["Log.append", [1], {}])) == ("Log.append", (1,), {})
 
 
+# -- encode_plain_call ---------------------------------------------------------------------------
+
+
+class _Int(int):
+    pass
+
+
+class _Str(str):
+    pass
+
+
+encodable_args = st.lists(
+    st.one_of(
+        plain_args,
+        st.integers(-(1 << 70), 1 << 70),  # some out of range
+        st.sampled_from([_Int(3), _Str("s"), "\udc80", bytearray(b"ba"), 1j, [1], {"k": 1}]),
+        st.text(min_size=31, max_size=33),
+        st.binary(min_size=255, max_size=257),
+    ),
+    max_size=20,
+)
+
+
+@needs_native
+@SETTINGS
+@given(st.one_of(method_names, st.just("Log.append")), encodable_args, st.booleans())
+def test_encode_plain_call(method: Any, args: list[Any], as_tuple: bool) -> None:
+    """The twins agree; what they encode is what msgpack writes for the call, and decodes back
+    to it."""
+    assert native is not None
+    items = tuple(args) if as_tuple else args
+    want = outcome(pure.encode_plain_call, method, items)
+    got = outcome(native.encode_plain_call, method, items)
+    assert got == want, f"{method!r}, {items!r}: native {got!r}, pure {want!r}"
+    assert want[0] == "ok"
+    if want[1] is not None:
+        assert want[1] == _packed([method, list(items), {}])
+        assert repr(pure.decode_plain_call(want[1])) == repr((method, tuple(items), {}))
+
+
+def test_encode_plain_call_examples() -> None:
+    for mod in (pure, native) if native is not None else (pure,):
+        args = (b"x" * 70000, -1, U64 - 1, -(1 << 63), 2.5, None, True, "é" * 20)
+        assert mod.encode_plain_call("Log.append", args) == _packed(["Log.append", list(args), {}])
+        assert mod.encode_plain_call("Log.append", tuple(range(70000))) == _packed(
+            ["Log.append", list(range(70000)), {}]
+        )
+        for refused in [U64, -(1 << 63) - 1, _Int(1), _Str("s"), "\udc80", [1], bytearray(b"")]:
+            assert mod.encode_plain_call("Log.append", (refused,)) is None, refused
+        assert mod.encode_plain_call("Log.append", [1]) is None  # args must be a tuple
+        assert mod.encode_plain_call(b"Log.append", (1,)) is None
+
+
+def test_encode_call_reports_what_the_plain_pass_refuses() -> None:
+    """Calls the native pass leaves to the general encoder still encode or fail as before."""
+    codec.encode_call("Log.append", (1,), {})  # the method is known from here on
+    with pytest.raises(OverflowError, match=r"^args\[0\]: int"):
+        codec.encode_call("Log.append", (U64,), {})
+    assert codec.decode_call(codec.encode_call("Log.append", (_Int(7), _Str("s")), {})) == (
+        "Log.append", (7, "s"), {}
+    )
+    with pytest.raises(TypeError, match=r"^args\[0\]: cannot encode"):
+        codec.encode_call("Log.append", (1j,), {})
+
+
 # -- deliver_messages ----------------------------------------------------------------------------
 
 
