@@ -914,19 +914,7 @@ put_be(unsigned char *p, uint64_t v, int n)
     return p + n;
 }
 
-/* the bytes of a length header for str (kind 0) or bin (kind 1) of n bytes */
-static inline Py_ssize_t
-len_header(int kind, Py_ssize_t n)
-{
-    if (kind == 0 && n < 32)
-        return 1;
-    if (n < 0x100)
-        return 2;
-    if (n < 0x10000)
-        return 3;
-    return 5;
-}
-
+/* a str (kind 0) or bin (kind 1) length header for n bytes */
 static unsigned char *
 put_len(unsigned char *p, int kind, Py_ssize_t n)
 {
@@ -973,31 +961,6 @@ int_arg(PyObject *o, long long *s, unsigned long long *u)
     return 1;
 }
 
-static Py_ssize_t
-int_size(long long v)
-{
-    if (v >= 0) {
-        if (v < 0x80)
-            return 1;
-        if (v < 0x100)
-            return 2;
-        if (v < 0x10000)
-            return 3;
-        if (v <= 0xffffffffLL)
-            return 5;
-        return 9;
-    }
-    if (v >= -32)
-        return 1;
-    if (v >= -128)
-        return 2;
-    if (v >= -32768)
-        return 3;
-    if (v >= -2147483648LL)
-        return 5;
-    return 9;
-}
-
 static unsigned char *
 put_int(unsigned char *p, long long v)
 {
@@ -1041,6 +1004,21 @@ put_int(unsigned char *p, long long v)
     return put_be(p, (uint64_t)v, 8);
 }
 
+static unsigned char *
+put_array_len(unsigned char *p, Py_ssize_t n)
+{
+    if (n < 16) {
+        *p++ = (unsigned char)(0x90 | n);
+        return p;
+    }
+    if (n < 0x10000) {
+        *p++ = 0xdc;
+        return put_be(p, (uint64_t)n, 2);
+    }
+    *p++ = 0xdd;
+    return put_be(p, (uint64_t)n, 4);
+}
+
 static PyObject *
 native_encode_plain_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1060,8 +1038,10 @@ native_encode_plain_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     if (mlen > 0xffffffffLL || n > 0xffffffffLL)
         Py_RETURN_NONE;
-    /* first pass: check every arg and add up the size */
-    Py_ssize_t size = 1 + len_header(0, mlen) + mlen + (n < 16 ? 1 : n < 0x10000 ? 3 : 5) + 1;
+    /* first pass: check every arg and add up the size (each header written to scratch by
+     * the writer the second pass uses, so the two passes cannot disagree on a header) */
+    unsigned char tmp[9];
+    Py_ssize_t size = 1 + (put_len(tmp, 0, mlen) - tmp) + mlen + (put_array_len(tmp, n) - tmp) + 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = PyTuple_GET_ITEM(items, i);
         if (a == Py_None || a == Py_True || a == Py_False) {
@@ -1073,7 +1053,7 @@ native_encode_plain_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             int k = int_arg(a, &s, &u);
             if (k < 0)
                 Py_RETURN_NONE;
-            size += k == 1 ? 9 : int_size(s);
+            size += k == 1 ? 9 : put_int(tmp, s) - tmp;
         }
         else if (PyFloat_CheckExact(a)) {
             size += 9;
@@ -1086,13 +1066,13 @@ native_encode_plain_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             }
             if (len > 0xffffffffLL)
                 Py_RETURN_NONE;
-            size += len_header(0, len) + len;
+            size += (put_len(tmp, 0, len) - tmp) + len;
         }
         else if (PyBytes_CheckExact(a)) {
             Py_ssize_t len = PyBytes_GET_SIZE(a);
             if (len > 0xffffffffLL)
                 Py_RETURN_NONE;
-            size += len_header(1, len) + len;
+            size += (put_len(tmp, 1, len) - tmp) + len;
         }
         else {
             Py_RETURN_NONE;
@@ -1106,17 +1086,7 @@ native_encode_plain_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     p = put_len(p, 0, mlen);
     memcpy(p, m, (size_t)mlen);
     p += mlen;
-    if (n < 16) {
-        *p++ = (unsigned char)(0x90 | n);
-    }
-    else if (n < 0x10000) {
-        *p++ = 0xdc;
-        p = put_be(p, (uint64_t)n, 2);
-    }
-    else {
-        *p++ = 0xdd;
-        p = put_be(p, (uint64_t)n, 4);
-    }
+    p = put_array_len(p, n);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *a = PyTuple_GET_ITEM(items, i);
         if (a == Py_None) {
