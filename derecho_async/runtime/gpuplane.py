@@ -39,8 +39,9 @@ loop: while copies complete the loop polls the events (``call_soon``, for up to 
 completion, or what ``DERECHO_ASYNC_GPU_BUSY_POLL_US`` says; while more than one batch is in
 flight, at most once per 80 µs, ``DERECHO_ASYNC_GPU_POLL_INTERVAL_US``: a look costs the loop
 about a microsecond at every turn, and a busy loop turns several times per message); past that,
-the loop records a blocking-sync event on each busy stream and hands it to that sender's *waiter
-thread*, which sleeps in ``cudaEventSynchronize`` (the GIL released) and wakes the loop. Not a CUDA host-function
+the loop hands the blocking-sync event of each busy stream's oldest batch to that sender's *waiter
+thread*, which sleeps in ``cudaEventSynchronize`` (the GIL released) and wakes the loop as soon as
+that batch is done, not the whole queue behind it. Not a CUDA host-function
 callback: one stalls its stream until it gets the GIL, and a CUDA call that the loop makes while
 holding the GIL and that waits for that stream would never return. The loop then rebuilds arrays of
 the same kind (CuPy arrays, torch tensors through DLPack) over the copied regions and lands the
@@ -508,12 +509,18 @@ class Completions:
         self._poll_interval_s = min(_poll_interval_s(), self._busy_poll_s)
         self._last_poll = 0.0  # when a stream of transfers was last looked at
         self._inflight = 0  # items tracked and not yet finished or forgotten, on every lane
+        # Events a waiter thread sleeps on, and those of them already finished here: one is
+        # reused only once its waiter is done with it (a re-record under a sleeping wait would
+        # move what that wait waits for).
+        self._held: set[int] = set()
+        self._held_done: set[int] = set()
 
     def track(self, lane: Lane, done: Callable[[], None],
               regions: list[tuple[int, int]] | None = None) -> None:
         """Call ``done`` on the loop once everything now queued on ``lane.stream`` finished."""
+        # blocking-sync, so that a waiter thread can sleep on it (see _arm)
         ev = self._spare_events.pop() if self._spare_events else int(
-            self._rt.eventCreateWithFlags(0x2)  # cudaEventDisableTiming
+            self._rt.eventCreateWithFlags(_WAKE_EVENT_FLAGS)
         )
         self._rt.eventRecord(ev, lane.stream.ptr)
         if not self._busy:
@@ -540,7 +547,10 @@ class Completions:
                 if query(ev) != 0:  # cudaErrorNotReady
                     break
                 q.popleft()
-                spare.append(ev)
+                if ev in self._held:
+                    self._held_done.add(ev)
+                else:
+                    spare.append(ev)
                 self._inflight -= 1
                 finished = True
                 try:
@@ -572,17 +582,24 @@ class Completions:
 
     def recycle(self, events: list[int]) -> None:
         """Reuse events of a drained stream (from :meth:`forget`)."""
-        self._spare_events.extend(events)
+        for ev in events:
+            if ev in self._held:
+                self._held_done.add(ev)
+            else:
+                self._spare_events.append(ev)
+
+    def _waiter(self, lane: Lane) -> _Waiter:
+        if lane.waiter is None:
+            lane.waiter = _Waiter(self._rt, self.device, self.loop or asyncio.get_running_loop())
+        return lane.waiter
 
     def after_stream(self, fn: Callable[[], None], lane: Lane) -> None:
         """Run ``fn`` on the loop once everything now queued on ``lane``'s stream has finished
         (by the lane's waiter thread; never, if the stream stalled for good)."""
-        loop = self.loop or asyncio.get_running_loop()
-        if lane.waiter is None:
-            lane.waiter = _Waiter(self._rt, self.device, loop)
+        waiter = self._waiter(lane)
         ev = int(self._rt.eventCreateWithFlags(_WAKE_EVENT_FLAGS))
         self._rt.eventRecord(ev, lane.stream.ptr)
-        lane.waiter.wait(ev, fn)
+        waiter.wait(ev, fn)
 
     def _arm(self) -> None:
         if self._poll_handle is not None or self.closed:
@@ -592,17 +609,26 @@ class Completions:
         if time.monotonic() - self._busy_since < self._busy_poll_s:
             self._poll_handle = loop.call_soon(self._on_poll)
             return
-        # long work: stop spinning, let each busy stream wake us once its queued work is done
+        # Long work: stop spinning; let each busy stream's waiter wake us once its oldest item
+        # is done (its own event: not one recorded at the stream's tail, which would hold back
+        # every finished item until the last one queued is done too). Back on the loop, poll
+        # finishes what is done and spins again for a while.
         for lane in self._busy:
-            if not lane.wakeup_armed:
+            if not lane.wakeup_armed and lane.inflight:
                 lane.wakeup_armed = True
+                ev = lane.inflight[0][0]
+                self._held.add(ev)
 
-                def woken(lane: Lane = lane) -> None:
+                def woken(lane: Lane = lane, ev: int = ev) -> None:
                     lane.wakeup_armed = False
+                    self._held.discard(ev)
+                    if ev in self._held_done:
+                        self._held_done.discard(ev)
+                        self._spare_events.append(ev)
                     self._busy_since = time.monotonic()
                     self.poll()
 
-                self.after_stream(woken, lane)
+                self._waiter(lane).wait(ev, woken, destroy=False)
 
     def _on_poll(self) -> None:
         self._poll_handle = None
@@ -1272,13 +1298,15 @@ class _Waiter:
         self._rt = rt
         self._device = device
         self._loop = loop
-        self._queue: queue.SimpleQueue[tuple[int, Callable[[], None]] | None] = (
+        self._queue: queue.SimpleQueue[tuple[int, Callable[[], None], bool] | None] = (
             queue.SimpleQueue())
         threading.Thread(target=self._run, name="derecho-gpu-waiter", daemon=True).start()
 
-    def wait(self, event: int, fn: Callable[[], None]) -> None:
-        """Call ``fn`` on the loop once ``event`` (owned by the waiter from now on) completes."""
-        self._queue.put((event, fn))
+    def wait(self, event: int, fn: Callable[[], None], *, destroy: bool = True) -> None:
+        """Call ``fn`` on the loop once ``event`` completes; then destroy the event unless
+        ``destroy`` is false (it stays its owner's, who must not re-record it until ``fn``
+        ran)."""
+        self._queue.put((event, fn, destroy))
 
     def stop(self) -> None:
         """End the thread after the waits already queued."""
@@ -1289,10 +1317,11 @@ class _Waiter:
 
         cupy.cuda.Device(self._device).use()
         while (item := self._queue.get()) is not None:
-            event, fn = item
+            event, fn, destroy = item
             try:
                 self._rt.eventSynchronize(event)
-                self._rt.eventDestroy(event)
+                if destroy:
+                    self._rt.eventDestroy(event)
             except Exception as exc:  # a broken context: wake the loop anyway
                 log.debug("waiting on a copy's event: %r", exc)
             try:
