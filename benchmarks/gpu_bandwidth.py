@@ -347,6 +347,7 @@ def main() -> None:
         ax.legend(fontsize=8)
         fig.tight_layout()
         path = Path(args.out) / "gpu_bandwidth.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=120)
         print(f"plot: {path}")
     except ImportError:
