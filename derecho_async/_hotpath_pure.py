@@ -40,6 +40,7 @@ __all__ = [
     "scan_slots",
     "store_u64",
     "turns_needed",
+    "write_messages",
 ]
 
 IMPLEMENTATION = "pure"
@@ -246,6 +247,116 @@ def scan_slots(
         records.append((first, kind, n_turns, nbytes, msg_no, payload))
         turn += n_turns
     return records, turn, hi - lo, None
+
+
+def _inline_fields(out: Any, room: int) -> tuple[int, int, bytes] | None:
+    """(nbytes, msg_no, payload) of an outgoing message (see :func:`write_messages`); None when
+    it is large."""
+    if out.large:
+        return None
+    nbytes, msg_no, payload = out.nbytes, out.msg_no, out.payload
+    if type(payload) is not bytes or type(nbytes) is not int or type(msg_no) is not int:
+        raise TypeError("write_messages: an inline message needs int nbytes and msg_no and a "
+                        "bytes payload")
+    if len(payload) != nbytes or nbytes > room or not 0 <= msg_no < _U64:
+        raise ValueError(f"write_messages: an inline message of {len(payload)} B (nbytes "
+                         f"{nbytes}) does not fit a slot")
+    return nbytes, msg_no, payload
+
+
+def write_messages(
+    buf: bytearray | memoryview,
+    base: int,
+    window: int,
+    slot_bytes: int,
+    rec_no: int,
+    turn: int,
+    queue: Any,
+    free: int,
+    limit: int,
+    pending: Any,
+    own: Any,
+    inflight: Any,
+    n: int,
+    k: int,
+    /,
+) -> tuple[int, int, int]:
+    """Write inline messages from the head of the deque ``queue`` into a sender's slot ring;
+    the inverse of :func:`scan_slots`.
+
+    The ring is as in :func:`scan_slots`; the next record is ``rec_no``, starting at turn
+    ``turn``. A queued message has ``msg_no``, ``payload``, ``nbytes`` and ``large``. Each
+    record takes the next inline message and those after it that fit the same slot with it
+    (a batch record of 16-byte entry headers and word-padded payloads; a lone one is a message
+    record). For each message, in order: pop it, append ``(turn, KIND_MESSAGE, 1, nbytes,
+    msg_no, payload)`` to the deque ``pending`` and ``(turn * n + k, message)`` to ``own``;
+    for each record append the seq of its last turn (``last * n + k``) to ``inflight``. Stops
+    after ``free`` records or ``limit`` messages, at an empty queue or a large message (left
+    queued). Returns (records written, messages written, the turn after them). An inline
+    message that does not fit a slot, a ring that does not fit the buffer, ``free`` above
+    ``window`` or ``k`` not below ``n`` raise ValueError (a local bug: nothing is popped for
+    that message)."""
+    base = _u64(base, "base")
+    window = _u64(window, "window")
+    slot_bytes = _u64(slot_bytes, "slot_bytes")
+    rec_no = _u64(rec_no, "rec_no")
+    turn = _u64(turn, "turn")
+    free = _u64(free, "free")
+    limit = _u64(limit, "limit")
+    n = _u64(n, "n")
+    k = _u64(k, "k")
+    size = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
+    if (
+        window < 1
+        or slot_bytes < SLOT_HEADER
+        or slot_bytes % WORD
+        or base % WORD
+        or window > size // slot_bytes
+        or base > size - window * slot_bytes
+    ):
+        raise ValueError("slot ring does not fit the buffer")
+    if k >= n or free > window:
+        raise ValueError("write_messages: k must be below n and free at most window")
+    room = slot_bytes - SLOT_HEADER
+    records = written = 0
+    while records < free and written < limit and queue:
+        head = queue[0]
+        fields = _inline_fields(head, room)
+        if fields is None:
+            break
+        queue.popleft()
+        group = [(head, fields)]
+        left = room - BATCH_ENTRY - (fields[0] + WORD - 1) // WORD * WORD
+        while queue and written + len(group) < limit:
+            nxt = queue[0]
+            f = _inline_fields(nxt, room)
+            if f is None or BATCH_ENTRY + (f[0] + WORD - 1) // WORD * WORD > left:
+                break
+            queue.popleft()
+            group.append((nxt, f))
+            left -= BATCH_ENTRY + (f[0] + WORD - 1) // WORD * WORD
+        off = base + (rec_no % window) * slot_bytes
+        first = turn
+        pos = off + SLOT_HEADER
+        for m, (nbytes, msg_no, payload) in group:
+            if len(group) > 1:
+                _ENTRY.pack_into(buf, pos, nbytes, msg_no)
+                buf[pos + BATCH_ENTRY : pos + BATCH_ENTRY + nbytes] = payload
+                pos += BATCH_ENTRY + (nbytes + WORD - 1) // WORD * WORD
+            else:
+                _SLOT.pack_into(buf, off, first, KIND_MESSAGE | (1 << 8), nbytes, msg_no)
+                buf[pos : pos + nbytes] = payload
+            pending.append((turn, KIND_MESSAGE, 1, nbytes, msg_no, payload))
+            own.append((turn * n + k, m))
+            turn += 1
+        if len(group) > 1:
+            _SLOT.pack_into(buf, off, first, KIND_BATCH | (len(group) << 8),
+                            pos - off - SLOT_HEADER, 0)
+        inflight.append((turn - 1) * n + k)
+        rec_no += 1
+        records += 1
+        written += len(group)
+    return records, written, turn
 
 
 def _batch_entries(

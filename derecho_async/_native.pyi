@@ -54,3 +54,20 @@ def ring_put(
     payload: bytes | bytearray | memoryview,
     /,
 ) -> int: ...
+def write_messages(
+    buf: bytearray | memoryview,
+    base: int,
+    window: int,
+    slot_bytes: int,
+    rec_no: int,
+    turn: int,
+    queue: Any,
+    free: int,
+    limit: int,
+    pending: Any,
+    own: Any,
+    inflight: Any,
+    n: int,
+    k: int,
+    /,
+) -> tuple[int, int, int]: ...

@@ -33,6 +33,7 @@ __all__ = [
     "scan_slots",
     "store_u64",
     "turns_needed",
+    "write_messages",
 ]
 
 REQUESTED_PURE: bool = os.environ.get("DERECHO_ASYNC_PURE_PYTHON", "") not in ("", "0")
@@ -52,6 +53,7 @@ if REQUESTED_PURE:
         scan_slots,
         store_u64,
         turns_needed,
+        write_messages,
     )
 else:
     try:
@@ -69,6 +71,7 @@ else:
             scan_slots,
             store_u64,
             turns_needed,
+            write_messages,
         )
     except ImportError:  # built without a compiler: the pure twin does the same work
         from derecho_async._hotpath_pure import (
@@ -85,4 +88,5 @@ else:
             scan_slots,
             store_u64,
             turns_needed,
+            write_messages,
         )

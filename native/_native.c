@@ -1282,6 +1282,257 @@ native_deliver_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromLongLong(d);
 }
 
+/* ----------------------------------------------------------------- write_messages */
+/* write_messages(buf, base, window, slot_bytes, rec_no, turn, queue, free, limit, pending, own,
+ * inflight, n, k) -> (records, messages, turn): the inverse of scan_slots, for the inline
+ * messages at the head of the deque queue (see the pure twin for the whole contract). Each
+ * record takes the next inline message and those after it that fit the same slot (a batch
+ * record; a lone one is a message record). Stops after free records or limit messages, at an
+ * empty queue or a large message. */
+
+static PyObject *str_append, *str_msg_no, *str_payload, *str_nbytes, *str_large;
+static PyObject *small_kind_message, *small_one;
+
+typedef struct {
+    PyObject *out;      /* the Outgoing (a new reference) */
+    PyObject *nbytes;   /* its fields (new references) */
+    PyObject *msg_no;
+    PyObject *payload;
+    uint64_t size, no;
+} inline_msg;
+
+static void
+inline_clear(inline_msg *m)
+{
+    Py_CLEAR(m->out);
+    Py_CLEAR(m->nbytes);
+    Py_CLEAR(m->msg_no);
+    Py_CLEAR(m->payload);
+}
+
+/* The queue's head as an inline message: 1 (m filled), 0 (empty queue or a large message),
+ * -1 (error). */
+static int
+peek_inline(PyObject *queue, uint64_t room, inline_msg *m)
+{
+    Py_ssize_t qlen = PyObject_Length(queue);
+    if (qlen <= 0)
+        return qlen < 0 ? -1 : 0;
+    m->out = PySequence_GetItem(queue, 0);
+    if (m->out == NULL)
+        return -1;
+    PyObject *large = PyObject_GetAttr(m->out, str_large);
+    if (large == NULL)
+        goto fail;
+    int is_large = PyObject_IsTrue(large);
+    Py_DECREF(large);
+    if (is_large != 0) {
+        Py_CLEAR(m->out);
+        return is_large < 0 ? -1 : 0;
+    }
+    m->nbytes = PyObject_GetAttr(m->out, str_nbytes);
+    m->msg_no = m->nbytes ? PyObject_GetAttr(m->out, str_msg_no) : NULL;
+    m->payload = m->msg_no ? PyObject_GetAttr(m->out, str_payload) : NULL;
+    if (m->payload == NULL)
+        goto fail;
+    if (!PyBytes_CheckExact(m->payload) || !PyLong_CheckExact(m->nbytes) ||
+        !PyLong_CheckExact(m->msg_no)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "write_messages: an inline message needs int nbytes and msg_no and a "
+                        "bytes payload");
+        goto fail;
+    }
+    Py_ssize_t plen = PyBytes_GET_SIZE(m->payload);
+    long long size = PyLong_AsLongLong(m->nbytes);
+    if (size == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            goto fail;
+        PyErr_Clear();
+        size = -1;  /* refused below */
+    }
+    unsigned long long no = PyLong_AsUnsignedLongLong(m->msg_no);
+    int no_bad = 0;
+    if (no == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            goto fail;
+        PyErr_Clear();
+        no_bad = 1;
+    }
+    if (size != (long long)plen || (uint64_t)plen > room || no_bad) {
+        PyErr_Format(PyExc_ValueError,
+                     "write_messages: an inline message of %zd B (nbytes %S) does not fit a "
+                     "slot", plen, m->nbytes);
+        goto fail;
+    }
+    m->size = (uint64_t)plen;
+    m->no = (uint64_t)no;
+    return 1;
+fail:
+    inline_clear(m);
+    return -1;
+}
+
+static inline uint64_t
+padded(uint64_t n)
+{
+    return (n + WORD - 1) / WORD * WORD;
+}
+
+static int
+append_new(PyObject *seq, PyObject *item)  /* steals item */
+{
+    if (item == NULL)
+        return -1;
+    PyObject *r = PyObject_CallMethodOneArg(seq, str_append, item);
+    Py_DECREF(item);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static int
+pop_head(PyObject *queue)
+{
+    PyObject *o = PyObject_CallMethodNoArgs(queue, str_popleft);
+    if (o == NULL)
+        return -1;
+    Py_DECREF(o);
+    return 0;
+}
+
+static PyObject *
+native_write_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError,
+                        "write_messages(buf, base, window, slot_bytes, rec_no, turn, queue, "
+                        "free, limit, pending, own, inflight, n, k) takes 14 arguments");
+        return NULL;
+    }
+    uint64_t base, window, slot_bytes, rec_no, turn, free, limit, n, k;
+    if (arg_u64(args[1], "base", &base) < 0 || arg_u64(args[2], "window", &window) < 0 ||
+        arg_u64(args[3], "slot_bytes", &slot_bytes) < 0 ||
+        arg_u64(args[4], "rec_no", &rec_no) < 0 || arg_u64(args[5], "turn", &turn) < 0 ||
+        arg_u64(args[7], "free", &free) < 0 || arg_u64(args[8], "limit", &limit) < 0 ||
+        arg_u64(args[12], "n", &n) < 0 || arg_u64(args[13], "k", &k) < 0)
+        return NULL;
+    PyObject *queue = args[6], *pending = args[9], *own = args[10], *inflight = args[11];
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    inline_msg *group = NULL;
+    Py_ssize_t g = 0;
+    uint64_t len = (uint64_t)view.len;
+    if (window < 1 || slot_bytes < SLOT_HEADER || slot_bytes % WORD || base % WORD ||
+        window > len / slot_bytes || base > len - window * slot_bytes) {
+        PyErr_SetString(PyExc_ValueError, "slot ring does not fit the buffer");
+        goto done;
+    }
+    if (k >= n || free > window) {
+        PyErr_SetString(PyExc_ValueError,
+                        "write_messages: k must be below n and free at most window");
+        goto done;
+    }
+    uint64_t room = slot_bytes - SLOT_HEADER;
+    /* a slot holds at most room / BATCH_ENTRY entries, and at least one message */
+    Py_ssize_t cap = (Py_ssize_t)(room / BATCH_ENTRY) + 1;
+    group = PyMem_Calloc((size_t)cap, sizeof(inline_msg));
+    if (group == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    unsigned char *buf = (unsigned char *)view.buf;
+    uint64_t records = 0, written = 0;
+    while (records < free && written < limit) {
+        int got = peek_inline(queue, room, &group[0]);
+        if (got <= 0) {
+            if (got < 0)
+                goto done;
+            break;
+        }
+        g = 1;
+        if (pop_head(queue) < 0)
+            goto done;
+        uint64_t need0 = BATCH_ENTRY + padded(group[0].size);
+        uint64_t left = need0 <= room ? room - need0 : 0;  /* 0: nothing more fits */
+        while (written + (uint64_t)g < limit) {
+            inline_msg nxt = {0};
+            got = peek_inline(queue, room, &nxt);
+            if (got < 0)
+                goto done;
+            if (got == 0)
+                break;
+            if (BATCH_ENTRY + padded(nxt.size) > left || g >= cap) {  /* (g < cap: fits) */
+                inline_clear(&nxt);
+                break;
+            }
+            if (pop_head(queue) < 0) {
+                inline_clear(&nxt);
+                goto done;
+            }
+            left -= BATCH_ENTRY + padded(nxt.size);
+            group[g++] = nxt;
+        }
+        unsigned char *slot = buf + base + (rec_no % window) * slot_bytes;
+        uint64_t first = turn;
+        unsigned char *pos = slot + SLOT_HEADER;
+        for (Py_ssize_t i = 0; i < g; i++) {
+            inline_msg *m = &group[i];
+            if (g > 1) {
+                put_u64(pos, m->size);
+                put_u64(pos + 8, m->no);
+                memcpy(pos + BATCH_ENTRY, PyBytes_AS_STRING(m->payload), (size_t)m->size);
+                pos += BATCH_ENTRY + padded(m->size);
+            }
+            else {
+                put_u64(slot, first);
+                put_u64(slot + 8, KIND_MESSAGE | (1u << 8));
+                put_u64(slot + 16, m->size);
+                put_u64(slot + 24, m->no);
+                memcpy(pos, PyBytes_AS_STRING(m->payload), (size_t)m->size);
+            }
+            PyObject *t = PyLong_FromUnsignedLongLong(turn);
+            PyObject *rec = t ? PyTuple_Pack(6, t, small_kind_message, small_one, m->nbytes,
+                                             m->msg_no, m->payload) : NULL;
+            Py_XDECREF(t);
+            if (append_new(pending, rec) < 0)
+                goto done;
+            PyObject *seq = PyLong_FromUnsignedLongLong(turn * n + k);
+            PyObject *entry = seq ? PyTuple_Pack(2, seq, m->out) : NULL;
+            Py_XDECREF(seq);
+            if (append_new(own, entry) < 0)
+                goto done;
+            turn++;
+        }
+        if (g > 1) {
+            put_u64(slot, first);
+            put_u64(slot + 8, KIND_BATCH | ((uint64_t)g << 8));
+            put_u64(slot + 16, (uint64_t)(pos - slot - SLOT_HEADER));
+            put_u64(slot + 24, 0);
+        }
+        if (append_new(inflight, PyLong_FromUnsignedLongLong((turn - 1) * n + k)) < 0)
+            goto done;
+        rec_no++;
+        records++;
+        written += (uint64_t)g;
+        for (Py_ssize_t i = 0; i < g; i++)
+            inline_clear(&group[i]);
+        g = 0;
+    }
+    result = Py_BuildValue("(KKK)", (unsigned long long)records, (unsigned long long)written,
+                           (unsigned long long)turn);
+done:
+    if (group != NULL) {
+        for (Py_ssize_t i = 0; i < g; i++)
+            inline_clear(&group[i]);
+        PyMem_Free(group);
+    }
+    PyBuffer_Release(&view);
+    return result;
+}
+
 /* ------------------------------------------------------------------------ module */
 
 static PyMethodDef native_methods[] = {
@@ -1314,6 +1565,10 @@ static PyMethodDef native_methods[] = {
     {"deliver_messages", (PyCFunction)(void (*)(void))native_deliver_messages, METH_FASTCALL,
      "deliver_messages(pending, sender_ids, own, events, event_type, head, my_index, d, limit) "
      "-> int: deliver inline message records in seq order from d; the d it stopped at."},
+    {"write_messages", (PyCFunction)(void (*)(void))native_write_messages, METH_FASTCALL,
+     "write_messages(buf, base, window, slot_bytes, rec_no, turn, queue, free, limit, pending, "
+     "own, inflight, n, k) -> (records, messages, turn): write the inline messages at the head "
+     "of queue into slot records."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1333,7 +1588,15 @@ PyMODINIT_FUNC
 PyInit__native(void)
 {
     str_popleft = PyUnicode_InternFromString("popleft");
-    if (str_popleft == NULL)
+    str_append = PyUnicode_InternFromString("append");
+    str_msg_no = PyUnicode_InternFromString("msg_no");
+    str_payload = PyUnicode_InternFromString("payload");
+    str_nbytes = PyUnicode_InternFromString("nbytes");
+    str_large = PyUnicode_InternFromString("large");
+    small_kind_message = PyLong_FromLong(KIND_MESSAGE);
+    small_one = PyLong_FromLong(1);
+    if (str_popleft == NULL || str_append == NULL || str_msg_no == NULL || str_payload == NULL ||
+        str_nbytes == NULL || str_large == NULL || small_kind_message == NULL || small_one == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&native_module);
     if (m == NULL)

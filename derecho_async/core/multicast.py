@@ -31,12 +31,10 @@ import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
 from derecho_async.core.effects import DataKey, Delivered, Event, Transfer
 from derecho_async.core.layout import ShardInfo
 from derecho_async.core.schema import (
-    BATCH_ENTRY,
     KIND_BATCH,
     KIND_DESCRIPTOR,
     KIND_MESSAGE,
@@ -50,11 +48,11 @@ from derecho_async.hotpath import deliver_messages as _deliver_messages
 from derecho_async.hotpath import frontier as _frontier
 from derecho_async.hotpath import load_u64, min_u64, scan_slots
 from derecho_async.hotpath import turns_needed as _turns_needed
+from derecho_async.hotpath import write_messages as _write_inline
 
 __all__ = ["Outgoing", "Record", "ShardState"]
 
 _HEADER = struct.Struct("<4Q")
-_ENTRY = struct.Struct("<2Q")
 
 
 @dataclass(slots=True)
@@ -199,73 +197,36 @@ class ShardState:
         """Write at most ``limit`` queued messages into at most ``free`` slots; returns the
         slots left.
 
-        Inline messages (the usual ones) are written here, queued in ``pending`` as
-        :data:`_Inline` tuples: a lone one as a message record (header and payload), and
-        consecutive ones that fit one slot together as a batch record, so a burst of small
-        messages fills its slots instead of using one slot each (a push then moves about what
-        the messages hold, not whole slots). A large one goes out by :meth:`_write_descriptor`.
+        Inline messages (the usual ones) are written by :func:`derecho_async.hotpath.
+        write_messages` and queued in ``pending`` as :data:`_Inline` tuples: a lone one as a
+        message record (header and payload), and consecutive ones that fit one slot together
+        as a batch record, so a burst of small messages fills its slots instead of using one
+        slot each (a push then moves about what the messages hold, not whole slots). A large
+        one goes out by :meth:`_write_descriptor`.
         """
         k = self.my_index
         assert k is not None
-        n = self.n
         table = self.table
-        buf = table.buf
         slots_base = table.my_rank * table.row_bytes + self.cols.slots.offset
-        window = self.cols.window
-        slot_bytes = self._slot_bytes
-        body_room = slot_bytes - _HEADER.size
-        pack_header = _HEADER.pack_into
-        pack_entry = _ENTRY.pack_into
         pend = self.pending[k]
-        own = self.own_undelivered
-        inflight = self.inflight_last_seq
-        one_message = KIND_MESSAGE | (1 << 8)
-        inline = 0
         written = 0  # messages
+        inline = 0
         while free > 0 and q and written < limit:
-            out = q.popleft()
-            free -= 1
-            written += 1
-            if out.large:
-                self._write_descriptor(out, transfers)
-                continue
-            # The inline messages after it that fit the same slot (entry headers and padding
-            # included) go with it, as a batch record.
-            group = [out]
-            room = body_room - BATCH_ENTRY - (out.nbytes + WORD - 1) // WORD * WORD
-            while q and written < limit:
-                nxt = q[0]
-                need = BATCH_ENTRY + (nxt.nbytes + WORD - 1) // WORD * WORD
-                if nxt.large or need > room:
-                    break
-                group.append(q.popleft())
+            if q[0].large:
+                self._write_descriptor(q.popleft(), transfers)
+                free -= 1
                 written += 1
-                room -= need
-            rec_no = self.sent_records
-            first = self.sent_turns
-            off = slots_base + (rec_no % window) * slot_bytes
-            self.sent_records = rec_no + 1
-            batched = len(group) > 1
-            pos = off + _HEADER.size
-            turn = first
-            for m in group:
-                data = cast("bytes", m.payload)  # inline: submit() made it bytes
-                if batched:
-                    pack_entry(buf, pos, m.nbytes, m.msg_no)
-                    buf[pos + BATCH_ENTRY : pos + BATCH_ENTRY + m.nbytes] = data
-                    pos += BATCH_ENTRY + (m.nbytes + WORD - 1) // WORD * WORD
-                pend.append((turn, KIND_MESSAGE, 1, m.nbytes, m.msg_no, data))
-                own.append((turn * n + k, m))
-                turn += 1
-            if batched:
-                pack_header(buf, off, first, KIND_BATCH | (len(group) << 8),
-                            pos - off - _HEADER.size, 0)
-            else:  # a lone message: a message record, its payload right after the header
-                pack_header(buf, off, first, one_message, out.nbytes, out.msg_no)
-                buf[pos : pos + out.nbytes] = data
+                continue
+            records, msgs, turn = _write_inline(
+                table.buf, slots_base, self.cols.window, self._slot_bytes, self.sent_records,
+                self.sent_turns, q, free, limit - written, pend, self.own_undelivered,
+                self.inflight_last_seq, self.n, k,
+            )
+            self.sent_records += records
             self.sent_turns = turn
-            inflight.append((turn - 1) * n + k)
-            inline += len(group)
+            free -= records
+            written += msgs
+            inline += msgs
         self.turns_seen[k] += inline
         self.turns_held[k] += inline
         return free
