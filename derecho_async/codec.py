@@ -71,6 +71,7 @@ __all__ = [
     "decode_call",
     "encode",
     "encode_call",
+    "plain_call_decoder",
 ]
 
 MAX_DEPTH: Final = 64
@@ -620,6 +621,12 @@ _unpackb: Final = msgpack.unpackb  # its max_*_len limits default to the input's
 # repeat what _decode_call_checked does, so without the extension the general path runs alone.
 _decode_plain: Final = hotpath.decode_plain_call if hotpath.IMPLEMENTATION == "native" else None
 _encode_plain: Final = hotpath.encode_plain_call if hotpath.IMPLEMENTATION == "native" else None
+
+plain_call_decoder: Final = _decode_plain
+"""The native pass of :func:`decode_call` over the usual call (bytes of at most
+:data:`MAX_DECODE_SIZE`, no buffers), or None without the extension: ``(method, args, {})`` or
+None. It does not check the method name: a caller that looks the name up among names it already
+checked (a dispatch table) may use it directly, and must fall back to :func:`decode_call`."""
 
 _VALID_METHODS: dict[str, bool] = {}
 _VALID_METHODS_MAX = 4096  # names remembered as valid (a peer cannot grow this without bound)

@@ -584,28 +584,40 @@ class Group:
         me = self._me
         hosted_of = self._hosted
         decode_call = codec.decode_call
+        decode_plain = codec.plain_call_decoder
+        plain_limit = codec.MAX_DECODE_SIZE
         own_device_call = codec.own_device_call
         for ev in events:
-            sender = ev.sender
+            subgroup, _, _, _, sender, _, payload = ev
             if sender == me:
                 self._on_own_delivered(ev)
-            hosted = hosted_of.get(ev.subgroup)
+            hosted = hosted_of.get(subgroup)
             if hosted is None:
                 continue
             spec, runner, actor, methods = hosted
-            payload = ev.payload
             try:
                 if type(payload) is bytes:
-                    name, args, kwargs = decode_call(payload)
+                    # The usual call of a method already looked up: one native pass (its name
+                    # is in the table, so it was checked); anything else, the general decoder.
+                    plain = (decode_plain(payload)
+                             if decode_plain is not None and len(payload) <= plain_limit
+                             else None)
+                    entry = methods.get(plain[0]) if plain is not None else None
+                    if entry is not None:
+                        name, args, kwargs = plain  # type: ignore[misc]
+                    else:
+                        name, args, kwargs = decode_call(payload)
                 elif isinstance(payload, OutOfBand):
                     # my own call of device arrays alone comes back as it was sent; the rest
                     # (and every peer's) is decoded and its arrays checked
                     own = own_device_call(payload.call, payload.arrays) if sender == me else None
                     name, args, kwargs = own if own is not None else decode_call(
                         payload.call, buffers=list(payload.arrays))
+                    entry = None
                 else:
                     raise ProtocolViolation("ordered call payload is not bytes")
-                entry = methods.get(name)
+                if entry is None:
+                    entry = methods.get(name)
                 if entry is None:
                     entry = self._ordered_method(spec, actor, methods, name)
             except (ProtocolViolation, DerechoError) as exc:
