@@ -249,9 +249,9 @@ def scan_slots(
     return records, turn, hi - lo, None
 
 
-def _inline_fields(out: Any, room: int) -> tuple[int, int, bytes] | None:
-    """(nbytes, msg_no, payload) of an outgoing message (see :func:`write_messages`); None when
-    it is large."""
+def _inline_fields(out: Any, room: int, turn: int) -> tuple[int, int, bytes] | None:
+    """(nbytes, msg_no, payload) of an outgoing message to write at ``turn`` (see
+    :func:`write_messages`); None when it is large. Raises when it cannot be written."""
     if out.large:
         return None
     nbytes, msg_no, payload = out.nbytes, out.msg_no, out.payload
@@ -261,6 +261,8 @@ def _inline_fields(out: Any, room: int) -> tuple[int, int, bytes] | None:
     if len(payload) != nbytes or nbytes > room or not 0 <= msg_no < _U64:
         raise ValueError(f"write_messages: an inline message of {len(payload)} B (nbytes "
                          f"{nbytes}) does not fit a slot")
+    if turn >= MAX_TURN:
+        raise ValueError("write_messages: turn count passed 2**56")
     return nbytes, msg_no, payload
 
 
@@ -284,18 +286,22 @@ def write_messages(
     """Write inline messages from the head of the deque ``queue`` into a sender's slot ring;
     the inverse of :func:`scan_slots`.
 
-    The ring is as in :func:`scan_slots`; the next record is ``rec_no``, starting at turn
-    ``turn``. A queued message has ``msg_no``, ``payload``, ``nbytes`` and ``large``. Each
-    record takes the next inline message and those after it that fit the same slot with it
-    (a batch record of 16-byte entry headers and word-padded payloads; a lone one is a message
-    record). For each message, in order: pop it, append ``(turn, KIND_MESSAGE, 1, nbytes,
-    msg_no, payload)`` to the deque ``pending`` and ``(turn * n + k, message)`` to ``own``;
-    for each record append the seq of its last turn (``last * n + k``) to ``inflight``. Stops
-    after ``free`` records or ``limit`` messages, at an empty queue or a large message (left
-    queued). Returns (records written, messages written, the turn after them). An inline
-    message that does not fit a slot, a ring that does not fit the buffer, ``free`` above
-    ``window`` or ``k`` not below ``n`` raise ValueError (a local bug: nothing is popped for
-    that message)."""
+    The ring is as in :func:`scan_slots` (its bytes: any writable buffer); the next record is
+    ``rec_no``, starting at turn ``turn``. A queued message has ``msg_no``, ``payload``,
+    ``nbytes`` and ``large``. Each record takes the next inline message and those after it that
+    fit the same slot with it (a batch record of 16-byte entry headers and word-padded
+    payloads; a lone one is a message record). For each message, in order: pop it, append
+    ``(turn, KIND_MESSAGE, 1, nbytes, msg_no, payload)`` to the deque ``pending`` and ``(turn *
+    n + k, message)`` to ``own``; for each record append the seq of its last turn (``last * n +
+    k``) to ``inflight``. Stops after ``free`` records or ``limit`` messages, at an empty queue
+    or a large message (left queued). Returns (records written, messages written, the turn
+    after them).
+
+    A message that cannot be written (not an inline message that fits a slot, or its turn
+    would pass 2**56) ends the call before it is popped: with what was written before it
+    returned, or, when that is nothing, raised (a local bug; the arguments the same way: a ring
+    that does not fit the buffer, ``free`` above ``window``, ``n`` outside 1..256, ``k`` not
+    below ``n``)."""
     base = _u64(base, "base")
     window = _u64(window, "window")
     slot_bytes = _u64(slot_bytes, "slot_bytes")
@@ -305,7 +311,11 @@ def write_messages(
     limit = _u64(limit, "limit")
     n = _u64(n, "n")
     k = _u64(k, "k")
-    size = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
+    view = memoryview(buf)
+    if view.readonly:
+        raise TypeError("write_messages: buf must be writable")
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    size = view.nbytes
     if (
         window < 1
         or slot_bytes < SLOT_HEADER
@@ -315,13 +325,19 @@ def write_messages(
         or base > size - window * slot_bytes
     ):
         raise ValueError("slot ring does not fit the buffer")
-    if k >= n or free > window:
-        raise ValueError("write_messages: k must be below n and free at most window")
+    if not 1 <= n <= 256 or k >= n or free > window or turn > MAX_TURN:
+        raise ValueError("write_messages: n must lie in 1..256, k below n, free at most window "
+                         "and turn at most 2**56")
     room = slot_bytes - SLOT_HEADER
     records = written = 0
     while records < free and written < limit and queue:
         head = queue[0]
-        fields = _inline_fields(head, room)
+        try:
+            fields = _inline_fields(head, room, turn)
+        except Exception:
+            if records:
+                break  # returned: the next call raises it, with nothing written
+            raise
         if fields is None:
             break
         queue.popleft()
@@ -329,7 +345,10 @@ def write_messages(
         left = room - BATCH_ENTRY - (fields[0] + WORD - 1) // WORD * WORD
         while queue and written + len(group) < limit:
             nxt = queue[0]
-            f = _inline_fields(nxt, room)
+            try:
+                f = _inline_fields(nxt, room, turn + len(group))
+            except Exception:
+                break  # left queued: the next record stops at it
             if f is None or BATCH_ENTRY + (f[0] + WORD - 1) // WORD * WORD > left:
                 break
             queue.popleft()
@@ -340,17 +359,17 @@ def write_messages(
         pos = off + SLOT_HEADER
         for m, (nbytes, msg_no, payload) in group:
             if len(group) > 1:
-                _ENTRY.pack_into(buf, pos, nbytes, msg_no)
-                buf[pos + BATCH_ENTRY : pos + BATCH_ENTRY + nbytes] = payload
+                _ENTRY.pack_into(view, pos, nbytes, msg_no)
+                view[pos + BATCH_ENTRY : pos + BATCH_ENTRY + nbytes] = payload
                 pos += BATCH_ENTRY + (nbytes + WORD - 1) // WORD * WORD
             else:
-                _SLOT.pack_into(buf, off, first, KIND_MESSAGE | (1 << 8), nbytes, msg_no)
-                buf[pos : pos + nbytes] = payload
+                _SLOT.pack_into(view, off, first, KIND_MESSAGE | (1 << 8), nbytes, msg_no)
+                view[pos : pos + nbytes] = payload
             pending.append((turn, KIND_MESSAGE, 1, nbytes, msg_no, payload))
             own.append((turn * n + k, m))
             turn += 1
         if len(group) > 1:
-            _SLOT.pack_into(buf, off, first, KIND_BATCH | (len(group) << 8),
+            _SLOT.pack_into(view, off, first, KIND_BATCH | (len(group) << 8),
                             pos - off - SLOT_HEADER, 0)
         inflight.append((turn - 1) * n + k)
         rec_no += 1

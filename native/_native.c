@@ -1310,11 +1310,12 @@ inline_clear(inline_msg *m)
     Py_CLEAR(m->payload);
 }
 
-/* The queue's head as an inline message: 1 (m filled), 0 (empty queue or a large message),
- * -1 (error). */
+/* The queue's head as an inline message to write at turn: 1 (m filled), 0 (empty queue or a
+ * large message), -1 (error: it cannot be written). */
 static int
-peek_inline(PyObject *queue, uint64_t room, inline_msg *m)
+peek_inline(PyObject *queue, uint64_t room, uint64_t turn, inline_msg *m)
 {
+    *m = (inline_msg){0};
     Py_ssize_t qlen = PyObject_Length(queue);
     if (qlen <= 0)
         return qlen < 0 ? -1 : 0;
@@ -1331,8 +1332,12 @@ peek_inline(PyObject *queue, uint64_t room, inline_msg *m)
         return is_large < 0 ? -1 : 0;
     }
     m->nbytes = PyObject_GetAttr(m->out, str_nbytes);
-    m->msg_no = m->nbytes ? PyObject_GetAttr(m->out, str_msg_no) : NULL;
-    m->payload = m->msg_no ? PyObject_GetAttr(m->out, str_payload) : NULL;
+    if (m->nbytes == NULL)
+        goto fail;
+    m->msg_no = PyObject_GetAttr(m->out, str_msg_no);
+    if (m->msg_no == NULL)
+        goto fail;
+    m->payload = PyObject_GetAttr(m->out, str_payload);
     if (m->payload == NULL)
         goto fail;
     if (!PyBytes_CheckExact(m->payload) || !PyLong_CheckExact(m->nbytes) ||
@@ -1364,12 +1369,27 @@ peek_inline(PyObject *queue, uint64_t room, inline_msg *m)
                      "slot", plen, m->nbytes);
         goto fail;
     }
+    if (turn >= MAX_TURN) {
+        PyErr_SetString(PyExc_ValueError, "write_messages: turn count passed 2**56");
+        goto fail;
+    }
     m->size = (uint64_t)plen;
     m->no = (uint64_t)no;
     return 1;
 fail:
     inline_clear(m);
     return -1;
+}
+
+/* After a failed peek: 1 if the error is an Exception and was cleared (the message stays
+ * queued, and the call ends with what it wrote), 0 if it must propagate. */
+static int
+stop_at_bad_message(void)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return 0;
+    PyErr_Clear();
+    return 1;
 }
 
 static inline uint64_t
@@ -1419,58 +1439,75 @@ native_write_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     PyObject *queue = args[6], *pending = args[9], *own = args[10], *inflight = args[11];
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
     PyObject *result = NULL;
-    inline_msg *group = NULL;
-    Py_ssize_t g = 0;
+    inline_msg local[16];
+    inline_msg *group = local;
+    Py_ssize_t cap = 16, g = 0;
     uint64_t len = (uint64_t)view.len;
+    if (view.readonly) {
+        PyErr_SetString(PyExc_TypeError, "write_messages: buf must be writable");
+        goto done;
+    }
     if (window < 1 || slot_bytes < SLOT_HEADER || slot_bytes % WORD || base % WORD ||
         window > len / slot_bytes || base > len - window * slot_bytes) {
         PyErr_SetString(PyExc_ValueError, "slot ring does not fit the buffer");
         goto done;
     }
-    if (k >= n || free > window) {
+    if (n < 1 || n > 256 || k >= n || free > window || turn > MAX_TURN) {
         PyErr_SetString(PyExc_ValueError,
-                        "write_messages: k must be below n and free at most window");
+                        "write_messages: n must lie in 1..256, k below n, free at most window "
+                        "and turn at most 2**56");
         goto done;
     }
     uint64_t room = slot_bytes - SLOT_HEADER;
-    /* a slot holds at most room / BATCH_ENTRY entries, and at least one message */
-    Py_ssize_t cap = (Py_ssize_t)(room / BATCH_ENTRY) + 1;
-    group = PyMem_Calloc((size_t)cap, sizeof(inline_msg));
-    if (group == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
     unsigned char *buf = (unsigned char *)view.buf;
     uint64_t records = 0, written = 0;
     while (records < free && written < limit) {
-        int got = peek_inline(queue, room, &group[0]);
-        if (got <= 0) {
-            if (got < 0)
-                goto done;
-            break;
+        int got = peek_inline(queue, room, turn, &group[0]);
+        if (got < 0) {
+            if (records > 0 && stop_at_bad_message())
+                break;  /* returned: the next call raises it, with nothing written */
+            goto done;
         }
+        if (got == 0)
+            break;
         g = 1;
         if (pop_head(queue) < 0)
             goto done;
         uint64_t need0 = BATCH_ENTRY + padded(group[0].size);
         uint64_t left = need0 <= room ? room - need0 : 0;  /* 0: nothing more fits */
         while (written + (uint64_t)g < limit) {
-            inline_msg nxt = {0};
-            got = peek_inline(queue, room, &nxt);
-            if (got < 0)
+            inline_msg nxt;
+            got = peek_inline(queue, room, turn + (uint64_t)g, &nxt);
+            if (got < 0) {
+                if (stop_at_bad_message())
+                    break;  /* left queued: the next record stops at it */
                 goto done;
+            }
             if (got == 0)
                 break;
-            if (BATCH_ENTRY + padded(nxt.size) > left || g >= cap) {  /* (g < cap: fits) */
+            if (BATCH_ENTRY + padded(nxt.size) > left) {
                 inline_clear(&nxt);
                 break;
             }
             if (pop_head(queue) < 0) {
                 inline_clear(&nxt);
                 goto done;
+            }
+            if (g == cap) {
+                inline_msg *bigger = PyMem_Malloc((size_t)cap * 2 * sizeof(inline_msg));
+                if (bigger == NULL) {
+                    inline_clear(&nxt);
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                memcpy(bigger, group, (size_t)cap * sizeof(inline_msg));
+                if (group != local)
+                    PyMem_Free(group);
+                group = bigger;
+                cap *= 2;
             }
             left -= BATCH_ENTRY + padded(nxt.size);
             group[g++] = nxt;
@@ -1499,6 +1536,7 @@ native_write_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_XDECREF(t);
             if (append_new(pending, rec) < 0)
                 goto done;
+            /* turn < 2**56 and n <= 256: the seq fits a u64 */
             PyObject *seq = PyLong_FromUnsignedLongLong(turn * n + k);
             PyObject *entry = seq ? PyTuple_Pack(2, seq, m->out) : NULL;
             Py_XDECREF(seq);
@@ -1524,11 +1562,10 @@ native_write_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     result = Py_BuildValue("(KKK)", (unsigned long long)records, (unsigned long long)written,
                            (unsigned long long)turn);
 done:
-    if (group != NULL) {
-        for (Py_ssize_t i = 0; i < g; i++)
-            inline_clear(&group[i]);
+    for (Py_ssize_t i = 0; i < g; i++)
+        inline_clear(&group[i]);
+    if (group != local)
         PyMem_Free(group);
-    }
     PyBuffer_Release(&view);
     return result;
 }

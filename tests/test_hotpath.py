@@ -776,6 +776,48 @@ def test_write_messages_batches_what_fits_a_slot(impl: str) -> None:
                            1)
 
 
+@pytest.mark.parametrize("impl", ["pure", "native"])
+def test_write_messages_stops_before_a_bad_message_and_loses_nothing(impl: str) -> None:
+    """A message that cannot be written ends the call before it is popped: what was written
+    before it is returned (so the caller's counters stay in step), and the next call raises."""
+    mod = pure if impl == "pure" else native
+    if mod is None:
+        pytest.skip("derecho_async._native is not built")
+    slot_bytes, window = 96, 4  # 64 B of room: 0 (8 B) and 1 (1 B) share a slot
+    buf = bytearray(slot_bytes * window)
+    bad = _Out(2, b"x" * 72, 72, False)
+    q = collections.deque([_Out(0, b"a" * 8, 8, False), _Out(1, b"b", 1, False), bad,
+                           _Out(3, b"c", 1, False)])
+    pend: collections.deque[Any] = collections.deque()
+    own: collections.deque[Any] = collections.deque()
+    inflight: collections.deque[int] = collections.deque()
+    args = (buf, 0, window, slot_bytes, 0, 0, q, 4, 10, pend, own, inflight, 2, 0)
+    assert mod.write_messages(*args) == (1, 2, 2)
+    assert list(q) == [bad, q[1]] and [m.msg_no for _, m in own] == [0, 1]
+    with pytest.raises(ValueError, match="does not fit a slot"):
+        mod.write_messages(buf, 0, window, slot_bytes, 1, 2, q, 3, 10, pend, own, inflight, 2,
+                           0)
+    assert len(q) == 2 and len(pend) == 2 and list(inflight) == [2]
+
+
+@pytest.mark.parametrize("impl", ["pure", "native"])
+def test_write_messages_fills_a_large_slot_with_many_small_messages(impl: str) -> None:
+    mod = pure if impl == "pure" else native
+    if mod is None:
+        pytest.skip("derecho_async._native is not built")
+    slot_bytes, window = 65_568, 2  # room for 2048 entries of 16 + 16 B
+    buf = bytearray(slot_bytes * window)
+    msgs = [_Out(i, bytes([i % 251]) * 9, 9, False) for i in range(3000)]
+    q = collections.deque(msgs)
+    pend: collections.deque[Any] = collections.deque()
+    own: collections.deque[Any] = collections.deque()
+    inflight: collections.deque[int] = collections.deque()
+    assert mod.write_messages(buf, 0, window, slot_bytes, 0, 0, q, 2, 1 << 62, pend, own,
+                              inflight, 1, 0) == (2, 3000, 3000)
+    got = pure.scan_slots(buf, 0, window, slot_bytes, 0, 2, 0, 64)
+    assert got[2:] == (2, None) and [r[5] for r in got[0]] == [m.payload for m in msgs]
+
+
 # -- words shared between processes -----------------------------------------------------------
 
 _A, _B = 0x00000000000000FF, 0x0000000000000100  # differ in two bytes: a torn word is neither
