@@ -29,8 +29,10 @@ def test_sigkill_mid_run_survivors_agree_and_lose_nothing(
     transport: str, members: int, one_way: bool
 ) -> None:
     # one_way: the appends are one-way calls (no replies); the survivors' calls that were not
-    # delivered in the view of the crash are re-sent in the next one, so nothing is lost either
-    count = 1000
+    # delivered in the view of the crash are re-sent in the next one, so nothing is lost either.
+    # Enough appends that the kill lands mid-run: progress is reported every 50 ms, and on a
+    # quick machine 1000 one-way appends per member were all delivered within the first report.
+    count = 20000 if one_way else 4000
     run = _Run(
         members,
         transport,
@@ -46,6 +48,8 @@ def test_sigkill_mid_run_survivors_agree_and_lose_nothing(
     victim = members - 1
     try:
         wait_for(run, lambda: max(run.progress.values(), default=0) >= 200, 60)
+        assert not run.reports, f"the run ended before the kill ({sorted(run.reports)}): " \
+            "raise count"
         run.kill(victim)
         survivors = set(range(members)) - {victim}
         wait_for(run, lambda: survivors <= run.reports.keys(), 60)
