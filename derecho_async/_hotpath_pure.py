@@ -165,6 +165,19 @@ def turns_needed(my_index: int, seen: Sequence[int], /) -> int:
     return need
 
 
+def _check_ring(size: int, base: int, window: int, slot_bytes: int) -> None:
+    """A slot ring of ``window`` slots of ``slot_bytes`` at ``base`` must lie in ``size`` bytes."""
+    if (
+        window < 1
+        or slot_bytes < SLOT_HEADER
+        or slot_bytes % WORD
+        or base % WORD
+        or window > size // slot_bytes
+        or base > size - window * slot_bytes
+    ):
+        raise ValueError("slot ring does not fit the buffer")
+
+
 def scan_slots(
     buf: Buffer,
     base: int,
@@ -194,16 +207,8 @@ def scan_slots(
     hi = _u64(hi, "hi")
     turn = _u64(turn, "turn")
     max_payload = _u64(max_payload, "max_payload")
-    n = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
-    if (
-        window < 1
-        or slot_bytes < SLOT_HEADER
-        or slot_bytes % WORD
-        or base % WORD
-        or window > n // slot_bytes
-        or base > n - window * slot_bytes
-    ):
-        raise ValueError("slot ring does not fit the buffer")
+    _check_ring(len(buf) if not isinstance(buf, memoryview) else buf.nbytes, base, window,
+                slot_bytes)
     if hi < lo or hi - lo > window:
         raise ValueError("records to scan must be 0..window")
     if turn > MAX_TURN:
@@ -315,16 +320,7 @@ def write_messages(
     if view.readonly:
         raise TypeError("write_messages: buf must be writable")
     view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
-    size = view.nbytes
-    if (
-        window < 1
-        or slot_bytes < SLOT_HEADER
-        or slot_bytes % WORD
-        or base % WORD
-        or window > size // slot_bytes
-        or base > size - window * slot_bytes
-    ):
-        raise ValueError("slot ring does not fit the buffer")
+    _check_ring(view.nbytes, base, window, slot_bytes)
     if not 1 <= n <= 256 or k >= n or free > window or turn > MAX_TURN:
         raise ValueError("write_messages: n must lie in 1..256, k below n, free at most window "
                          "and turn at most 2**56")

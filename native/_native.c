@@ -380,6 +380,18 @@ batch_entries(PyObject *records, const unsigned char *slot, uint64_t slot_bytes,
 
 /* scan_slots(buf, base, window, slot_bytes, lo, hi, turn, max_payload)
  *   -> (records, turn, slots, error) */
+/* A slot ring of window slots of slot_bytes at base lies in len bytes; else ValueError, 0. */
+static int
+ring_fits(uint64_t len, uint64_t base, uint64_t window, uint64_t slot_bytes)
+{
+    if (window < 1 || slot_bytes < SLOT_HEADER || slot_bytes % WORD || base % WORD ||
+        window > len / slot_bytes || base > len - window * slot_bytes) {
+        PyErr_SetString(PyExc_ValueError, "slot ring does not fit the buffer");
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *
 native_scan_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -400,11 +412,8 @@ native_scan_slots(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     PyObject *records = NULL, *error = NULL, *result = NULL;
     uint64_t len = (uint64_t)view.len;
-    if (window < 1 || slot_bytes < SLOT_HEADER || slot_bytes % WORD || base % WORD ||
-        window > len / slot_bytes || base > len - window * slot_bytes) {
-        PyErr_SetString(PyExc_ValueError, "slot ring does not fit the buffer");
+    if (!ring_fits(len, base, window, slot_bytes))
         goto done;
-    }
     if (hi < lo || hi - lo > window) {
         PyErr_SetString(PyExc_ValueError, "records to scan must be 0..window");
         goto done;
@@ -1450,11 +1459,8 @@ native_write_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "write_messages: buf must be writable");
         goto done;
     }
-    if (window < 1 || slot_bytes < SLOT_HEADER || slot_bytes % WORD || base % WORD ||
-        window > len / slot_bytes || base > len - window * slot_bytes) {
-        PyErr_SetString(PyExc_ValueError, "slot ring does not fit the buffer");
+    if (!ring_fits(len, base, window, slot_bytes))
         goto done;
-    }
     if (n < 1 || n > 256 || k >= n || free > window || turn > MAX_TURN) {
         PyErr_SetString(PyExc_ValueError,
                         "write_messages: n must lie in 1..256, k below n, free at most window "
