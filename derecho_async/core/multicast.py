@@ -209,8 +209,9 @@ class ShardState:
         table = self.table
         slots_base = table.my_rank * table.row_bytes + self.cols.slots.offset
         pend = self.pending[k]
+        turns_seen = self.turns_seen
+        turns_held = self.turns_held
         written = 0  # messages
-        inline = 0
         while free > 0 and q and written < limit:
             if q[0].large:
                 self._write_descriptor(q.popleft(), transfers)
@@ -222,13 +223,13 @@ class ShardState:
                 self.sent_turns, q, free, limit - written, pend, self.own_undelivered,
                 self.inflight_last_seq, self.n, k,
             )
+            # (in step after each call: a message it cannot write raises in the next one)
             self.sent_records += records
             self.sent_turns = turn
+            turns_seen[k] += msgs
+            turns_held[k] += msgs
             free -= records
             written += msgs
-            inline += msgs
-        self.turns_seen[k] += inline
-        self.turns_held[k] += inline
         return free
 
     def _write_record(self, kind: int, n_turns: int, nbytes: int, msg_no: int) -> int:
