@@ -123,3 +123,21 @@ def test_latency_timeline_merges_the_members_logs() -> None:
     assert "member 0  caller resumed" in events and "member 0  delivered" in events, timeline
     for m in range(3):  # (the others may deliver a call after the caller made the next one)
         assert re.search(rf"member {m} step: \d+\.\d \(\d+\.\d\), \d+ of them", out), out
+
+
+@pytest.mark.parametrize("mode", [[], ["--replied"]])
+def test_sim_stream_delivers_every_call_and_prints_its_cost(mode: list[str]) -> None:
+    """``benchmarks/sim_stream.py``: three in-process members each send 300 calls; the run ends
+    only once every member delivered all 900, and prints the rate and the CPU per message."""
+    script = ROOT / "benchmarks" / "sim_stream.py"
+    proc = subprocess.run([sys.executable, str(script), "--count", "300", "--repeat", "2", *mode],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2, proc.stdout
+    for line in lines:
+        m = re.search(r"([\d,]+) msgs/s; CPU (\d+\.\d\d) us per delivered message$", line)
+        assert m and float(m[1].replace(",", "")) > 0 and float(m[2]) > 0, line
+    bad = subprocess.run([sys.executable, str(script), "--count", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "at least 1" in bad.stderr
