@@ -828,14 +828,21 @@ class Group:
             if len(items) % 3:
                 raise ProtocolViolation("a batch of replies is not (msg_no, ok, result) triples")
             it = iter(items)
-            record = self._record_reply
+            pending = self._pending
             for msg_no, ok, body in zip(it, it, it, strict=False):  # len % 3 == 0
                 if type(msg_no) is not int or type(ok) is not bool or type(body) is not bytes:
                     raise ProtocolViolation("malformed reply in a batch of replies")
-                if ok and body == _NIL:  # None, the usual result: what _decode_result gives
-                    record(msg_no, sender, None)
+                # None, the usual result, is what _decode_result gives for _NIL
+                value = None if ok and body == _NIL else _decode_result(sender, ok, body)
+                call = pending.get(msg_no)
+                if call is None:
+                    continue
+                expected = call.expected
+                if expected is not None and sender in expected:  # the usual reply, as
+                    call.results.setdefault(sender, value)  # _record_reply records it
+                    self._complete_call(msg_no, call, expected)
                 else:
-                    record(msg_no, sender, _decode_result(sender, ok, body))
+                    self._record_reply(msg_no, sender, value)
         elif kind == env.REPLY:
             _, _sub, msg_no, ok, body = msg
             assert isinstance(msg_no, int) and isinstance(body, bytes)
