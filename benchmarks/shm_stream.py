@@ -1,7 +1,7 @@
 """One 3-member ordered throughput run (1 KB, depth 32), for profiling and quick A/B checks.
 
 Usage: python benchmarks/shm_stream.py [--count N] [--transport shm|tcp] [--one-sender] [--one-way]
-    [--max-payload BYTES] [--depth CALLS]
+    [--max-payload BYTES] [--depth CALLS] [--spin-us US]
 
 Prints the delivered msgs/s at the slowest member and the CPU time all members spent per
 delivered message (user + system, from the phase start to its last delivery), which is steadier
@@ -33,7 +33,13 @@ def main() -> None:
                         help="Config.max_payload (the slot size; default the Config's)")
     parser.add_argument("--depth", type=int, default=c.DEPTH,
                         help=f"outstanding calls per sender (default {c.DEPTH})")
+    parser.add_argument("--spin-us", type=float, default=None,
+                        help="Config.spin_us of the members (default: the automatic choice, "
+                             "which spins on 8 cores or more; 0 makes the CPU figure the work "
+                             "alone)")
     args = parser.parse_args()
+    if args.spin_us is not None:
+        bm.CONFIG_OVERRIDES["spin_us"] = args.spin_us
     senders = [0] if args.one_sender else [0, 1, 2]
     plan = [c.warmup(3, c.FULL), c.plan_stream(senders, args.count, 1024, args.depth, one_way=args.one_way)]
     res = bm.GroupRun(3, args.transport, plan, max_payload=args.max_payload).run(300, 60)[1]
