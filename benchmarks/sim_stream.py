@@ -23,22 +23,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 import uvloop
+from latency_timeline import Sink  # counts its put calls
 
 import derecho_async as da
 
 _names = itertools.count()
-
-
-class Sink(da.Actor):
-    """Counts what it is given."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    @da.ordered
-    def put(self, data: bytes) -> None:
-        self.n += 1
-
 
 async def _run(count: int, depth: int, replied: bool) -> tuple[float, float]:
     name = f"simstream{next(_names)}"

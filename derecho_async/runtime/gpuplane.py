@@ -509,11 +509,10 @@ class Completions:
         self._poll_interval_s = min(_poll_interval_s(), self._busy_poll_s)
         self._last_poll = 0.0  # when a stream of transfers was last looked at
         self._inflight = 0  # items tracked and not yet finished or forgotten, on every lane
-        # Events a waiter thread sleeps on, and those of them already finished here: one is
+        # Events a waiter thread sleeps on -> whether their item already finished here: one is
         # reused only once its waiter is done with it (a re-record under a sleeping wait would
         # move what that wait waits for).
-        self._held: set[int] = set()
-        self._held_done: set[int] = set()
+        self._held: dict[int, bool] = {}
 
     def track(self, lane: Lane, done: Callable[[], None],
               regions: list[tuple[int, int]] | None = None) -> None:
@@ -548,7 +547,7 @@ class Completions:
                     break
                 q.popleft()
                 if ev in self._held:
-                    self._held_done.add(ev)
+                    self._held[ev] = True
                 else:
                     spare.append(ev)
                 self._inflight -= 1
@@ -584,7 +583,7 @@ class Completions:
         """Reuse events of a drained stream (from :meth:`forget`)."""
         for ev in events:
             if ev in self._held:
-                self._held_done.add(ev)
+                self._held[ev] = True
             else:
                 self._spare_events.append(ev)
 
@@ -617,13 +616,11 @@ class Completions:
             if not lane.wakeup_armed and lane.inflight:
                 lane.wakeup_armed = True
                 ev = lane.inflight[0][0]
-                self._held.add(ev)
+                self._held[ev] = False
 
                 def woken(lane: Lane = lane, ev: int = ev) -> None:
                     lane.wakeup_armed = False
-                    self._held.discard(ev)
-                    if ev in self._held_done:
-                        self._held_done.discard(ev)
+                    if self._held.pop(ev):  # finished meanwhile: free to reuse
                         self._spare_events.append(ev)
                     self._busy_since = time.monotonic()
                     self.poll()
