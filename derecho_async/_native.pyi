@@ -4,7 +4,7 @@ Its pure-Python twin, :mod:`derecho_async._hotpath_pure`, documents every functi
 have the same API, results and error messages.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 IMPLEMENTATION: Final[str]
@@ -22,6 +22,17 @@ def deliver_messages(
     my_index: int,
     d: int,
     limit: int,
+    /,
+) -> int: ...
+def dispatch_calls(
+    events: list[Any],
+    start: int,
+    me: int,
+    hosted: dict[str, Any],
+    casts: dict[int, Any],
+    outbox: dict[int, list[object]] | None,
+    nil: bytes,
+    finish: Callable[[Any, bool, bool, object], object],
     /,
 ) -> int: ...
 def encode_plain_call(method: object, args: object, /) -> bytes | None: ...

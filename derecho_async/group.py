@@ -25,11 +25,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import CoroutineType, TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async import codec
+from derecho_async import codec, hotpath
 from derecho_async.actor import Actor, ActorSpec, actor_spec
 from derecho_async.config import Config, parse_hostport
 from derecho_async.core import (
@@ -577,92 +577,117 @@ class Group:
         """Run the ordered calls of a run of deliveries, in order (Host.on_delivered).
 
         The usual call (a free runner, a plain handler returning None, a caller elsewhere) is
-        run and its reply batched here, without the runner's queue or a callback per message;
-        the rest takes the general path (:meth:`SerialRunner.submit_call`, :meth:`_reply`).
-        A one-way call is run the same way and answered to nobody."""
+        run and its reply batched without the runner's queue or a callback per message: by the
+        native loop (:func:`hotpath.dispatch_calls`) where the extension is built, which hands
+        each event it does not take to :meth:`_deliver_one`, the general path, and goes on
+        after it. A one-way call is run the same way and answered to nobody."""
         self._batching = True
+        dispatch = _dispatch_calls
+        if dispatch is None:
+            for ev in events:
+                self._deliver_one(ev)
+            return
+        me, hosted, casts, finish = self._me, self._hosted, self._casts, self._finish_call
+        i, n = 0, len(events)
+        while i < n:
+            # replies are batched only while the group is open (as _deliver_one decides)
+            outbox = self._outbox if self._closed is None and self._driver is not None else None
+            i = dispatch(events, i, me, hosted, casts, outbox, _NIL, finish)
+            if i < n:
+                self._deliver_one(events[i])
+                i += 1
+
+    def _finish_call(self, ev: Delivered, one_way: bool, ok: bool, value: object) -> None:
+        """An outcome of a call the native loop ran that is not the usual one (see
+        :func:`hotpath.dispatch_calls`): an exception, a coroutine, a result to send back."""
+        if type(value) is CoroutineType:
+            runner = self._hosted[ev.subgroup][1]
+            done = self._cast_done if one_way else functools.partial(self._reply, ev)
+            runner.step_coroutine(value, done)
+        elif one_way:
+            self._cast_done(ok, value)
+        else:
+            self._reply(ev, ok, value)
+
+    def _deliver_one(self, ev: Delivered) -> None:
+        """Run one delivered ordered call: the general path of :meth:`on_delivered`."""
+        subgroup, _, _, _, sender, _, payload = ev
         me = self._me
-        hosted_of = self._hosted
-        decode_call = codec.decode_call
-        decode_plain = codec.plain_call_decoder
-        plain_limit = codec.MAX_DECODE_SIZE
-        own_device_call = codec.own_device_call
-        for ev in events:
-            subgroup, _, _, _, sender, _, payload = ev
-            if sender == me:
-                self._on_own_delivered(ev)
-            hosted = hosted_of.get(subgroup)
-            if hosted is None:
-                continue
-            spec, runner, actor, methods = hosted
-            try:
-                if type(payload) is bytes:
-                    # The usual call of a method already looked up: one native pass (its name
-                    # is in the table, so it was checked); anything else, the general decoder.
-                    plain = (decode_plain(payload)
-                             if decode_plain is not None and len(payload) <= plain_limit
-                             else None)
-                    entry = methods.get(plain[0]) if plain is not None else None
-                    if entry is not None:
-                        name, args, kwargs = plain  # type: ignore[misc]
-                    else:
-                        name, args, kwargs = decode_call(payload)
-                elif isinstance(payload, OutOfBand):
-                    # my own call of device arrays alone comes back as it was sent; the rest
-                    # (and every peer's) is decoded and its arrays checked
-                    own = own_device_call(payload.call, payload.arrays) if sender == me else None
-                    name, args, kwargs = own if own is not None else decode_call(
-                        payload.call, buffers=list(payload.arrays))
-                    entry = None
+        if sender == me:
+            self._on_own_delivered(ev)
+        hosted = self._hosted.get(subgroup)
+        if hosted is None:
+            return
+        spec, runner, actor, methods = hosted
+        try:
+            if type(payload) is bytes:
+                # The usual call of a method already looked up: one native pass (its name is in
+                # the table, so it was checked); anything else, the general decoder.
+                decode_plain = codec.plain_call_decoder
+                plain = (decode_plain(payload)
+                         if decode_plain is not None and len(payload) <= codec.MAX_DECODE_SIZE
+                         else None)
+                entry = methods.get(plain[0]) if plain is not None else None
+                if entry is not None:
+                    name, args, kwargs = plain  # type: ignore[misc]
                 else:
-                    raise ProtocolViolation("ordered call payload is not bytes")
-                if entry is None:
-                    entry = methods.get(name)
-                if entry is None:
-                    entry = self._ordered_method(spec, actor, methods, name)
-            except (ProtocolViolation, DerechoError) as exc:
-                log.warning("member %d: undeliverable call from %d: %s", me, sender, exc)
-                self._reply(ev, False, exc)
-                continue
-            fn, one_way = entry
-            if one_way:
-                if not runner.idle():
-                    runner.submit_call(fn, args, kwargs, self._cast_done)
-                    continue
-                try:
-                    result = fn(*args, **kwargs)
-                except Exception as exc:
-                    self._cast_done(False, exc)
-                    continue
-                if type(result) is CoroutineType:
-                    runner.step_coroutine(result, self._cast_done)
-                continue
+                    name, args, kwargs = codec.decode_call(payload)
+            elif isinstance(payload, OutOfBand):
+                # my own call of device arrays alone comes back as it was sent; the rest (and
+                # every peer's) is decoded and its arrays checked
+                own = codec.own_device_call(payload.call, payload.arrays) if sender == me else None
+                name, args, kwargs = own if own is not None else codec.decode_call(
+                    payload.call, buffers=list(payload.arrays))
+                entry = None
+            else:
+                raise ProtocolViolation("ordered call payload is not bytes")
+            if entry is None:
+                entry = methods.get(name)
+            if entry is None:
+                entry = self._ordered_method(spec, actor, methods, name)
+        except (ProtocolViolation, DerechoError) as exc:
+            log.warning("member %d: undeliverable call from %d: %s", me, sender, exc)
+            self._reply(ev, False, exc)
+            return
+        fn, one_way = entry
+        if one_way:
             if not runner.idle():
-                runner.submit_call(fn, args, kwargs, functools.partial(self._reply, ev))
-                continue
-            # A free runner would run it on the spot: do so here (as SerialRunner._run).
+                runner.submit_call(fn, args, kwargs, self._cast_done)
+                return
             try:
                 result = fn(*args, **kwargs)
             except Exception as exc:
-                self._reply(ev, False, exc)
-                continue
+                self._cast_done(False, exc)
+                return
             if type(result) is CoroutineType:
-                runner.step_coroutine(result, functools.partial(self._reply, ev))
-            elif (
-                result is None
-                and sender != me
-                and self._batching
-                and self._closed is None
-                and self._driver is not None
-            ):
-                out = self._outbox.get(sender)
-                if out is None:
-                    out = self._outbox[sender] = []
-                out += (ev.msg_no, True, _NIL)
-            elif sender == me:
-                self._record_reply(ev.msg_no, me, result)  # as _reply does
-            else:
-                self._reply(ev, True, result)
+                runner.step_coroutine(result, self._cast_done)
+            return
+        if not runner.idle():
+            runner.submit_call(fn, args, kwargs, functools.partial(self._reply, ev))
+            return
+        # A free runner would run it on the spot: do so here (as SerialRunner._run).
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            self._reply(ev, False, exc)
+            return
+        if type(result) is CoroutineType:
+            runner.step_coroutine(result, functools.partial(self._reply, ev))
+        elif (
+            result is None
+            and sender != me
+            and self._batching
+            and self._closed is None
+            and self._driver is not None
+        ):
+            out = self._outbox.get(sender)
+            if out is None:
+                out = self._outbox[sender] = []
+            out += (ev.msg_no, True, _NIL)
+        elif sender == me:
+            self._record_reply(ev.msg_no, me, result)  # as _reply does
+        else:
+            self._reply(ev, True, result)
 
     def _reply(self, ev: Delivered, ok: bool, value: object) -> None:
         if ev.sender == self._me:
@@ -902,6 +927,9 @@ class Group:
 
 
 _NIL = b"\xc0"  # msgpack None: the result of most handlers
+# The native loop over delivered calls (Group.on_delivered); without the extension the general
+# path runs alone, as it would only repeat it (compare codec.plain_call_decoder).
+_dispatch_calls: Final = hotpath.dispatch_calls if hotpath.IMPLEMENTATION == "native" else None
 _REPLIES_BYTES = 16 << 20  # result bytes in one REPLIES frame, at most (about)
 
 

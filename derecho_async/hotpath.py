@@ -11,7 +11,9 @@ the same results and error messages. This module re-exports one of them, chosen 
 
 :data:`IMPLEMENTATION` says which one is active (``"native"`` or ``"pure"``); :data:`REQUESTED_PURE`
 whether the pure twin was asked for. The functions are pure computation over the buffers they
-are given (no I/O, no clock), so the deterministic core may use them.
+are given (no I/O, no clock), so the deterministic core may use them; all but
+:func:`dispatch_calls`, the group's loop over delivered calls, which runs the handlers it is given
+(the runtime's, never the core's).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "REQUESTED_PURE",
     "decode_plain_call",
     "deliver_messages",
+    "dispatch_calls",
     "encode_plain_call",
     "fence",
     "frontier",
@@ -43,6 +46,7 @@ if REQUESTED_PURE:
         IMPLEMENTATION,
         decode_plain_call,
         deliver_messages,
+        dispatch_calls,
         encode_plain_call,
         fence,
         frontier,
@@ -61,6 +65,7 @@ else:
             IMPLEMENTATION,
             decode_plain_call,
             deliver_messages,
+            dispatch_calls,
             encode_plain_call,
             fence,
             frontier,
@@ -78,6 +83,7 @@ else:
             IMPLEMENTATION,
             decode_plain_call,
             deliver_messages,
+            dispatch_calls,
             encode_plain_call,
             fence,
             frontier,

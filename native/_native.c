@@ -1576,6 +1576,250 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------- dispatch_calls */
+
+/* dispatch_calls(events, start, me, hosted, casts, outbox, nil, finish) -> int: run the usual
+ * ordered calls of a run of Delivered events from events[start] on, in order, as the group's
+ * general path would (the pure twin states the whole contract). It stops at the first event it
+ * does not take, before any effect of that event, and returns its index (len(events) when it
+ * took them all): the caller runs that one its general way and calls again after it. */
+
+static PyObject *str_idle, *str_done, *str_set_result;
+
+/* The exception being raised, as a value with its traceback (what `except Exception as exc`
+ * binds); NULL with the exception still set when it is not an Exception (it propagates). */
+static PyObject *
+caught_exception(void)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return NULL;
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+#endif
+}
+
+/* finish(ev, one_way, ok, value): the caller's path for the uncommon outcomes. */
+static int
+call_finish(PyObject *finish, PyObject *ev, int one_way, int ok, PyObject *value)
+{
+    PyObject *r = PyObject_CallFunctionObjArgs(finish, ev, one_way ? Py_True : Py_False,
+                                               ok ? Py_True : Py_False, value, NULL);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* The own one-way call's future: popped from casts and given (view_id, seq) unless done. */
+static int
+complete_cast(PyObject *casts, PyObject *msg_no, PyObject *cast, PyObject *ev)
+{
+    Py_INCREF(cast);
+    int rc = -1;
+    PyObject *done = NULL, *version = NULL, *r = NULL;
+    if (PyDict_DelItem(casts, msg_no) < 0)
+        goto out;
+    done = PyObject_CallMethodNoArgs(cast, str_done);
+    if (done == NULL)
+        goto out;
+    int is_done = PyObject_IsTrue(done);
+    if (is_done < 0)
+        goto out;
+    if (!is_done) {
+        version = PyTuple_Pack(2, PyTuple_GET_ITEM(ev, 2), PyTuple_GET_ITEM(ev, 3));
+        if (version == NULL)
+            goto out;
+        r = PyObject_CallMethodOneArg(cast, str_set_result, version);
+        if (r == NULL)
+            goto out;
+    }
+    rc = 0;
+out:
+    Py_XDECREF(r);
+    Py_XDECREF(version);
+    Py_XDECREF(done);
+    Py_DECREF(cast);
+    return rc;
+}
+
+/* outbox[sender] += [msg_no, True, nil] */
+static int
+batch_reply(PyObject *outbox, PyObject *sender, PyObject *msg_no, PyObject *nil)
+{
+    PyObject *out = PyDict_GetItemWithError(outbox, sender);
+    if (out == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        out = PyList_New(0);
+        if (out == NULL)
+            return -1;
+        int rc = PyDict_SetItem(outbox, sender, out);
+        Py_DECREF(out);  /* the dict holds it */
+        if (rc < 0)
+            return -1;
+    }
+    if (!PyList_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "dispatch_calls: an outbox entry is not a list");
+        return -1;
+    }
+    if (PyList_Append(out, msg_no) < 0 || PyList_Append(out, Py_True) < 0 ||
+        PyList_Append(out, nil) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *
+native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "dispatch_calls(events, start, me, hosted, casts, outbox, nil, finish) "
+                        "takes 8 arguments");
+        return NULL;
+    }
+    PyObject *events = args[0], *hosted = args[3], *casts = args[4], *outbox = args[5];
+    PyObject *nil = args[6], *finish = args[7];
+    if (!PyList_Check(events) || !PyDict_Check(hosted) || !PyDict_Check(casts) ||
+        (outbox != Py_None && !PyDict_Check(outbox))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "dispatch_calls: events must be a list, hosted and casts dicts, "
+                        "outbox a dict or None");
+        return NULL;
+    }
+    if (!PyLong_Check(args[1]) || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "dispatch_calls: start and me must be ints");
+        return NULL;
+    }
+    int over_start, over_me;
+    long long first = PyLong_AsLongLongAndOverflow(args[1], &over_start);
+    long long me = PyLong_AsLongLongAndOverflow(args[2], &over_me);
+    if (PyErr_Occurred())
+        return NULL;
+    if (over_start || over_me) {
+        PyErr_SetString(PyExc_OverflowError, "dispatch_calls: start or me is not an int64");
+        return NULL;
+    }
+    if (first < 0) {
+        PyErr_SetString(PyExc_ValueError, "dispatch_calls: start must be at least 0");
+        return NULL;
+    }
+    Py_ssize_t i = first > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : (Py_ssize_t)first;
+    for (; i < PyList_GET_SIZE(events); i++) {
+        PyObject *ev = PyList_GET_ITEM(events, i);
+        if (!PyTuple_Check(ev) || PyTuple_GET_SIZE(ev) != 7)
+            break;
+        PyObject *subgroup = PyTuple_GET_ITEM(ev, 0), *sender = PyTuple_GET_ITEM(ev, 4);
+        PyObject *msg_no = PyTuple_GET_ITEM(ev, 5), *payload = PyTuple_GET_ITEM(ev, 6);
+        if (!PyLong_CheckExact(sender) || !PyUnicode_CheckExact(subgroup))
+            break;
+        int overflow;
+        long long s = PyLong_AsLongLongAndOverflow(sender, &overflow);
+        if (s == -1 && PyErr_Occurred())
+            return NULL;
+        if (overflow)
+            break;
+        int own = s == me;
+        PyObject *entry = PyDict_GetItemWithError(hosted, subgroup);
+        if (entry == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            if (own)
+                break;
+            continue;  /* a subgroup this member does not host */
+        }
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 4 ||
+            !PyDict_Check(PyTuple_GET_ITEM(entry, 3)))
+            break;
+        PyObject *runner = PyTuple_GET_ITEM(entry, 1), *methods = PyTuple_GET_ITEM(entry, 3);
+        PyObject *cast = NULL;
+        if (own) {  /* taken only as a one-way call of mine: its future completes here */
+            cast = PyDict_GetItemWithError(casts, msg_no);
+            if (cast == NULL) {
+                if (PyErr_Occurred())
+                    return NULL;
+                break;
+            }
+        }
+        if (!PyBytes_CheckExact(payload))
+            break;
+        PyObject *plain = native_decode_plain_call(NULL, payload);
+        if (plain == NULL)
+            return NULL;
+        if (plain == Py_None) {
+            Py_DECREF(plain);
+            break;
+        }
+        PyObject *fe = PyDict_GetItemWithError(methods, PyTuple_GET_ITEM(plain, 0));
+        if (fe == NULL || !PyTuple_Check(fe) || PyTuple_GET_SIZE(fe) != 2 ||
+            (PyTuple_GET_ITEM(fe, 1) != Py_True && PyTuple_GET_ITEM(fe, 1) != Py_False)) {
+            Py_DECREF(plain);
+            if (PyErr_Occurred())
+                return NULL;
+            break;
+        }
+        int one_way = PyTuple_GET_ITEM(fe, 1) == Py_True;
+        if (!one_way && (own || outbox == Py_None)) {
+            Py_DECREF(plain);
+            break;
+        }
+        PyObject *fn = PyTuple_GET_ITEM(fe, 0);
+        Py_INCREF(fn);
+        PyObject *idle = PyObject_CallMethodNoArgs(runner, str_idle);
+        if (idle == NULL || idle != Py_True) {
+            Py_XDECREF(idle);
+            Py_DECREF(fn);
+            Py_DECREF(plain);
+            if (PyErr_Occurred())
+                return NULL;
+            break;  /* a busy runner queues the call: the general path */
+        }
+        Py_DECREF(idle);
+        /* Taken: from here on its effects happen, in the general path's order. */
+        Py_INCREF(ev);
+        Py_INCREF(sender);
+        Py_INCREF(msg_no);
+        PyObject *result = NULL;
+        int rc = -1;
+        if (own && complete_cast(casts, msg_no, cast, ev) < 0)
+            goto failed;
+        PyObject *call_args = PyTuple_GET_ITEM(plain, 1);
+        result = PyObject_Vectorcall(fn, PySequence_Fast_ITEMS(call_args),
+                                     (size_t)PyTuple_GET_SIZE(call_args), NULL);
+        if (result == NULL) {
+            PyObject *exc = caught_exception();
+            if (exc == NULL)
+                goto failed;
+            rc = call_finish(finish, ev, one_way, 0, exc);
+            Py_DECREF(exc);
+        }
+        else if (one_way)
+            rc = PyCoro_CheckExact(result) ? call_finish(finish, ev, 1, 1, result) : 0;
+        else if (result == Py_None)
+            rc = batch_reply(outbox, sender, msg_no, nil);
+        else
+            rc = call_finish(finish, ev, 0, 1, result);
+    failed:
+        Py_XDECREF(result);
+        Py_DECREF(msg_no);
+        Py_DECREF(sender);
+        Py_DECREF(ev);
+        Py_DECREF(fn);
+        Py_DECREF(plain);
+        if (rc < 0)
+            return NULL;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
 /* ------------------------------------------------------------------------ module */
 
 static PyMethodDef native_methods[] = {
@@ -1612,6 +1856,9 @@ static PyMethodDef native_methods[] = {
      "write_messages(buf, base, window, slot_bytes, rec_no, turn, queue, free, limit, pending, "
      "own, inflight, n, k) -> (records, messages, turn): write the inline messages at the head "
      "of queue into slot records."},
+    {"dispatch_calls", (PyCFunction)(void (*)(void))native_dispatch_calls, METH_FASTCALL,
+     "dispatch_calls(events, start, me, hosted, casts, outbox, nil, finish) -> int: run the "
+     "usual ordered calls of a run of deliveries from start; the index it stopped at."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1636,10 +1883,14 @@ PyInit__native(void)
     str_payload = PyUnicode_InternFromString("payload");
     str_nbytes = PyUnicode_InternFromString("nbytes");
     str_large = PyUnicode_InternFromString("large");
+    str_idle = PyUnicode_InternFromString("idle");
+    str_done = PyUnicode_InternFromString("done");
+    str_set_result = PyUnicode_InternFromString("set_result");
     small_kind_message = PyLong_FromLong(KIND_MESSAGE);
     small_one = PyLong_FromLong(1);
     if (str_popleft == NULL || str_append == NULL || str_msg_no == NULL || str_payload == NULL ||
-        str_nbytes == NULL || str_large == NULL || small_kind_message == NULL || small_one == NULL)
+        str_nbytes == NULL || str_large == NULL || small_kind_message == NULL || small_one == NULL ||
+        str_idle == NULL || str_done == NULL || str_set_result == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&native_module);
     if (m == NULL)
