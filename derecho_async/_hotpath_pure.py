@@ -540,15 +540,18 @@ def deliver_messages(
     limit: int,
     /,
 ) -> int:
-    """The delivery loop of ``ShardState.deliver_until`` for its usual record.
+    """The delivery loop of ``ShardState.deliver_until`` for its usual records.
 
     While ``d < limit``, with ``n = len(pending)`` and ``k = d % n``: if the head of the deque
     ``pending[k]`` is an inline message as :func:`scan_slots` made it (a 6-tuple whose first turn
     is not below ``d // n``), pop it, append ``event_type(*head, d, sender_ids[k], msg_no,
     payload)`` to ``events`` (built as ``tuple.__new__`` builds it), pop the head of the deque
-    ``own`` when ``k == my_index`` and that head is ``(d, ...)``, and go on with ``d + 1``. Stops at
-    anything else (an empty deque, another kind of record, a turn out of step) and returns the
-    ``d`` it stopped at: the caller handles that record."""
+    ``own`` when ``k == my_index`` and that head is ``(d, ...)``, and go on with ``d + 1``. If it
+    is a null as :func:`scan_slots` made it (a 6-tuple of kind ``KIND_NULL`` whose ``n_turns``,
+    from 1, reach ``d // n``; first turn and turns below ``2**56``), seq ``d`` is empty: nothing
+    is delivered, the null is popped at its last turn, and ``d + 1`` goes on. Stops at anything
+    else (an empty deque, another kind of record, a turn out of step) and returns the ``d`` it
+    stopped at: the caller handles that record."""
     if type(pending) is not list or type(events) is not list or type(head) is not tuple or (
         len(head) != 3 or not isinstance(event_type, type) or not issubclass(event_type, tuple)
     ):
@@ -568,7 +571,20 @@ def deliver_messages(
         if not pend:
             break
         rec = pend[0]
-        if type(rec) is not tuple or len(rec) != 6 or turn >= rec[0] + 1:
+        if type(rec) is not tuple or len(rec) != 6:
+            break
+        first, kind, n_turns = rec[0], rec[1], rec[2]
+        if type(kind) is int and kind == KIND_NULL:
+            if type(n_turns) is not int or not (1 <= n_turns < MAX_TURN and 0 <= first < MAX_TURN):
+                break
+            end = first + n_turns
+            if turn >= end:
+                break
+            if turn == end - 1:
+                pend.popleft()
+            d += 1
+            continue
+        if turn >= first + 1:
             break
         pend.popleft()
         append(new(event_type, (sub, shard, view_id, d, sender_ids[k], rec[4], rec[5])))

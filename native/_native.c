@@ -1152,13 +1152,15 @@ native_encode_plain_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 
 /* deliver_messages(pending, sender_ids, own, events, event_type, head, my_index, d, limit) -> d
  *
- * The delivery loop of ShardState.deliver_until for its usual record: while d < limit, the
+ * The delivery loop of ShardState.deliver_until for its usual records: while d < limit, the
  * record at the head of pending[d % n] (n = len(pending)) is an inline message as scan_slots
  * made it (a 6-tuple whose first turn is not below d // n): pop it, append
  * event_type(*head, d, sender_ids[k], msg_no, payload) to events (a tuple subclass, built as
  * tuple.__new__ would), drop own's head when it is (d, ...) and k == my_index, and go on with
- * d + 1. Stops at anything else (an empty deque, another record type, a turn out of step) and
- * returns the d it stopped at: the caller handles that record. */
+ * d + 1; or it is a null as scan_slots made it (a 6-tuple of kind KIND_NULL, n_turns from 1,
+ * whose turns reach d // n): nothing is delivered, it is popped at its last turn, and d + 1
+ * goes on. Stops at anything else (an empty deque, another record type, a turn out of step)
+ * and returns the d it stopped at: the caller handles that record. */
 
 static PyObject *str_popleft;
 
@@ -1220,6 +1222,29 @@ native_deliver_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (as_ll(PyTuple_GET_ITEM(rec, 0), &first) < 0) {
             Py_DECREF(rec);
             return NULL;
+        }
+        PyObject *kind = PyTuple_GET_ITEM(rec, 1), *turns = PyTuple_GET_ITEM(rec, 2);
+        int over = 0;
+        if (PyLong_CheckExact(kind) && PyLong_AsLongAndOverflow(kind, &over) == KIND_NULL &&
+            !over) {
+            /* a null of n_turns turns from first: this seq is empty; drop it at its last turn */
+            long long n_turns = PyLong_CheckExact(turns)
+                ? PyLong_AsLongLongAndOverflow(turns, &over) : (over = 1, 0);
+            Py_DECREF(rec);
+            if (over || n_turns < 1 || n_turns >= (long long)MAX_TURN || first < 0 ||
+                first >= (long long)MAX_TURN)
+                break;
+            long long end = first + n_turns;
+            if (turn >= end)
+                break;
+            if (turn == end - 1) {
+                PyObject *popped = PyObject_CallMethodNoArgs(pend, str_popleft);
+                if (popped == NULL)
+                    return NULL;
+                Py_DECREF(popped);
+            }
+            d++;
+            continue;
         }
         if (turn > first) {  /* turn >= first + 1, without overflow */
             Py_DECREF(rec);

@@ -593,8 +593,8 @@ class _Other:
 
 @st.composite
 def delivery_states(draw: st.DrawFn) -> tuple[Any, ...]:
-    """Senders' pending deques of message tuples (first turns mostly in step, sometimes not) and
-    other records, my own undelivered deque, a start and a limit."""
+    """Senders' pending deques of message and null tuples (first turns mostly in step,
+    sometimes not) and other records, my own undelivered deque, a start and a limit."""
     n = draw(st.integers(1, 4))
     d = draw(st.integers(0, 12))
     pending = []
@@ -608,6 +608,11 @@ def delivery_states(draw: st.DrawFn) -> tuple[Any, ...]:
                 recs.append((turn - 1, 1, 1, 8, 7, b"late"))  # out of step
             elif draw(st.integers(0, 9)) == 0:
                 recs.append((turn, 1, 1))  # not a 6-tuple
+            elif draw(st.integers(0, 3)) == 0:  # a null of one or more turns
+                n_turns = draw(st.sampled_from([1, 1, 2, 3, 0, -1]))
+                late = draw(st.integers(0, 7)) == 0  # out of step: its turns are over
+                recs.append((turn - (n_turns + 1 if late else 0), 3, n_turns, 0, 0, None))
+                turn += max(n_turns, 1) - 1
             else:
                 recs.append((turn, 1, 1, 4, 100 * k + turn, b"m%d" % turn))
             turn += 1
@@ -657,6 +662,26 @@ def test_deliver_messages_example() -> None:
             mod.deliver_messages(pending, [5, 6], own, events, dict, ("s", 1, 2), 0, 0, 10)
         with pytest.raises(ValueError, match="no senders"):
             mod.deliver_messages([], [], own, events, _Event, ("s", 1, 2), 0, 0, 10)
+
+
+def test_deliver_messages_skips_the_seqs_of_a_null() -> None:
+    for mod in (pure, native) if native is not None else (pure,):
+        pending: list[collections.deque[object]] = [
+            collections.deque([(0, 1, 1, 4, 1, b"a"), (1, 1, 1, 4, 2, b"c"), (2, 1, 1, 4, 3, b"e")]),
+            collections.deque([(0, 3, 2, 0, 0, None), (2, 1, 1, 4, 9, b"f")]),  # turns 0 and 1
+        ]
+        events: list[Any] = []
+        d = mod.deliver_messages(pending, [5, 6], collections.deque(), events, _Event,
+                                 ("s", 1, 2), 0, 0, 10)
+        assert d == 6
+        assert [e[3:] for e in events] == [(0, 5, 1, b"a"), (2, 5, 2, b"c"), (4, 5, 3, b"e"),
+                                           (5, 6, 9, b"f")]
+        assert not pending[0] and not pending[1]
+        # a null whose turns are over is out of step: left to the caller
+        pending = [collections.deque([(5, 1, 1, 4, 1, b"a")]),
+                   collections.deque([(3, 3, 2, 0, 0, None)])]
+        assert mod.deliver_messages(pending, [5, 6], collections.deque(), events, _Event,
+                                    ("s", 1, 2), 0, 11, 20) == 11
 
 
 # -- writing slot records ----------------------------------------------------------------------

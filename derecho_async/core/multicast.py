@@ -66,9 +66,10 @@ class Outgoing:
 
 
 _Inline = tuple[int, int, int, int, int, bytes | None]
-"""An inline message (received and not held back, or one of mine) queued in ``pending`` as the
-tuple :func:`scan_slots` returns, (first_turn, kind, n_turns, nbytes, msg_no, payload), instead
-of as a :class:`Record`: one object fewer per message. Always one turn, always landed."""
+"""An inline message or a null (received and not held back, or one of mine) queued in
+``pending`` as the tuple :func:`scan_slots` returns, (first_turn, kind, n_turns, nbytes, msg_no,
+payload), instead of as a :class:`Record`: one object fewer per record, and delivery takes both
+in its native pass. Always landed; a message is one turn, a null ``n_turns``."""
 
 
 @dataclass(slots=True)
@@ -265,7 +266,7 @@ class ShardState:
     def _write_null(self, n_turns: int) -> None:
         assert self.my_index is not None
         first = self._write_record(KIND_NULL, n_turns, 0, 0)
-        self.pending[self.my_index].append(Record(first, n_turns, KIND_NULL, 0, 0, None, True))
+        self.pending[self.my_index].append((first, KIND_NULL, n_turns, 0, 0, None))  # _Inline
         self.turns_seen[self.my_index] += n_turns
         self.turns_held[self.my_index] += n_turns
 
@@ -331,15 +332,21 @@ class ShardState:
                 self.turns_seen[k],
                 self.max_payload,
             )
-            # Messages (the usual record, one turn each) are queued here as _take_record would,
-            # as the tuple scan_slots made when nothing is held back (see _Inline).
+            # Messages (the usual record, one turn each) and nulls are queued here as
+            # _take_record would, as the tuple scan_slots made when nothing is held back (see
+            # _Inline).
             pend = self.pending[k]
             unheld = self.unheld[k]
             turns_seen = self.turns_seen
             turns_held = self.turns_held
-            held = 0  # messages queued as held since the last _take_record
+            held = 0  # turns queued as held since the last _take_record
             for raw in records:
-                if raw[1] != KIND_MESSAGE:
+                kind = raw[1]
+                if kind != KIND_MESSAGE:
+                    if kind == KIND_NULL and not unheld:
+                        pend.append(raw)
+                        held += raw[2]
+                        continue
                     turns_seen[k] += held
                     turns_held[k] += held
                     held = 0
@@ -463,9 +470,9 @@ class ShardState:
                 raise AssertionError(f"seq {d} is not held (sender index {k})")
             rec = pend[0]
             if isinstance(rec, tuple):
-                # A message as scan_slots gave it (_Inline, one turn), the usual record: this
-                # and the messages after it go in one call, up to the next record of another
-                # kind (hotpath.deliver_messages, the same steps as the rest of this loop).
+                # A message or a null as scan_slots gave it (_Inline), the usual records: this
+                # and the ones after it go in one call, up to the next record of another kind
+                # (hotpath.deliver_messages, the same steps as the rest of this loop).
                 nd = _deliver_messages(pending, sender_ids, own, events, Delivered, head, me, d,
                                        limit)
                 if nd == d:
