@@ -837,6 +837,95 @@ done:
     return v;
 }
 
+/* The method of a plain call at *pp (a msgpack str header and its bytes): 1 with *m and *mlen
+ * set to its bytes (not checked as UTF-8) and *pp moved past them; 0 if it is not a str or is
+ * cut short. */
+static int
+plain_method_span(const unsigned char **pp, const unsigned char *end, const unsigned char **m,
+                  Py_ssize_t *mlen)
+{
+    const unsigned char *p = *pp;
+    if (p >= end)
+        return 0;
+    unsigned char c = *p++;
+    uint64_t n;
+    if ((c & 0xe0) == 0xa0) {
+        n = c & 0x1f;
+    }
+    else if (c == 0xd9 || c == 0xda || c == 0xdb) {
+        int w = 1 << (c - 0xd9);
+        if (end - p < w)
+            return 0;
+        n = be_uint(p, w);
+        p += w;
+    }
+    else {
+        return 0;
+    }
+    if ((uint64_t)(end - p) < n)
+        return 0;
+    *m = p;
+    *mlen = (Py_ssize_t)n;
+    *pp = p + n;
+    return 1;
+}
+
+/* The rest of a plain call after its method: the args array of scalars, then an empty fixmap
+ * and nothing after it. A new tuple; None (a new reference) when it is not that; NULL with an
+ * exception: out of memory. */
+static PyObject *
+plain_call_args(const unsigned char *p, const unsigned char *end)
+{
+    if (p >= end)
+        Py_RETURN_NONE;
+    unsigned char c = *p++;
+    uint64_t n;
+    if ((c & 0xf0) == 0x90) {
+        n = c & 0x0f;
+    }
+    else if (c == 0xdc || c == 0xdd) {
+        int w = c == 0xdc ? 2 : 4;
+        if (end - p < w)
+            Py_RETURN_NONE;
+        n = be_uint(p, w);
+        p += w;
+    }
+    else {
+        Py_RETURN_NONE;
+    }
+    if (n > (uint64_t)(end - p))  /* every item takes at least one byte */
+        Py_RETURN_NONE;
+    PyObject *args = PyTuple_New((Py_ssize_t)n);
+    if (args == NULL)
+        return NULL;
+    for (uint64_t i = 0; i < n; i++) {
+        PyObject *v = plain_scalar(&p, end);
+        if (v == NULL) {
+            Py_DECREF(args);
+            if (PyErr_Occurred())
+                return NULL;
+            Py_RETURN_NONE;
+        }
+        PyTuple_SET_ITEM(args, (Py_ssize_t)i, v);
+    }
+    if (end - p != 1 || *p != 0x80) {  /* an empty fixmap, and nothing after it */
+        Py_DECREF(args);
+        Py_RETURN_NONE;
+    }
+    return args;
+}
+
+/* A method's bytes as a str: a new reference; NULL with no exception when they are not valid
+ * UTF-8; NULL with an exception: out of memory. */
+static PyObject *
+method_str(const unsigned char *m, Py_ssize_t mlen)
+{
+    PyObject *v = PyUnicode_DecodeUTF8((const char *)m, mlen, "strict");
+    if (v == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+        PyErr_Clear();
+    return v;
+}
+
 /* decode_plain_call(data) -> (method, args, kwargs) | None */
 static PyObject *
 native_decode_plain_call(PyObject *self, PyObject *data)
@@ -845,64 +934,30 @@ native_decode_plain_call(PyObject *self, PyObject *data)
         Py_RETURN_NONE;
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
     const unsigned char *end = p + PyBytes_GET_SIZE(data);
-    PyObject *method = NULL, *args = NULL, *kwargs = NULL;
+    const unsigned char *m;
+    Py_ssize_t mlen;
     if (end - p < 4 || *p != 0x93)  /* fixarray of 3 */
         Py_RETURN_NONE;
     p++;
-    unsigned char c = *p;
-    if (!((c & 0xe0) == 0xa0 || c == 0xd9 || c == 0xda || c == 0xdb))
-        Py_RETURN_NONE;  /* the method is not a str */
-    method = plain_scalar(&p, end);
-    if (method == NULL)
-        goto fail;
-    if (p >= end)
-        goto none;
-    c = *p++;
-    uint64_t n;
-    if ((c & 0xf0) == 0x90) {
-        n = c & 0x0f;
+    if (!plain_method_span(&p, end, &m, &mlen))
+        Py_RETURN_NONE;
+    PyObject *method = method_str(m, mlen);
+    if (method == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
     }
-    else if (c == 0xdc || c == 0xdd) {
-        int w = c == 0xdc ? 2 : 4;
-        if (end - p < w)
-            goto none;
-        n = be_uint(p, w);
-        p += w;
+    PyObject *args = plain_call_args(p, end);
+    if (args == NULL || args == Py_None) {
+        Py_DECREF(method);
+        return args;
     }
-    else {
-        goto none;
-    }
-    if (n > (uint64_t)(end - p))  /* every item takes at least one byte */
-        goto none;
-    args = PyTuple_New((Py_ssize_t)n);
-    if (args == NULL)
-        goto fail;
-    for (uint64_t i = 0; i < n; i++) {
-        PyObject *v = plain_scalar(&p, end);
-        if (v == NULL)
-            goto fail;
-        PyTuple_SET_ITEM(args, (Py_ssize_t)i, v);
-    }
-    if (end - p != 1 || *p != 0x80)  /* an empty fixmap, and nothing after it */
-        goto none;
-    kwargs = PyDict_New();
-    if (kwargs == NULL)
-        goto fail;
-    PyObject *result = PyTuple_Pack(3, method, args, kwargs);
+    PyObject *kwargs = PyDict_New();
+    PyObject *result = kwargs == NULL ? NULL : PyTuple_Pack(3, method, args, kwargs);
     Py_DECREF(method);
     Py_DECREF(args);
-    Py_DECREF(kwargs);
+    Py_XDECREF(kwargs);
     return result;
-fail:
-    if (PyErr_Occurred()) {
-        Py_XDECREF(method);
-        Py_XDECREF(args);
-        return NULL;
-    }
-none:
-    Py_XDECREF(method);
-    Py_XDECREF(args);
-    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------- encode_plain_call */
@@ -1738,6 +1793,11 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t i = first > PY_SSIZE_T_MAX ? PY_SSIZE_T_MAX : (Py_ssize_t)first;
+    /* The last method name decoded and its bytes: the next call of the same method (the
+     * usual run) reuses the str instead of decoding it again. */
+    PyObject *last_method = NULL;
+    unsigned char last_bytes[64];
+    Py_ssize_t last_len = -1;
     for (; i < PyList_GET_SIZE(events); i++) {
         PyObject *ev = PyList_GET_ITEM(events, i);
         if (!PyTuple_Check(ev) || PyTuple_GET_SIZE(ev) != 7)
@@ -1749,14 +1809,14 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         int overflow;
         long long s = PyLong_AsLongLongAndOverflow(sender, &overflow);
         if (s == -1 && PyErr_Occurred())
-            return NULL;
+            goto error;
         if (overflow)
             break;
         int own = s == me;
         PyObject *entry = PyDict_GetItemWithError(hosted, subgroup);
         if (entry == NULL) {
             if (PyErr_Occurred())
-                return NULL;
+                goto error;
             if (own)
                 break;
             continue;  /* a subgroup this member does not host */
@@ -1770,30 +1830,48 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             cast = PyDict_GetItemWithError(casts, msg_no);
             if (cast == NULL) {
                 if (PyErr_Occurred())
-                    return NULL;
+                    goto error;
                 break;
             }
         }
         if (!PyBytes_CheckExact(payload))
             break;
-        PyObject *plain = native_decode_plain_call(NULL, payload);
-        if (plain == NULL)
-            return NULL;
-        if (plain == Py_None) {
-            Py_DECREF(plain);
+        /* decode_plain_call's pass, without building what is not used */
+        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(payload);
+        const unsigned char *end = p + PyBytes_GET_SIZE(payload), *m;
+        Py_ssize_t mlen;
+        if (end - p < 4 || *p != 0x93 || (p++, !plain_method_span(&p, end, &m, &mlen)))
+            break;
+        if (last_method == NULL || mlen != last_len || memcmp(m, last_bytes, (size_t)mlen)) {
+            PyObject *method = method_str(m, mlen);
+            if (method == NULL) {
+                if (PyErr_Occurred())
+                    goto error;
+                break;
+            }
+            Py_XSETREF(last_method, method);
+            last_len = mlen <= (Py_ssize_t)sizeof(last_bytes) ? mlen : -1;
+            if (last_len >= 0)
+                memcpy(last_bytes, m, (size_t)mlen);
+        }
+        PyObject *call_args = plain_call_args(p, end);
+        if (call_args == NULL)
+            goto error;
+        if (call_args == Py_None) {
+            Py_DECREF(call_args);
             break;
         }
-        PyObject *fe = PyDict_GetItemWithError(methods, PyTuple_GET_ITEM(plain, 0));
+        PyObject *fe = PyDict_GetItemWithError(methods, last_method);
         if (fe == NULL || !PyTuple_Check(fe) || PyTuple_GET_SIZE(fe) != 2 ||
             (PyTuple_GET_ITEM(fe, 1) != Py_True && PyTuple_GET_ITEM(fe, 1) != Py_False)) {
-            Py_DECREF(plain);
+            Py_DECREF(call_args);
             if (PyErr_Occurred())
-                return NULL;
+                goto error;
             break;
         }
         int one_way = PyTuple_GET_ITEM(fe, 1) == Py_True;
         if (!one_way && (own || outbox == Py_None)) {
-            Py_DECREF(plain);
+            Py_DECREF(call_args);
             break;
         }
         PyObject *fn = PyTuple_GET_ITEM(fe, 0);
@@ -1802,9 +1880,9 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (idle == NULL || idle != Py_True) {
             Py_XDECREF(idle);
             Py_DECREF(fn);
-            Py_DECREF(plain);
+            Py_DECREF(call_args);
             if (PyErr_Occurred())
-                return NULL;
+                goto error;
             break;  /* a busy runner queues the call: the general path */
         }
         Py_DECREF(idle);
@@ -1816,7 +1894,6 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         int rc = -1;
         if (own && complete_cast(casts, msg_no, cast, ev) < 0)
             goto failed;
-        PyObject *call_args = PyTuple_GET_ITEM(plain, 1);
         result = PyObject_Vectorcall(fn, PySequence_Fast_ITEMS(call_args),
                                      (size_t)PyTuple_GET_SIZE(call_args), NULL);
         if (result == NULL) {
@@ -1838,11 +1915,15 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(sender);
         Py_DECREF(ev);
         Py_DECREF(fn);
-        Py_DECREF(plain);
+        Py_DECREF(call_args);
         if (rc < 0)
-            return NULL;
+            goto error;
     }
+    Py_XDECREF(last_method);
     return PyLong_FromSsize_t(i);
+error:
+    Py_XDECREF(last_method);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------------ module */

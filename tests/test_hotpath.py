@@ -1005,7 +1005,12 @@ def dispatch_cases(draw: st.DrawFn) -> dict[str, Any]:
             events.append(["A", 0, 1, 2, 1, 3, b""])
             continue
         if kind == "other payload":
-            payload: object = draw(st.sampled_from([bytearray(b"\x93"), None, b"", b"\xc0"]))
+            payload: object = draw(st.sampled_from([
+                bytearray(b"\x93"), None, b"", b"\xc0",
+                b"\x93\xa2\xff\xfe\x90\x80",  # a method that is not UTF-8
+                _packed(["A." + "x" * 70, [], {}]),  # a long method name, not in the table
+                _packed(["A.put", [], {"k": 1}]),  # kwargs: not the plain call
+            ]))
         else:
             payload = _packed([draw(_dispatch_methods),
                                draw(st.lists(plain_args, max_size=3)), {}])

@@ -44,6 +44,8 @@ from derecho_async.errors import ProtocolViolation, UsageError
 
 __all__ = ["BufferFactory", "CoreConfig", "Member", "MemberState"]
 
+_new_tuple = tuple.__new__  # a named tuple without its Python-level __new__ frame
+
 BufferFactory = Callable[[int, int], bytearray | memoryview]
 """``(view_id, nbytes) -> buffer`` for a view's table (shared memory, a registered region...)."""
 
@@ -177,7 +179,7 @@ class Member:
             size, large, obj = nbytes, True, payload
         msg_no = self._msg_no
         self._msg_no += 1
-        queue.append(Outgoing(msg_no, obj, size, large))
+        queue.append(_new_tuple(Outgoing, (msg_no, obj, size, large)))  # Outgoing(...)
         self._dirty_multicast = True
         return msg_no
 

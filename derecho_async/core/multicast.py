@@ -31,6 +31,7 @@ import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from derecho_async.core.effects import DataKey, Delivered, Event, Transfer
 from derecho_async.core.layout import ShardInfo
@@ -55,9 +56,12 @@ __all__ = ["Outgoing", "Record", "ShardState"]
 _HEADER = struct.Struct("<4Q")
 
 
-@dataclass(slots=True)
-class Outgoing:
-    """A message this member submitted and that is not yet delivered."""
+class Outgoing(NamedTuple):
+    """A message this member submitted and that is not yet delivered.
+
+    A named tuple (immutable, like the events): one is made per submitted message, and
+    ``Member.submit`` builds it in one step with ``tuple.__new__``, where a dataclass runs an
+    ``__init__`` frame."""
 
     msg_no: int
     payload: object
