@@ -107,26 +107,24 @@ class Table:
         return self.my_rank * self.row_bytes + row_offset
 
     # -- remote writes -------------------------------------------------------------------------
-    def check_push(self, sender_rank: int, offset: int, nbytes: int) -> None:
-        """Raise :class:`ProtocolViolation` unless a write of ``nbytes`` at table ``offset`` from
-        ``sender_rank`` is aligned and lies inside that sender's row."""
+    def apply_push(self, sender_rank: int, offset: int, data: bytes | memoryview) -> None:
+        """Land a peer's write. Raises :class:`ProtocolViolation` unless it comes from another
+        row's rank, is aligned and lies inside that sender's row; ignored (after validation) if
+        the row is frozen. (One function: it runs for every push a member receives.)"""
+        nbytes = len(data)
+        if not 0 <= sender_rank < self.n_rows or sender_rank == self.my_rank:
+            raise ProtocolViolation(f"write from rank {sender_rank} into this table")
         lo = sender_rank * self.row_bytes
         hi = lo + self.row_bytes
         if offset % WORD or nbytes % WORD:
             raise ProtocolViolation(f"unaligned write at {offset} of {nbytes} bytes")
-        if not (lo <= offset and offset + nbytes <= hi and nbytes >= 0):
+        if not (lo <= offset and offset + nbytes <= hi):
             raise ProtocolViolation(
                 f"write of {nbytes} bytes at {offset} outside its row [{lo}, {hi})"
             )
-
-    def apply_push(self, sender_rank: int, offset: int, data: bytes | memoryview) -> None:
-        """Land a peer's write. Validated; ignored (after validation) if the row is frozen."""
-        if not 0 <= sender_rank < self.n_rows or sender_rank == self.my_rank:
-            raise ProtocolViolation(f"write from rank {sender_rank} into this table")
-        self.check_push(sender_rank, offset, len(data))
         if sender_rank in self._frozen:
             return
-        self.buf[offset : offset + len(data)] = data
+        self.buf[offset : offset + nbytes] = data
 
     def freeze(self, rank: int) -> None:
         """Freeze row ``rank``: from now on reads see the row as it is at this moment."""

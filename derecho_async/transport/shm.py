@@ -558,11 +558,13 @@ class ShmTransport(Transport):
         return link
 
     def _enqueue(self, peer: int, recs: Sequence[_Record]) -> None:
-        link = self._out_link(peer)
-        if link is None:
-            return
+        link = self._out.get(peer)
+        if link is None or link.dead:
+            link = self._out_link(peer)
+            if link is None:
+                return
         for rec in recs:
-            size = _record_size(rec[3])
+            size = _REC_HEADER + ((len(rec[3]) + 7) & ~7)  # _record_size, inline: every push
             link.enqueued += size
             if link.backlog or not self._write(link, rec, size):
                 typ, a, b, payload = rec
@@ -576,23 +578,19 @@ class ShmTransport(Transport):
             link.ring.words[_W_HEAD] = link.head
         self._mark_dirty(link)
 
-    def _free(self, link: _OutLink) -> int:
-        tail = link.ring.words[_W_TAIL]
-        used = link.head - tail
-        if not 0 <= used <= link.ring.capacity:
-            raise _BadSegment(f"consumer published tail {tail} outside [head - capacity, head]")
-        return link.ring.capacity - used
-
     def _write(self, link: _OutLink, rec: _Record, size: int) -> bool:
         """Write one record (of ``size`` bytes in the ring) if it fits (does not publish
         head)."""
-        try:
-            if self._free(link) < size:
-                return False
-        except _BadSegment as exc:
-            self._fail_out(link, f"ring to member {link.peer} corrupted: {exc}")
+        ring = link.ring
+        tail = ring.words[_W_TAIL]
+        used = link.head - tail
+        if not 0 <= used <= ring.capacity:
+            self._fail_out(link, f"ring to member {link.peer} corrupted: consumer published "
+                                 f"tail {tail} outside [head - capacity, head]")
             return True  # swallowed: the link is dead
-        hotpath.ring_put(link.ring.data, link.head, *rec)
+        if ring.capacity - used < size:
+            return False
+        hotpath.ring_put(ring.data, link.head, *rec)
         link.head += size
         link.written += size
         return True
