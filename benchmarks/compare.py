@@ -108,6 +108,10 @@ QUICK = Scale(
 SIZES = (64, 256, 1024, 4096, 16384, 65536)
 SCALING = (2, 3, 5, 8)
 DEPTH = 32
+# Table 1 also runs the shm 3-sender stream with each sender keeping a whole slot window
+# outstanding (Config.window, 64 by default): the peers run with 1000 (PySyncObj) and unbounded
+# (pyzmq, HWM off) messages outstanding, the DEPTH rows with 3 x 32.
+WINDOW_DEPTH = 64
 
 
 class Report:
@@ -265,17 +269,22 @@ def table_throughput(rep: Report, scale: Scale, only: set[str]) -> None:
                 for kind in ("ordered", "ordered one-way (.cast)")
                 for x in ("3 senders", "1 sender")
             ]
-            keys = [("derecho_async", label) for label in labels]
-            if "derecho" not in only:
-                for key in keys:
-                    add(key, None, "skipped (--only)")
-                continue
             plan = [
                 plan_stream([0, 1, 2], n_all, 1024, DEPTH),
                 plan_stream([0], n_one, 1024, DEPTH),
                 plan_stream([0, 1, 2], n_all, 1024, DEPTH, one_way=True),
                 plan_stream([0], n_one, 1024, DEPTH, one_way=True),
             ]
+            if transport == "shm":  # each sender's whole window outstanding (WINDOW_DEPTH)
+                labels += [f"{kind}, shm, 3 senders, depth {WINDOW_DEPTH} (a full window)"
+                           for kind in ("ordered", "ordered one-way (.cast)")]
+                plan += [plan_stream([0, 1, 2], n_all, 1024, WINDOW_DEPTH),
+                         plan_stream([0, 1, 2], n_all, 1024, WINDOW_DEPTH, one_way=True)]
+            keys = [("derecho_async", label) for label in labels]
+            if "derecho" not in only:
+                for key in keys:
+                    add(key, None, "skipped (--only)")
+                continue
             res = run_group(rep, f"derecho {transport}", 3, transport, plan, scale)
             for key, got in zip(keys, res, strict=True):
                 add(key, None if got is None else min_rate(got), "failed")
@@ -318,7 +327,8 @@ def table_throughput(rep: Report, scale: Scale, only: set[str]) -> None:
         "(total order + stability); in the `ordered` rows every member replies to the caller "
         "and a call completes with all replies, in the `ordered one-way (.cast)` rows nobody "
         "replies and a call completes when the caller delivers it (stable: every member holds "
-        "it). PySyncObj, commits/s "
+        f"it). Depth: calls each sender keeps outstanding ({WINDOW_DEPTH}: its whole slot "
+        "window, Config.window). PySyncObj, commits/s "
         "seen by the writer's callbacks; pyzmq, messages/s received by the slower subscriber. "
         f"Median and range of {scale.repeats} interleaved repetitions; ratios are of medians, "
         f"against the first PySyncObj row ({scale.syncobj_windows[0]} outstanding, the "

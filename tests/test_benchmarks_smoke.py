@@ -64,8 +64,10 @@ def test_compare_quick_derecho_only(tmp_path: Path) -> None:
 
     throughput = table("1. Throughput")
     derecho = [r for r in throughput if r[0] == "derecho_async"]
-    assert len(derecho) == 8  # replied and one-way; shm and tcp; 3 senders and 1
-    assert sum("one-way" in r[1] for r in derecho) == 4
+    # replied and one-way; shm and tcp; 3 senders and 1; then shm, 3 senders, a full window
+    assert len(derecho) == 10
+    assert sum("one-way" in r[1] for r in derecho) == 5
+    assert sum("(a full window)" in r[1] for r in derecho) == 2
     assert all(_number(r[2]) > 0 for r in derecho)
     assert all("skipped" in r[2] for r in throughput if r[0] in ("PySyncObj", "pyzmq"))
     latency = table("2. Latency")
