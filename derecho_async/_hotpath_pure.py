@@ -622,16 +622,18 @@ def dispatch_calls(
 
     * its sender is not ``me`` and ``hosted`` lacks its subgroup (nothing to run: skipped); or
     * its payload is bytes :func:`decode_plain_call` decodes, whose method is in the table, and
-      whose runner is idle; and, for a call of ``me``, it is one-way and ``casts`` holds its
-      msg_no; and, for a call awaiting replies, ``outbox`` is not None.
+      whose runner is idle; and, for a call of ``me``, ``casts`` holds its msg_no exactly when
+      it is one-way; and, for another's call awaiting replies, ``outbox`` is not None.
 
-    A taken call of ``me`` first pops its future from ``casts`` and, unless it is done, sets its
-    result to ``(view_id, seq)``. Then ``fn(*args)`` runs. A one-way call's result is dropped
-    unless it is a coroutine; a call awaiting replies that returns None gets ``msg_no, True,
-    nil`` appended to ``outbox[sender]`` (a new list for a new sender). The other outcomes go to
-    ``finish(ev, one_way, ok, value)``: an ``Exception`` raised (``ok`` False, the exception), a
-    coroutine (to step on the runner) or another result of a call awaiting replies. Any other
-    ``BaseException``, and anything ``finish`` raises, propagates."""
+    A taken one-way call of ``me`` first pops its future from ``casts`` and, unless it is done,
+    sets its result to ``(view_id, seq)``. Then ``fn(*args)`` runs. A one-way call's result is
+    dropped unless it is a coroutine; another's call awaiting replies that returns None gets
+    ``msg_no, True, nil`` appended to ``outbox[sender]`` (a new list for a new sender). The
+    other outcomes go to ``finish(ev, one_way, ok, value)``: an ``Exception`` raised (``ok``
+    False, the exception), a coroutine (to step on the runner), another result of a call
+    awaiting replies, and every result of a call of ``me`` awaiting replies (None included:
+    the caller records its own reply). Any other ``BaseException``, and anything ``finish``
+    raises, propagates."""
     if not isinstance(events, list) or not isinstance(hosted, dict) or (
         not isinstance(casts, dict) or (outbox is not None and not isinstance(outbox, dict))
     ):
@@ -664,11 +666,9 @@ def dispatch_calls(
         if not isinstance(entry, tuple) or len(entry) != 4 or not isinstance(entry[3], dict):
             break
         runner, methods = entry[1], entry[3]
-        cast: Any = None
+        cast: Any = _MISSING
         if own:
             cast = casts.get(msg_no, _MISSING)
-            if cast is _MISSING:
-                break
         if type(payload) is not bytes:
             break
         plain = decode_plain_call(payload)
@@ -678,11 +678,11 @@ def dispatch_calls(
         if not isinstance(fe, tuple) or len(fe) != 2 or (fe[1] is not True and fe[1] is not False):
             break
         fn, one_way = fe
-        if not one_way and (own or outbox is None):
+        if (one_way != (cast is not _MISSING)) if own else (not one_way and outbox is None):
             break
         if runner.idle() is not True:
             break
-        if own:
+        if cast is not _MISSING:
             del casts[msg_no]
             if not cast.done():
                 cast.set_result((view_id, seq))
@@ -694,7 +694,7 @@ def dispatch_calls(
             if one_way:
                 if type(result) is CoroutineType:
                     finish(ev, True, True, result)
-            elif result is None:
+            elif result is None and not own:
                 assert outbox is not None
                 out = outbox.get(sender)
                 if out is None:

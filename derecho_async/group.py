@@ -599,7 +599,10 @@ class Group:
 
     def _finish_call(self, ev: Delivered, one_way: bool, ok: bool, value: object) -> None:
         """An outcome of a call the native loop ran that is not the usual one (see
-        :func:`hotpath.dispatch_calls`): an exception, a coroutine, a result to send back."""
+        :func:`hotpath.dispatch_calls`): an exception, a coroutine, a result to send back, any
+        outcome of my own call awaiting replies."""
+        if not one_way and ev.sender == self._me:
+            self._on_own_delivered(ev)  # its repliers and version (the general path: before)
         if type(value) is CoroutineType:
             runner = self._hosted[ev.subgroup][1]
             done = self._cast_done if one_way else functools.partial(self._reply, ev)

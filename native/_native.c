@@ -1826,13 +1826,10 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             break;
         PyObject *runner = PyTuple_GET_ITEM(entry, 1), *methods = PyTuple_GET_ITEM(entry, 3);
         PyObject *cast = NULL;
-        if (own) {  /* taken only as a one-way call of mine: its future completes here */
+        if (own) {  /* a one-way call of mine: its future completes here */
             cast = PyDict_GetItemWithError(casts, msg_no);
-            if (cast == NULL) {
-                if (PyErr_Occurred())
-                    goto error;
-                break;
-            }
+            if (cast == NULL && PyErr_Occurred())
+                goto error;
         }
         if (!PyBytes_CheckExact(payload))
             break;
@@ -1870,7 +1867,9 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             break;
         }
         int one_way = PyTuple_GET_ITEM(fe, 1) == Py_True;
-        if (!one_way && (own || outbox == Py_None)) {
+        /* mine: a one-way call with its future, or a call awaiting replies without one;
+         * another's call awaiting replies: only while replies may be batched */
+        if (own ? one_way != (cast != NULL) : !one_way && outbox == Py_None) {
             Py_DECREF(call_args);
             break;
         }
@@ -1892,7 +1891,7 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_INCREF(msg_no);
         PyObject *result = NULL;
         int rc = -1;
-        if (own && complete_cast(casts, msg_no, cast, ev) < 0)
+        if (cast != NULL && complete_cast(casts, msg_no, cast, ev) < 0)
             goto failed;
         result = PyObject_Vectorcall(fn, PySequence_Fast_ITEMS(call_args),
                                      (size_t)PyTuple_GET_SIZE(call_args), NULL);
@@ -1905,7 +1904,7 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         else if (one_way)
             rc = PyCoro_CheckExact(result) ? call_finish(finish, ev, 1, 1, result) : 0;
-        else if (result == Py_None)
+        else if (result == Py_None && !own)
             rc = batch_reply(outbox, sender, msg_no, nil);
         else
             rc = call_finish(finish, ev, 0, 1, result);

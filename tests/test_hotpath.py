@@ -990,14 +990,15 @@ def dispatch_cases(draw: st.DrawFn) -> dict[str, Any]:
     """Mostly the usual calls (so runs of them are taken), now and then something the loop must
     leave to the general path, or must refuse."""
     usual = draw(st.booleans())  # only the usual calls: long runs the loop takes whole
+    usual_casts: set[int] = set()  # their own one-way calls' futures
     events: list[object] = []
     for i in range(draw(st.integers(0, 10))):
         kind = draw(st.sampled_from(["call"] * 12 + ["other payload", "short", "not a tuple"]))
         if usual:
             method = draw(st.sampled_from(["A.put", "A.put.cast"]))
             sender = draw(st.sampled_from([0, 1, 2]))
-            if sender == 2:
-                method = "A.put.cast"
+            if sender == 2 and method == "A.put.cast":
+                usual_casts.add(i)
             events.append(("A", 0, 7, i, sender, i,
                            _packed([method, draw(st.lists(plain_args, max_size=3)), {}])))
             continue
@@ -1022,7 +1023,7 @@ def dispatch_cases(draw: st.DrawFn) -> dict[str, Any]:
         "start": draw(st.sampled_from([0] * 6 + [1, 3, 1 << 70])),
         "me": draw(st.sampled_from([2] * 12 + [1 << 70])),
         "idle": draw(st.lists(st.sampled_from([True] * 8 + [False, 1]), max_size=6)),
-        "casts": (set(range(11)) if usual
+        "casts": (usual_casts if usual
                   else draw(st.sets(st.integers(0, 10), min_size=draw(st.integers(0, 10))))),
         "done_casts": draw(st.sets(st.integers(0, 10), max_size=2)),
         "outbox": draw(st.integers(0, 5)) > 0,
@@ -1079,24 +1080,29 @@ def test_dispatch_calls_runs_the_usual_calls_and_stops_before_the_rest(impl: str
         log: list[Any] = []
         w = _dispatch_world(case, log)
         put = _packed(["A.put", [b"x", 1], {}])
+        cast = _packed(["A.put.cast", [b"y"], {}])
         events = [
             ("A", 0, 7, 10, 1, 3, put),  # a peer's call: run, reply batched
             ("B", 0, 7, 11, 1, 4, put),  # a subgroup not hosted here: skipped
-            ("A", 0, 7, 12, 2, 4, _packed(["A.put.cast", [b"y"], {}])),  # my one-way call
+            ("A", 0, 7, 12, 2, 4, cast),  # my one-way call: its future completes
             ("A", 0, 7, 13, 0, 5, _packed(["A.boom", [], {}])),  # raises: to finish
-            ("A", 0, 7, 14, 2, 6, put),  # my call awaiting replies: the general path's
-            ("A", 0, 7, 15, 1, 7, put),
+            ("A", 0, 7, 14, 2, 6, put),  # my call awaiting replies: run, its reply to finish
+            ("A", 0, 7, 15, 2, 8, cast),  # my one-way call without a future: general path
+            ("A", 0, 7, 16, 1, 7, put),
         ]
         n = mod.dispatch_calls(events, 0, 2, w["hosted"], w["casts"], w["outbox"], b"\xc0",
                                w["finish"])
-        assert n == 4
-        assert log[:3] == [("call", "put", (b"x", 1)), ("call", "put", (b"y",)),
-                           ("call", "boom", ())]
-        assert log[3][0] == "finish" and log[3][2:] == (False, False, "ValueError('boom()')")
+        assert n == 5
+        assert [entry[:2] for entry in log] == [("call", "put"), ("call", "put"), ("call", "boom"),
+                                                ("finish", events[3]), ("call", "put"),
+                                                ("finish", events[4])]
+        assert log[0][2] == (b"x", 1) and log[1][2] == (b"y",)
+        assert log[3][2:] == (False, False, "ValueError('boom()')")
+        assert log[5][2:] == (False, True, "None")
         assert w["outbox"] == {1: ["old", 3, True, b"\xc0"]}
         assert w["casts"] == {}
-        assert mod.dispatch_calls(events, 5, 2, w["hosted"], {}, w["outbox"], b"\xc0",
-                                  w["finish"]) == 6
+        assert mod.dispatch_calls(events, 6, 2, w["hosted"], {}, w["outbox"], b"\xc0",
+                                  w["finish"]) == 7
         assert w["outbox"] == {1: ["old", 3, True, b"\xc0", 7, True, b"\xc0"]}
         with pytest.raises(ValueError, match="start"):
             mod.dispatch_calls(events, -1, 2, {}, {}, None, b"", w["finish"])
