@@ -622,11 +622,14 @@ def dispatch_calls(
 
     * its sender is not ``me`` and ``hosted`` lacks its subgroup (nothing to run: skipped); or
     * its payload is bytes :func:`decode_plain_call` decodes, whose method is in the table, and
-      whose runner is idle; and, for a call of ``me``, ``casts`` holds its msg_no exactly when
+      whose runner is idle (see below); and, for a call of ``me``, ``casts`` holds its msg_no exactly when
       it is one-way; and, for another's call awaiting replies, ``outbox`` is not None.
 
-    A taken one-way call of ``me`` first pops its future from ``casts`` and, unless it is done,
-    sets its result to ``(view_id, seq)``. Then ``fn(*args)`` runs. A one-way call's result is
+    Whether a runner is idle is asked (``idle() is True``) at the first call on it and again
+    only after a call to ``finish`` or a call on another runner: only ``finish`` may step a
+    coroutine on it, nothing else a handler can reach moves a runner. A taken one-way call of
+    ``me`` first pops its future from ``casts`` and, unless it is done, sets its result to
+    ``(view_id, seq)``. Then ``fn(*args)`` runs. A one-way call's result is
     dropped unless it is a coroutine; another's call awaiting replies that returns None gets
     ``msg_no, True, nil`` appended to ``outbox[sender]`` (a new list for a new sender). The
     other outcomes go to ``finish(ev, one_way, ok, value)``: an ``Exception`` raised (``ok``
@@ -647,6 +650,7 @@ def dispatch_calls(
     if start < 0:
         raise ValueError("dispatch_calls: start must be at least 0")
     i = start
+    idle_runner: Any = None  # the runner last found idle, until a finish call
     while i < len(events):
         ev = events[i]
         if not isinstance(ev, tuple) or len(ev) != 7:
@@ -680,8 +684,10 @@ def dispatch_calls(
         fn, one_way = fe
         if (one_way != (cast is not _MISSING)) if own else (not one_way and outbox is None):
             break
-        if runner.idle() is not True:
-            break
+        if runner is not idle_runner:  # asked once until a finish (nothing else changes it)
+            if runner.idle() is not True:
+                break
+            idle_runner = runner
         if cast is not _MISSING:
             del casts[msg_no]
             if not cast.done():
@@ -689,12 +695,12 @@ def dispatch_calls(
         try:
             result = fn(*plain[1])
         except Exception as exc:
+            idle_runner = None
             finish(ev, one_way, False, exc)
         else:
-            if one_way:
-                if type(result) is CoroutineType:
-                    finish(ev, True, True, result)
-            elif result is None and not own:
+            if one_way and type(result) is not CoroutineType:
+                pass
+            elif not one_way and result is None and not own:
                 assert outbox is not None
                 out = outbox.get(sender)
                 if out is None:
@@ -703,7 +709,8 @@ def dispatch_calls(
                     raise TypeError("dispatch_calls: an outbox entry is not a list")
                 out += (msg_no, True, nil)
             else:
-                finish(ev, False, True, result)
+                idle_runner = None
+                finish(ev, one_way, True, result)
         i += 1
     return i
 

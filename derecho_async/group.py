@@ -451,7 +451,9 @@ class Group:
         self, spec: ActorSpec, wire_name: str, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> tuple[Driver, int]:
         """Encode a call and queue it in the core; (driver, msg_no)."""
-        driver = self._check_open()
+        driver = self._driver
+        if driver is None or driver.core is None or self._closed is not None or self._view is None:
+            driver = self._check_open()  # raises why (the open group is tested inline: per call)
         core = driver.core
         assert core is not None
         arrays: list[object] = []

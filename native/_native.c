@@ -1798,6 +1798,7 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *last_method = NULL;
     unsigned char last_bytes[64];
     Py_ssize_t last_len = -1;
+    PyObject *idle_runner = NULL;  /* the runner last found idle, until a finish call */
     for (; i < PyList_GET_SIZE(events); i++) {
         PyObject *ev = PyList_GET_ITEM(events, i);
         if (!PyTuple_Check(ev) || PyTuple_GET_SIZE(ev) != 7)
@@ -1875,16 +1876,20 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         PyObject *fn = PyTuple_GET_ITEM(fe, 0);
         Py_INCREF(fn);
-        PyObject *idle = PyObject_CallMethodNoArgs(runner, str_idle);
-        if (idle == NULL || idle != Py_True) {
-            Py_XDECREF(idle);
-            Py_DECREF(fn);
-            Py_DECREF(call_args);
-            if (PyErr_Occurred())
-                goto error;
-            break;  /* a busy runner queues the call: the general path */
+        if (runner != idle_runner) {  /* asked once until a finish (nothing else changes it) */
+            PyObject *idle = PyObject_CallMethodNoArgs(runner, str_idle);
+            if (idle == NULL || idle != Py_True) {
+                Py_XDECREF(idle);
+                Py_DECREF(fn);
+                Py_DECREF(call_args);
+                if (PyErr_Occurred())
+                    goto error;
+                break;  /* a busy runner queues the call: the general path */
+            }
+            Py_DECREF(idle);
+            Py_INCREF(runner);
+            Py_XSETREF(idle_runner, runner);
         }
-        Py_DECREF(idle);
         /* Taken: from here on its effects happen, in the general path's order. */
         Py_INCREF(ev);
         Py_INCREF(sender);
@@ -1899,15 +1904,18 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyObject *exc = caught_exception();
             if (exc == NULL)
                 goto failed;
+            Py_CLEAR(idle_runner);  /* finish may step a coroutine: ask the runner again */
             rc = call_finish(finish, ev, one_way, 0, exc);
             Py_DECREF(exc);
         }
-        else if (one_way)
-            rc = PyCoro_CheckExact(result) ? call_finish(finish, ev, 1, 1, result) : 0;
-        else if (result == Py_None && !own)
+        else if (one_way && !PyCoro_CheckExact(result))
+            rc = 0;
+        else if (!one_way && result == Py_None && !own)
             rc = batch_reply(outbox, sender, msg_no, nil);
-        else
-            rc = call_finish(finish, ev, 0, 1, result);
+        else {
+            Py_CLEAR(idle_runner);
+            rc = call_finish(finish, ev, one_way, 1, result);
+        }
     failed:
         Py_XDECREF(result);
         Py_DECREF(msg_no);
@@ -1919,9 +1927,11 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto error;
     }
     Py_XDECREF(last_method);
+    Py_XDECREF(idle_runner);
     return PyLong_FromSsize_t(i);
 error:
     Py_XDECREF(last_method);
+    Py_XDECREF(idle_runner);
     return NULL;
 }
 

@@ -917,12 +917,16 @@ class _Stop(BaseException):
 
 
 class _Runner:
-    """A runner whose idle() answers from a script (what SerialRunner.idle would say)."""
+    """A runner whose idle() answers from a script (what SerialRunner.idle would say), and
+    False once a coroutine was stepped on it (it suspended: the runner is busy)."""
 
     def __init__(self, answers: list[object]) -> None:
         self.answers = answers
+        self.busy = False
 
     def idle(self) -> object:
+        if self.busy:
+            return False
         return self.answers.pop(0) if self.answers else True
 
 
@@ -971,6 +975,7 @@ def _dispatch_world(case: dict[str, Any], log: list[object]) -> dict[str, Any]:
         if type(value).__name__ == "coroutine":
             value.close()  # type: ignore[attr-defined]
             value = "a coroutine"
+            hosted["A"][1].busy = True  # as if it suspended on the runner
         log.append(("finish", ev, one_way, ok, repr(value)))
         if case["finish_raises"]:
             raise RuntimeError("finish failed")
