@@ -1889,6 +1889,16 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(idle);
             Py_INCREF(runner);
             Py_XSETREF(idle_runner, runner);
+            if (cast != NULL) {  /* found again: idle() ran Python code, keep no stale pointer */
+                cast = PyDict_GetItemWithError(casts, msg_no);
+                if (cast == NULL) {
+                    Py_DECREF(fn);
+                    Py_DECREF(call_args);
+                    if (PyErr_Occurred())
+                        goto error;
+                    break;
+                }
+            }
         }
         /* Taken: from here on its effects happen, in the general path's order. */
         Py_INCREF(ev);
