@@ -71,7 +71,6 @@ __all__ = [
     "decode_call",
     "encode",
     "encode_call",
-    "plain_call_decoder",
 ]
 
 MAX_DEPTH: Final = 64
@@ -619,13 +618,7 @@ _unpackb: Final = msgpack.unpackb  # its max_*_len limits default to the input's
 
 # The usual call in one native pass (hotpath.decode_plain_call / encode_plain_call); the pure
 # twins would only repeat what the general paths do, so without the extension those run alone.
-plain_call_decoder: Final = (
-    hotpath.decode_plain_call if hotpath.IMPLEMENTATION == "native" else None
-)
-"""The native pass of :func:`decode_call` over the usual call (bytes of at most
-:data:`MAX_DECODE_SIZE`, no buffers), or None without the extension: ``(method, args, {})`` or
-None. It does not check the method name: a caller that looks the name up among names it already
-checked (a dispatch table) may use it directly, and must fall back to :func:`decode_call`."""
+_decode_plain: Final = hotpath.decode_plain_call if hotpath.IMPLEMENTATION == "native" else None
 _encode_plain: Final = hotpath.encode_plain_call if hotpath.IMPLEMENTATION == "native" else None
 
 _VALID_METHODS: dict[str, bool] = {}
@@ -1184,8 +1177,8 @@ def decode_call(
     map of identifier keys); any defect raises ProtocolViolation.
     """
     if type(data) is bytes and len(data) <= max_size:
-        if not buffers and plain_call_decoder is not None:
-            plain = plain_call_decoder(data)
+        if not buffers and _decode_plain is not None:
+            plain = _decode_plain(data)
             if plain is not None and (plain[0] in _VALID_METHODS or _valid_method(plain[0])):
                 return plain
         fast = _decode_call_fast(data, buffers)

@@ -626,28 +626,18 @@ class Group:
         spec, runner, actor, methods = hosted
         try:
             if type(payload) is bytes:
-                # The usual call of a method already looked up: one native pass (its name is in
-                # the table, so it was checked); anything else, the general decoder.
-                decode_plain = codec.plain_call_decoder
-                plain = (decode_plain(payload)
-                         if decode_plain is not None and len(payload) <= codec.MAX_DECODE_SIZE
-                         else None)
-                entry = methods.get(plain[0]) if plain is not None else None
-                if entry is not None:
-                    name, args, kwargs = plain  # type: ignore[misc]
-                else:
-                    name, args, kwargs = codec.decode_call(payload)
+                # (the usual call of a known method is the native loop's: decode_call's own
+                # native pass is enough for what reaches this path)
+                name, args, kwargs = codec.decode_call(payload)
             elif isinstance(payload, OutOfBand):
                 # my own call of device arrays alone comes back as it was sent; the rest (and
                 # every peer's) is decoded and its arrays checked
                 own = codec.own_device_call(payload.call, payload.arrays) if sender == me else None
                 name, args, kwargs = own if own is not None else codec.decode_call(
                     payload.call, buffers=list(payload.arrays))
-                entry = None
             else:
                 raise ProtocolViolation("ordered call payload is not bytes")
-            if entry is None:
-                entry = methods.get(name)
+            entry = methods.get(name)
             if entry is None:
                 entry = self._ordered_method(spec, actor, methods, name)
         except (ProtocolViolation, DerechoError) as exc:
@@ -933,7 +923,7 @@ class Group:
 
 _NIL = b"\xc0"  # msgpack None: the result of most handlers
 # The native loop over delivered calls (Group.on_delivered); without the extension the general
-# path runs alone, as it would only repeat it (compare codec.plain_call_decoder).
+# path runs alone, as the pure twin would only repeat it (as codec does with decode_plain_call).
 _dispatch_calls: Final = hotpath.dispatch_calls if hotpath.IMPLEMENTATION == "native" else None
 _REPLIES_BYTES = 16 << 20  # result bytes in one REPLIES frame, at most (about)
 

@@ -205,16 +205,13 @@ class PushGate:
 
     def push_arrived(self, view_id: int, sender: int, offset: int, data: bytes) -> bool:
         """Route one incoming push. Returns False when it was a violation (already reported)."""
-        view = self._views.get(view_id)
-        if view is not None:
+        if view_id in self._views:
             if self._ready:
                 self._ready.append((view_id, sender, offset, data))
                 return True
-            # valid when inside its sender's row (check() says why not; inline: every push)
-            rank = view.ranks.get(sender)
-            lo = 0 if rank is None else rank * view.row_bytes
-            if rank is None or not (lo <= offset and offset + len(data) <= lo + view.row_bytes):
-                self._report(sender, self.check(view_id, sender, offset, len(data)) or "")
+            why = self.check(view_id, sender, offset, len(data))
+            if why is not None:
+                self._report(sender, why)
                 return False
             assert self._deliver is not None
             self._deliver(view_id, sender, offset, data)

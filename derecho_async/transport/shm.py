@@ -558,13 +558,11 @@ class ShmTransport(Transport):
         return link
 
     def _enqueue(self, peer: int, recs: Sequence[_Record]) -> None:
-        link = self._out.get(peer)
-        if link is None or link.dead:
-            link = self._out_link(peer)
-            if link is None:
-                return
+        link = self._out_link(peer)
+        if link is None:
+            return
         for rec in recs:
-            size = _REC_HEADER + ((len(rec[3]) + 7) & ~7)  # _record_size, inline: every push
+            size = _record_size(rec[3])
             link.enqueued += size
             if link.backlog or not self._write(link, rec, size):
                 typ, a, b, payload = rec
