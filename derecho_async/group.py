@@ -269,10 +269,22 @@ class Group:
     ``await Group.join(config, actors=[Log])`` and ``await group.leave()`` do the same by hand.
     """
 
-    def __init__(self, config: Config, actors: Sequence[type[Actor]] = ()) -> None:
+    def __init__(
+        self,
+        config: Config,
+        actors: Sequence[type[Actor]] = (),
+        *,
+        transport: Transport | None = None,
+    ) -> None:
+        """``transport``: a transport to use instead of the one ``config`` names (testing kits
+        such as derecho_async.testing build their own)."""
         if not isinstance(config, Config):
             raise UsageError("Group needs a derecho_async.Config")
+        if transport is not None and transport.member_id != config.member_id:
+            raise UsageError(f"the transport is member {transport.member_id}'s, "
+                             f"not member {config.member_id}'s")
         self.config = config
+        self._transport = transport
         self._me = config.member_id
         self._specs: dict[str, ActorSpec] = {}
         for cls in actors:
@@ -317,10 +329,18 @@ class Group:
     # -- lifecycle -----------------------------------------------------------------------------
     @classmethod
     async def join(
-        cls, config: Config, actors: Sequence[type[Actor]] = (), *, timeout: float | None = 60.0
+        cls,
+        config: Config,
+        actors: Sequence[type[Actor]] = (),
+        *,
+        timeout: float | None = 60.0,
+        transport: Transport | None = None,
     ) -> Self:
-        """Join the group named by ``config`` and return once this member is in a view."""
-        group = cls(config, actors)
+        """Join the group named by ``config`` and return once this member is in a view.
+
+        ``transport``: a transport to use instead of the one ``config`` names (testing kits
+        such as derecho_async.testing build their own)."""
+        group = cls(config, actors, transport=transport)
         await group.start(timeout=timeout)
         return group
 
@@ -330,7 +350,8 @@ class Group:
             raise UsageError("this Group was already started")
         self._started = True
         logging.getLogger("derecho_async").setLevel(self.config.log_level)
-        driver = Driver(self.config, _make_transport(self.config), self.layout, self)
+        transport = self._transport if self._transport is not None else _make_transport(self.config)
+        driver = Driver(self.config, transport, self.layout, self)
         self._driver = driver
         try:
             await driver.start()
