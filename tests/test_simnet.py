@@ -145,6 +145,8 @@ def test_split_pushes_land_word_aligned_in_order_at_distinct_instants() -> None:
         assert k == len(events)
         assert max(pieces_per_push) >= 3
         assert sum(p > 1 for p in pieces_per_push) > 30
+        assert net.counts["split"] == sum(p > 1 for p in pieces_per_push)
+        assert net.counts["landed"] == len(events)
         assert [e.event for e in net.trace].count("push") == len(events)
 
     run(main)

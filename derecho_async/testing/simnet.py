@@ -135,6 +135,9 @@ class SimNetwork:
             raise UsageError(f"max_piece_gap_s must be >= 0, got {max_piece_gap_s}")
         #: what happened, in order (empty unless the network was made with ``trace=True``)
         self.trace: list[TraceEvent] = []
+        #: running totals, always kept: "landed", "dropped" (items), "split" (pushes cut into
+        #: pieces), "truncated" (links a crash cut short), "partial" (pushes a crash cut inside)
+        self.counts: collections.Counter[str] = collections.Counter()
         self._tracing = trace
         self._endpoints: dict[int, SimTransport] = {}
         self._dead: set[int] = set()  # ids whose endpoint crashed or closed (none new since)
@@ -261,6 +264,8 @@ class SimNetwork:
         link = self._link(src, dst)
         due = max(loop.time() + self._delay(link), link.last_due)
         cuts = self._cuts(offset, len(data)) if kind == _PUSH else []
+        if cuts:
+            self.counts["split"] += 1
         start = 0
         for cut in cuts:
             link.items.append(_Item(due, kind, view_id, offset + start, data[start:cut], True))
@@ -342,6 +347,7 @@ class SimNetwork:
             first = False
             item = link.items.popleft()
             target = self._endpoints[link.dst]
+            self.counts["landed"] += 1
             self._record_item(item.kind, link.src, link.dst, item.view_id, item.offset, item.data)
             if item.kind == _PUSH:
                 target._gate.push_arrived(item.view_id, link.src, item.offset, item.data)
@@ -370,11 +376,14 @@ class SimNetwork:
             bounds = self._word_cuts(cut.offset, len(cut.data))
             part = self.rng.randint(0, len(bounds))
             if part:
+                self.counts["partial"] += 1
                 end = bounds[part - 1]
                 kept.append(_Item(cut.due, _PUSH, cut.view_id, cut.offset, cut.data[:end]))
                 dropped[0] = _Item(cut.due, _PUSH, cut.view_id, cut.offset + end, cut.data[end:])
         if kept:
             kept[-1].more = False
+        if dropped:
+            self.counts["truncated"] += 1
         for item in dropped:
             self._record_item("drop-" + item.kind, link.src, link.dst, item.view_id, item.offset,
                               item.data)
@@ -392,6 +401,8 @@ class SimNetwork:
     def _record_item(
         self, event: str, src: int, dst: int, view_id: int, offset: int, data: bytes
     ) -> None:
+        if event.startswith("drop"):
+            self.counts["dropped"] += 1
         if not self._tracing:
             return
         if event.endswith(_PUSH):
