@@ -58,3 +58,131 @@ async def one_leaves_early(config: da.Config) -> None:
                 f,
             )
         await asyncio.sleep(0.5)
+
+
+class _Blobs(da.Actor):
+    """Holds the sizes of the blobs it was given (the blobs themselves are dropped)."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    @da.ordered
+    def put(self, blob: bytes) -> int:
+        self.sizes.append(len(blob))
+        return len(blob)
+
+
+async def large_call(config: da.Config) -> None:
+    """Member 0 makes one ordered call of ``DA_TEST_CALL_MB`` MiB; every member measures how long
+    its event loop was held at most meanwhile (a 1 ms ticker's worst gap), waits until the
+    call ran here, and reports views, sizes and that gap."""
+    import json
+    import os
+    import time
+
+    size = int(os.environ["DA_TEST_CALL_MB"]) << 20
+    async with da.Group(config, actors=[_Blobs]) as group:
+        worst = 0.0
+        stop = False
+
+        async def tick() -> None:
+            nonlocal worst
+            last = time.monotonic()
+            while not stop:
+                await asyncio.sleep(0.001)
+                now = time.monotonic()
+                worst = max(worst, now - last)
+                last = now
+
+        ticker = asyncio.ensure_future(tick())
+        mine = group.local(_Blobs)
+        if config.member_id == 0:
+            await asyncio.sleep(0.2)
+            replies = await group.subgroup(_Blobs).put(bytes(size))
+            assert set(replies.values()) == {size}, replies
+        deadline = time.monotonic() + 60
+        while not mine.sizes and time.monotonic() < deadline:  # type: ignore[attr-defined]
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)
+        stop = True
+        await ticker
+        with open(os.path.join(os.environ["DA_TEST_OUT"], f"m{config.member_id}.json"), "w") as f:
+            json.dump({"sizes": mine.sizes, "views": [v.view_id for v in group.history],  # type: ignore[attr-defined]
+                       "worst_gap_s": worst}, f)
+        await asyncio.sleep(1.0)  # the others finish before anyone leaves
+
+
+class BigState(da.Actor):
+    """A state of ``DA_TEST_STATE_MB`` MiB of host bytes; ordered calls count."""
+
+    def __init__(self) -> None:
+        self.blob = b""
+        self.calls = 0
+
+    @da.ordered
+    def touch(self) -> int:
+        self.calls += 1
+        return len(self.blob)
+
+    @da.p2p
+    def digest(self) -> bytes:
+        import hashlib
+
+        return hashlib.sha256(self.blob).digest()
+
+    def snapshot(self) -> bytes:
+        return self.blob
+
+    def restore(self, state: bytes) -> None:
+        self.blob = state
+
+
+async def big_state_join(config: da.Config) -> None:
+    """Members 0-2 found the group with a state of ``DA_TEST_STATE_MB`` MiB; member 3 joins once
+    they are up (``ready`` file), then every member makes a call and reports what it holds, its
+    views and its peak RSS (and the joiner how long its join took)."""
+    import hashlib
+    import json
+    import os
+    import resource
+    import time
+
+    out = os.environ["DA_TEST_OUT"]
+    size = int(os.environ["DA_TEST_STATE_MB"]) << 20
+    ready = os.path.join(out, "ready")
+    joined_in = 0.0
+    if config.member_id == 3:
+        while not os.path.exists(ready):
+            await asyncio.sleep(0.05)
+        began = time.monotonic()
+        group = await da.Group.join(config, actors=[BigState], timeout=120)
+        joined_in = time.monotonic() - began
+    else:
+        group = await da.Group.join(config, actors=[BigState], timeout=60)
+        state = group.local(BigState)
+        state.blob = (bytes(range(256)) * ((size + 255) // 256))[:size]  # type: ignore[attr-defined]
+        await group.subgroup(BigState).touch()
+        if config.member_id == 0:
+            with open(ready, "w") as f:
+                f.write("1")
+    try:
+        while len(group.view.members) < 4:
+            await asyncio.sleep(0.05)
+        replies = await group.subgroup(BigState).touch()
+        blob = group.local(BigState).blob  # type: ignore[attr-defined]
+        report = {
+            "members": list(group.view.members),
+            "views": [v.view_id for v in group.history],
+            "replies": {str(k): v for k, v in replies.items()},
+            "size": len(blob),
+            "digest": hashlib.sha256(blob).hexdigest(),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10,
+            "join_s": joined_in,
+        }
+        with open(os.path.join(out, f"m{config.member_id}.json"), "w") as f:
+            json.dump(report, f)
+        while len([n for n in os.listdir(out) if n.endswith(".json")]) < 4:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+    finally:
+        await group.leave()
