@@ -632,11 +632,11 @@ def dispatch_calls(
     ``(view_id, seq)``. Then ``fn(*args)`` runs. A one-way call's result is
     dropped unless it is a coroutine; another's call awaiting replies that returns None gets
     ``msg_no, True, nil`` appended to ``outbox[sender]`` (a new list for a new sender). The
-    other outcomes go to ``finish(ev, one_way, ok, value)``: an ``Exception`` raised (``ok``
-    False, the exception), a coroutine (to step on the runner), another result of a call
-    awaiting replies, and every result of a call of ``me`` awaiting replies (None included:
-    the caller records its own reply). Any other ``BaseException``, and anything ``finish``
-    raises, propagates."""
+    other outcomes go to ``finish(ev, one_way, ok, value)``: anything the handler raised
+    (``ok`` False, the exception: any ``BaseException``, cancellation and ``SystemExit``
+    included), a coroutine (to step on the runner), another result of a call awaiting replies,
+    and every result of a call of ``me`` awaiting replies (None included: the caller records
+    its own reply). Anything ``finish`` raises propagates."""
     if not isinstance(events, list) or not isinstance(hosted, dict) or (
         not isinstance(casts, dict) or (outbox is not None and not isinstance(outbox, dict))
     ):
@@ -694,7 +694,7 @@ def dispatch_calls(
                 cast.set_result((view_id, seq))
         try:
             result = fn(*plain[1])
-        except Exception as exc:
+        except BaseException as exc:
             idle_runner = None
             finish(ev, one_way, False, exc)
         else:

@@ -1666,12 +1666,13 @@ done:
 
 static PyObject *str_idle, *str_done, *str_set_result;
 
-/* The exception being raised, as a value with its traceback (what `except Exception as exc`
- * binds); NULL with the exception still set when it is not an Exception (it propagates). */
+/* The exception being raised, as a value with its traceback (what `except BaseException as
+ * exc` binds): whatever a handler raises, cancellation and SystemExit included, is that call's
+ * outcome, never a loop cut short. */
 static PyObject *
 caught_exception(void)
 {
-    if (!PyErr_ExceptionMatches(PyExc_Exception))
+    if (!PyErr_ExceptionMatches(PyExc_BaseException))
         return NULL;
 #if PY_VERSION_HEX >= 0x030C0000
     return PyErr_GetRaisedException();

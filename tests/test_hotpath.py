@@ -913,7 +913,7 @@ def test_a_word_stored_by_one_process_is_never_seen_torn_by_another(
 
 
 class _Stop(BaseException):
-    """Not an Exception: a handler raising it stops the loop (as KeyboardInterrupt would)."""
+    """Not an Exception: like CancelledError or SystemExit, it is still the call's outcome."""
 
 
 class _Runner:

@@ -95,16 +95,18 @@ class Delivered(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ViewInstalled:
-    """A new view is installed. ``state`` is the snapshot a joiner restores before its first
-    delivery (None for members that were already in the group). ``adequate`` is False when the
-    layout cannot be satisfied by these members: the view stands, but no subgroup traffic flows
-    until a later view is adequate."""
+    """A new view is installed. ``state`` is what the Welcome that admitted this joiner carried
+    (a snapshot, or the runtime's ticket for a state it streams), before its first delivery; None
+    for members that were already in the group. ``sponsor`` is the member whose Welcome that was.
+    ``adequate`` is False when the layout cannot be satisfied by these members: the view stands,
+    but no subgroup traffic flows until a later view is adequate."""
 
     view: View
     joined: tuple[int, ...]
     departed: tuple[int, ...]
     adequate: bool
     state: bytes | None = None
+    sponsor: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

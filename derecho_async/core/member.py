@@ -131,6 +131,7 @@ class Member:
         self._next_join_try = 0
         self._join_attempt = 0
         self.leaving = False
+        self.receiving = True  # False: read no new records (backpressure; see set_receiving)
         self._leave_reason = ""  # what leave() was given: the Left event's reason
         # What changed since the last poll: membership columns (other than heartbeats) and
         # shard columns or local send work. A poll skips the scans nothing can have changed.
@@ -237,7 +238,7 @@ class Member:
         if isinstance(message, JoinRequest):
             self._on_join_request(message.joiner)
         elif isinstance(message, Welcome):
-            self._on_welcome(message)
+            self._on_welcome(sender, message)
 
     def data_landed(self, key: DataKey, payload: object) -> None:
         """The data-plane bytes of large message ``key`` landed here."""
@@ -255,6 +256,17 @@ class Member:
             self._landed_early[key] = payload
         else:
             shard.data_landed(key, payload)
+
+    def set_receiving(self, receiving: bool) -> None:
+        """Read new records from the senders' rings (True), or leave them there for now (False).
+
+        The application's backpressure: a member whose handlers lag stops taking new messages,
+        so its frontier stops moving, nothing new becomes stable anywhere, and the senders'
+        windows fill: a slow member slows the group instead of queueing without bound. Sending,
+        delivering what is already stable, heartbeats and view changes go on as before."""
+        if receiving != self.receiving:
+            self.receiving = receiving
+            self._dirty_multicast = True
 
     def heard_from(self, member: int) -> None:
         """Traffic from ``member`` arrived (any message): it is alive, whatever its heartbeat
@@ -425,6 +437,7 @@ class Member:
         joined: tuple[int, ...],
         departed: tuple[int, ...],
         state: bytes | None,
+        sponsor: int | None = None,
     ) -> None:
         self.view = view
         self.rank = view.members.index(self.member_id)
@@ -480,7 +493,7 @@ class Member:
                         )
                     q.clear()
         self._ready.events.append(
-            ViewInstalled(view, joined, departed, self.assignment.adequate, state)
+            ViewInstalled(view, joined, departed, self.assignment.adequate, state, sponsor)
         )
         held = self._held.pop(view.view_id, [])
         self._held = {v: p for v, p in self._held.items() if v > view.view_id}
@@ -583,7 +596,8 @@ class Member:
         for sh in self.shards:
             if sh is None:
                 continue
-            sh.receive(self._landed_early, self._awaiting)
+            if self.receiving:
+                sh.receive(self._landed_early, self._awaiting)
             if sh.send(transfers) and sh.queue:
                 # My own progress may free more of the window (alone in a view, nobody else's
                 # push will say so): look again on the next poll.
@@ -623,11 +637,12 @@ class Member:
             self.pending_joiners.append(joiner)
         self._wedge()
 
-    def _on_welcome(self, msg: Welcome) -> None:
+    def _on_welcome(self, sender: int, msg: Welcome) -> None:
         if self.state is not _JOINING or self.member_id not in msg.members:
             return
         self._enter_view(
-            View(msg.view_id, msg.members), joined=(self.member_id,), departed=(), state=msg.state
+            View(msg.view_id, msg.members), joined=(self.member_id,), departed=(), state=msg.state,
+            sponsor=sender,
         )
 
     # -- introspection (tests, the simulator, status tools) ------------------------------------
