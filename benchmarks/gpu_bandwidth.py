@@ -21,7 +21,7 @@ measure the steady state, and one hiccup does not decide a run.
 In the same command the parent times a raw device-to-device copy of the same size (CUDA events;
 the faster of ``cudaMemcpyAsync``, which the plane uses, and CuPy's elementwise copy). Around the one-way run every member reads its CPU clock in the total order (an ordered
 call), which gives each member's CPU time per message. That time includes polling
-(``--spin-us``, and the GPU plane's busy poll, ``DERECHO_ASYNC_GPU_BUSY_POLL_US``); with both at 0
+(``--spin-us``, and the GPU plane's busy poll, ``--gpu-busy-poll-us``); with both at 0
 it is the work per message, and beside the raw copy's time per message it shows whether the
 copies or a member's CPU bound the rate. All receivers copy out of the same GPU's memory at once,
 so the table also gives the aggregate (receivers x per-receiver) beside the raw copy. A second
@@ -215,12 +215,14 @@ def raw_copy_gbps(size: int) -> float:
 
 
 def run(members: int, sizes: list[int], spin_us: float | None,
-        send_batch: int | None) -> dict[str, Any]:
+        send_batch: int | None, gpu_busy_poll_us: float | None = None) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp()) / "result.json"
     os.environ.update(DA_BENCH_SIZES=",".join(map(str, sizes)), DA_BENCH_OUT=str(out))
     codes = da.launch_local(members, bench_member, group=f"gbw{os.getpid()}-{members}",
                             timeout=900, max_payload=8192, gpu_pool_mb=1024, spin_us=spin_us,
-                            **({} if send_batch is None else {"send_batch": send_batch}))
+                            **({} if send_batch is None else {"send_batch": send_batch}),
+                            **({} if gpu_busy_poll_us is None
+                               else {"gpu_busy_poll_us": gpu_busy_poll_us}))
     if codes[0] != 0 or not out.exists():
         return {"error": f"exit codes {codes}"}
     result: dict[str, Any] = json.loads(out.read_text())
@@ -266,6 +268,8 @@ def main() -> None:
                         "of calls comes from the warm-up's rate)")
     parser.add_argument("--send-batch", type=int, default=None,
                         help="Config.send_batch of the members (default: automatic)")
+    parser.add_argument("--gpu-busy-poll-us", type=float, default=None,
+                        help="Config.gpu_busy_poll_us of the members (default: 2000)")
     args = parser.parse_args()
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
@@ -281,14 +285,14 @@ def main() -> None:
           "holds it); calls/s in place and one-way; copy µs: the raw copy's time for one "
           "message; CPU µs and rcv µs: CPU time per one-way message of the sender and of the "
           "busiest receiver, polling included (with --spin-us 0 and "
-          "DERECHO_ASYNC_GPU_BUSY_POLL_US=0, the work per message: a member whose work exceeds "
+          "--gpu-busy-poll-us 0, the work per message: a member whose work exceeds "
           "the copy's time bounds the rate)")
     print(f"{'members':>7} {'size':>6} {'reps':>5} {'out':>4} {'raw copy':>9} {'in place':>9} {'ratio':>6} "
           f"{'aggr':>6} {'staged':>9} {'ratio':>6} {'one-way':>9} {'ratio':>6} {'aggr':>6} "
           f"{'calls/s':>8} {'1w c/s':>8} {'copy µs':>8} {'CPU µs':>7} {'rcv µs':>7}")
     latencies: dict[str, list[float]] = {}
     for n in args.members:
-        r = run(n, sizes, args.spin_us, args.send_batch)
+        r = run(n, sizes, args.spin_us, args.send_batch, args.gpu_busy_poll_us)
         if "error" in r:
             print(f"{n:>7} failed: {r['error']}", flush=True)
             continue

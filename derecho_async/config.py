@@ -35,7 +35,15 @@ from typing import Any, Final, Self
 
 from derecho_async.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "ENV_RESERVED", "LOG_LEVELS", "TRANSPORTS", "Config", "parse_hostport"]
+__all__ = [
+    "ENV_PREFIX",
+    "ENV_RESERVED",
+    "LOG_LEVELS",
+    "QUEUE_FULL_ACTIONS",
+    "TRANSPORTS",
+    "Config",
+    "parse_hostport",
+]
 
 ENV_PREFIX: Final = "DERECHO_ASYNC_"
 """Prefix of the environment variables :meth:`Config.from_env` reads."""
@@ -56,6 +64,8 @@ TRANSPORTS: Final = ("shm", "tcp", "rdma", "sim")
 """The values of :attr:`Config.transport`."""
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 """The values of :attr:`Config.log_level` (given in any case, stored upper-case)."""
+QUEUE_FULL_ACTIONS: Final = ("wait", "error")
+"""The values of :attr:`Config.when_queue_full`."""
 
 _GROUP_RE: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _HOST_RE: Final = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})")
@@ -84,6 +94,18 @@ _EXPECTED: Final[dict[str, str]] = {
     "partition_safety": "a boolean",
     "gpu_plane": "one of: auto, ipc, nccl, host",
     "gpu_pool_mb": "an integer from 1 to 1048576",
+    "gpu_busy_poll_us": "a number of microseconds from 0 to 1e6",
+    "gpu_poll_interval_us": "a number of microseconds from 0 to 1e5",
+    "nccl_setup_s": "a number of seconds greater than 0 and at most 86400",
+    "nccl_stall_s": "a number of seconds greater than 0 and at most 86400",
+    "max_call_mb": "an integer number of MiB from 1 to 1023",
+    "max_queued_calls": "an integer from 1 to 2**24",
+    "max_queued_mb": "an integer number of MiB from 1 to 2**20",
+    "when_queue_full": "one of: " + ", ".join(QUEUE_FULL_ACTIONS),
+    "check_p2p_reads": "a boolean",
+    "state_chunk_kb": "an integer number of KiB from 4 to 1048576",
+    "state_stall_s": "a number of seconds greater than 0 and at most 86400",
+    "fence_timeout_s": "a number of seconds greater than 0 and at most 86400",
     "spin_us": "None or a number of microseconds from 0 to 1e6",
     "send_batch": "None or an integer from 0 to 65536",
     "rdma_device": "None or the name of an RDMA device (as in ibv_devices)",
@@ -217,11 +239,48 @@ class Config:
     'auto' (ipc when the transport is shm and CuPy sees a GPU; NCCL only when asked for)."""
     gpu_pool_mb: int = 256
     """Size in MiB of each segment of the CUDA IPC device pool (it grows by segments)."""
+    gpu_busy_poll_us: float = 2000.0
+    """Microseconds the CUDA IPC plane keeps polling its copy events after the last completion
+    before it hands the wait to its waiter thread (0 to 1e6; 0: never poll, always the thread).
+    The NCCL plane notices its broadcasts the same way."""
+    gpu_poll_interval_us: float = 80.0
+    """While more than one batch of copies is in flight, the least time in microseconds between
+    two polls of the copy events (0 to 1e5; 0: at every turn of the loop). A lone batch is
+    polled at every turn. Never longer than ``gpu_busy_poll_us``."""
+    nccl_setup_s: float = 60.0
+    """Seconds a member waits for a root's NCCL unique id before it marks that communicator
+    failed (> 0, at most 86400)."""
+    nccl_stall_s: float = 60.0
+    """A receiver whose oldest NCCL broadcast makes no progress for this many seconds plus its
+    size at 100 MB/s fails that communicator and reports the root (> 0, at most 86400)."""
     spin_us: float | None = None
     """Microseconds a member keeps polling its shared-memory rings after the last arrival before
     it sleeps on its doorbell (shm), when traffic is dense (the last two arrivals within five such
     spans; an idle group's heartbeats never spin): lower latency for a core kept busy meanwhile.
     None: 200 on a machine of at least 8 cores, else 0 (never spin: members share few cores)."""
+    max_call_mb: int = 1023
+    """The largest encoded ordered call (arguments included), in MiB (1-1023); checked when the
+    call is made."""
+    max_queued_calls: int = 16384
+    """Calls queued at this member (its own calls not yet delivered, and delivered calls waiting
+    for their handler) beyond which backpressure applies (1 to 2**24)."""
+    max_queued_mb: int = 256
+    """MiB of calls queued at this member (as for ``max_queued_calls``) beyond which
+    backpressure applies (1 to 2**20)."""
+    when_queue_full: str = "wait"
+    """What a call does when this member's queues are full: 'wait' for room, or 'error' (raise
+    ``QueueFull``)."""
+    check_p2p_reads: bool = False
+    """Compare an actor's snapshot before and after every p2p handler (a test aid: p2p handlers
+    must not change the replica)."""
+    state_chunk_kb: int = 32768
+    """Size in KiB of the chunks a joiner's state travels in (4 to 1048576)."""
+    state_stall_s: float = 30.0
+    """A state transfer that makes no progress for this many seconds fails the join (> 0, at
+    most 86400)."""
+    fence_timeout_s: float = 60.0
+    """Seconds a member sending a joiner its state waits for the handlers of calls delivered
+    before the joiner's view to finish; past it the join fails (> 0, at most 86400)."""
     rdma_device: str | None = None
     """RDMA device name (rdma transport); None picks the first device."""
     rdma_port: int = 1
@@ -311,10 +370,19 @@ class Config:
             raise ConfigError("spin_us", _EXPECTED["spin_us"], self.spin_us)
         if not _is_int(self.gpu_pool_mb) or not 1 <= self.gpu_pool_mb <= 1 << 20:
             raise ConfigError("gpu_pool_mb", _EXPECTED["gpu_pool_mb"], self.gpu_pool_mb)
-        if not isinstance(self.partition_safety, bool):
-            raise ConfigError(
-                "partition_safety", _EXPECTED["partition_safety"], self.partition_safety
-            )
+        self._check_number("gpu_busy_poll_us", 0.0, 1e6)
+        self._check_number("gpu_poll_interval_us", 0.0, 1e5)
+        for name in ("nccl_setup_s", "nccl_stall_s", "state_stall_s", "fence_timeout_s"):
+            self._check_number(name, 0.0, 86400.0, low_open=True)
+        self._check_int("max_call_mb", 1, 1023)
+        self._check_int("max_queued_calls", 1, 1 << 24)
+        self._check_int("max_queued_mb", 1, 1 << 20)
+        self._check_int("state_chunk_kb", 4, 1 << 20)
+        if self.when_queue_full not in QUEUE_FULL_ACTIONS:
+            raise ConfigError("when_queue_full", _EXPECTED["when_queue_full"], self.when_queue_full)
+        for name in ("partition_safety", "check_p2p_reads"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, _EXPECTED[name], getattr(self, name))
         if not _is_int(self.rdma_port) or not 1 <= self.rdma_port <= 255:
             raise ConfigError("rdma_port", _EXPECTED["rdma_port"], self.rdma_port)
         if self.rdma_gid_index is not None and (
@@ -325,6 +393,25 @@ class Config:
         if level not in LOG_LEVELS:
             raise ConfigError("log_level", _EXPECTED["log_level"], self.log_level)
         set_(self, "log_level", level)
+
+    def _check_number(self, name: str, low: float, high: float, *, low_open: bool = False) -> None:
+        """Field ``name`` must be a finite int or float from ``low`` (excluded if ``low_open``)
+        to ``high``; it is stored as a float."""
+        value = getattr(self, name)
+        if (
+            not _is_number(value)
+            or not math.isfinite(value)
+            or not (low < value if low_open else low <= value)
+            or not value <= high
+        ):
+            raise ConfigError(name, _EXPECTED[name], value)
+        object.__setattr__(self, name, float(value))
+
+    def _check_int(self, name: str, low: int, high: int) -> None:
+        """Field ``name`` must be an int (not a bool) from ``low`` to ``high``."""
+        value = getattr(self, name)
+        if not _is_int(value) or not low <= value <= high:
+            raise ConfigError(name, _EXPECTED[name], value)
 
     # ------------------------------------------------------------------------------ constructors
 

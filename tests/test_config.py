@@ -41,6 +41,13 @@ def test_defaults() -> None:
     assert c.partition_safety is True
     assert (c.rdma_device, c.rdma_port, c.rdma_gid_index) == (None, 1, None)
     assert c.log_level == "WARNING"
+    assert (c.gpu_busy_poll_us, c.gpu_poll_interval_us) == (2000.0, 80.0)
+    assert (c.nccl_setup_s, c.nccl_stall_s) == (60.0, 60.0)
+    assert (c.max_call_mb, c.max_queued_calls, c.max_queued_mb) == (1023, 16384, 256)
+    assert c.when_queue_full == "wait"
+    assert c.check_p2p_reads is False
+    assert c.state_chunk_kb == 32768
+    assert (c.state_stall_s, c.fence_timeout_s) == (30.0, 60.0)
 
 
 def test_full_valid_config() -> None:
@@ -151,6 +158,107 @@ BAD_VALUES: list[tuple[str, object]] = [
     ("rdma_gid_index", "0"),
     ("log_level", "verbose"),
     ("log_level", 10),
+    ("gpu_busy_poll_us", "100"),
+    ("gpu_busy_poll_us", True),
+    ("gpu_busy_poll_us", None),
+    ("gpu_busy_poll_us", float("nan")),
+    ("gpu_busy_poll_us", float("inf")),
+    ("gpu_busy_poll_us", float("-inf")),
+    ("gpu_busy_poll_us", -1),
+    ("gpu_busy_poll_us", -1e-9),
+    ("gpu_busy_poll_us", 1e6 + 1),
+    ("gpu_poll_interval_us", "100"),
+    ("gpu_poll_interval_us", True),
+    ("gpu_poll_interval_us", None),
+    ("gpu_poll_interval_us", float("nan")),
+    ("gpu_poll_interval_us", float("inf")),
+    ("gpu_poll_interval_us", float("-inf")),
+    ("gpu_poll_interval_us", -1),
+    ("gpu_poll_interval_us", -1e-9),
+    ("gpu_poll_interval_us", 100_000.5),
+    ("nccl_setup_s", "100"),
+    ("nccl_setup_s", True),
+    ("nccl_setup_s", None),
+    ("nccl_setup_s", float("nan")),
+    ("nccl_setup_s", float("inf")),
+    ("nccl_setup_s", float("-inf")),
+    ("nccl_setup_s", 0),
+    ("nccl_setup_s", 0.0),
+    ("nccl_setup_s", -1),
+    ("nccl_setup_s", 86400.001),
+    ("nccl_stall_s", "100"),
+    ("nccl_stall_s", True),
+    ("nccl_stall_s", None),
+    ("nccl_stall_s", float("nan")),
+    ("nccl_stall_s", float("inf")),
+    ("nccl_stall_s", float("-inf")),
+    ("nccl_stall_s", 0),
+    ("nccl_stall_s", 0.0),
+    ("nccl_stall_s", -1),
+    ("nccl_stall_s", 86400.001),
+    ("max_call_mb", 0),
+    ("max_call_mb", -1),
+    ("max_call_mb", 1024),
+    ("max_call_mb", 1.0),
+    ("max_call_mb", "16"),
+    ("max_call_mb", True),
+    ("max_call_mb", None),
+    ("max_call_mb", float("nan")),
+    ("max_call_mb", float("inf")),
+    ("max_queued_calls", 0),
+    ("max_queued_calls", -1),
+    ("max_queued_calls", (1 << 24) + 1),
+    ("max_queued_calls", 1.0),
+    ("max_queued_calls", "16"),
+    ("max_queued_calls", True),
+    ("max_queued_calls", None),
+    ("max_queued_calls", float("nan")),
+    ("max_queued_calls", float("inf")),
+    ("max_queued_mb", 0),
+    ("max_queued_mb", -1),
+    ("max_queued_mb", (1 << 20) + 1),
+    ("max_queued_mb", 1.0),
+    ("max_queued_mb", "16"),
+    ("max_queued_mb", True),
+    ("max_queued_mb", None),
+    ("max_queued_mb", float("nan")),
+    ("max_queued_mb", float("inf")),
+    ("state_chunk_kb", 3),
+    ("state_chunk_kb", -1),
+    ("state_chunk_kb", (1 << 20) + 1),
+    ("state_chunk_kb", 32.0),
+    ("state_chunk_kb", "16"),
+    ("state_chunk_kb", True),
+    ("state_chunk_kb", None),
+    ("state_chunk_kb", float("nan")),
+    ("state_chunk_kb", float("inf")),
+    ("when_queue_full", "drop"),
+    ("when_queue_full", "WAIT"),
+    ("when_queue_full", None),
+    ("when_queue_full", 1),
+    ("check_p2p_reads", 1),
+    ("check_p2p_reads", "true"),
+    ("check_p2p_reads", None),
+    ("state_stall_s", "100"),
+    ("state_stall_s", True),
+    ("state_stall_s", None),
+    ("state_stall_s", float("nan")),
+    ("state_stall_s", float("inf")),
+    ("state_stall_s", float("-inf")),
+    ("state_stall_s", 0),
+    ("state_stall_s", 0.0),
+    ("state_stall_s", -1),
+    ("state_stall_s", 86400.001),
+    ("fence_timeout_s", "100"),
+    ("fence_timeout_s", True),
+    ("fence_timeout_s", None),
+    ("fence_timeout_s", float("nan")),
+    ("fence_timeout_s", float("inf")),
+    ("fence_timeout_s", float("-inf")),
+    ("fence_timeout_s", 0),
+    ("fence_timeout_s", 0.0),
+    ("fence_timeout_s", -1),
+    ("fence_timeout_s", 86400.001),
 ]
 
 
@@ -216,7 +324,10 @@ def test_unknown_key_in_constructor() -> None:
         Config(**{**BASE, "heartbeat": 5})
     assert info.value.key == "heartbeat"
     assert info.value.got == 5
-    assert info.value.expected.startswith("one of: contact, gpu_plane, gpu_pool_mb, group, heartbeat_ms,")
+    assert info.value.expected.startswith(
+        "one of: check_p2p_reads, contact, fence_timeout_s, gpu_busy_poll_us, gpu_plane,"
+    )
+    assert "heartbeat_ms," in info.value.expected
 
 
 @pytest.mark.parametrize("required", ["group", "member_id"])
@@ -313,6 +424,138 @@ def test_parse_hostport_port_zero() -> None:
         parse_hostport("h:0", "contact", allow_port_zero=False)
     with pytest.raises(ConfigError):
         parse_hostport(None, "contact")
+
+
+# ------------------------------------------------------------------------------- tuning keys
+
+# key -> (default, accepted values at and inside its bounds)
+NUMBER_KEYS: dict[str, tuple[float, list[float]]] = {
+    "gpu_busy_poll_us": (2000.0, [0, 0.0, 0.5, 1e6, 1_000_000]),
+    "gpu_poll_interval_us": (80.0, [0, 0.0, 40, 1e5]),
+    "nccl_setup_s": (60.0, [1e-6, 1, 2.5, 86400, 86400.0]),
+    "nccl_stall_s": (60.0, [1e-6, 1, 300.5, 86400]),
+    "state_stall_s": (30.0, [1e-6, 1, 86400]),
+    "fence_timeout_s": (60.0, [1e-6, 1, 86400]),
+}
+INT_KEYS: dict[str, tuple[int, list[int]]] = {
+    "max_call_mb": (1023, [1, 512, 1023]),
+    "max_queued_calls": (16384, [1, 1 << 24]),
+    "max_queued_mb": (256, [1, 1 << 20]),
+    "state_chunk_kb": (32768, [4, 5, 1 << 20]),
+}
+
+
+@pytest.mark.parametrize("key", sorted(NUMBER_KEYS))
+def test_number_keys_accept_their_bounds_and_store_floats(key: str) -> None:
+    default, accepted = NUMBER_KEYS[key]
+    assert getattr(make(), key) == default
+    for value in accepted:
+        got = getattr(make(**{key: value}), key)
+        assert got == value and type(got) is float
+
+
+@pytest.mark.parametrize("key", sorted(INT_KEYS))
+def test_int_keys_accept_their_bounds(key: str) -> None:
+    default, accepted = INT_KEYS[key]
+    assert getattr(make(), key) == default
+    for value in accepted:
+        got = getattr(make(**{key: value}), key)
+        assert got == value and type(got) is int
+
+
+def test_when_queue_full_and_check_p2p_reads() -> None:
+    assert make(when_queue_full="error").when_queue_full == "error"
+    assert make(when_queue_full="wait").when_queue_full == "wait"
+    assert make(check_p2p_reads=True).check_p2p_reads is True
+
+
+TUNING_ENV: dict[str, tuple[str, object]] = {
+    "DERECHO_ASYNC_GPU_BUSY_POLL_US": ("0", 0.0),
+    "DERECHO_ASYNC_GPU_POLL_INTERVAL_US": ("40", 40.0),
+    "DERECHO_ASYNC_NCCL_SETUP_S": ("2.5", 2.5),
+    "DERECHO_ASYNC_NCCL_STALL_S": ("3e2", 300.0),
+    "DERECHO_ASYNC_MAX_CALL_MB": ("64", 64),
+    "DERECHO_ASYNC_MAX_QUEUED_CALLS": (" 100 ", 100),
+    "DERECHO_ASYNC_MAX_QUEUED_MB": ("8", 8),
+    "DERECHO_ASYNC_WHEN_QUEUE_FULL": ("error", "error"),
+    "DERECHO_ASYNC_CHECK_P2P_READS": ("yes", True),
+    "DERECHO_ASYNC_STATE_CHUNK_KB": ("4", 4),
+    "DERECHO_ASYNC_STATE_STALL_S": ("5", 5.0),
+    "DERECHO_ASYNC_FENCE_TIMEOUT_S": ("0.5", 0.5),
+}
+
+
+def test_tuning_keys_load_from_the_environment() -> None:
+    env = {variable: text for variable, (text, _) in TUNING_ENV.items()}
+    c = Config.load(environ=env, **BASE)
+    for variable, (_, value) in TUNING_ENV.items():
+        key = variable.removeprefix("DERECHO_ASYNC_").lower()
+        got = getattr(c, key)
+        assert got == value and type(got) is type(value), key
+
+
+@pytest.mark.parametrize(
+    ("variable", "text"),
+    [
+        ("DERECHO_ASYNC_GPU_BUSY_POLL_US", "soon"),
+        ("DERECHO_ASYNC_GPU_BUSY_POLL_US", "nan"),
+        ("DERECHO_ASYNC_GPU_POLL_INTERVAL_US", "1e9"),
+        ("DERECHO_ASYNC_NCCL_SETUP_S", "0"),
+        ("DERECHO_ASYNC_NCCL_STALL_S", "-5"),
+        ("DERECHO_ASYNC_NCCL_STALL_S", "inf"),
+        ("DERECHO_ASYNC_MAX_CALL_MB", "1.5"),
+        ("DERECHO_ASYNC_MAX_CALL_MB", "1024"),
+        ("DERECHO_ASYNC_MAX_QUEUED_CALLS", "0"),
+        ("DERECHO_ASYNC_MAX_QUEUED_MB", ""),
+        ("DERECHO_ASYNC_WHEN_QUEUE_FULL", "drop"),
+        ("DERECHO_ASYNC_CHECK_P2P_READS", "maybe"),
+        ("DERECHO_ASYNC_STATE_CHUNK_KB", "3"),
+        ("DERECHO_ASYNC_STATE_STALL_S", "0"),
+        ("DERECHO_ASYNC_FENCE_TIMEOUT_S", "86401"),
+    ],
+)
+def test_tuning_keys_bad_in_the_environment_name_key_and_variable(
+    variable: str, text: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        Config.from_env({"DERECHO_ASYNC_GROUP": "g", "DERECHO_ASYNC_MEMBER_ID": "0", variable: text})
+    assert info.value.key == variable.removeprefix("DERECHO_ASYNC_").lower()
+    assert variable in str(info.value)
+
+
+def test_tuning_keys_load_from_toml(tmp_path: Path) -> None:
+    path = tmp_path / "member.toml"
+    path.write_text(
+        """
+[derecho_async]
+group = "g"
+member_id = 1
+gpu_busy_poll_us = 0
+gpu_poll_interval_us = 12.5
+nccl_setup_s = 20
+nccl_stall_s = 30.0
+max_call_mb = 16
+max_queued_calls = 1000
+max_queued_mb = 32
+when_queue_full = "error"
+check_p2p_reads = true
+state_chunk_kb = 1024
+state_stall_s = 7
+fence_timeout_s = 9.5
+""",
+        encoding="utf-8",
+    )
+    c = Config.load(path, environ={})
+    assert (c.gpu_busy_poll_us, c.gpu_poll_interval_us) == (0.0, 12.5)
+    assert type(c.gpu_busy_poll_us) is float and type(c.nccl_setup_s) is float
+    assert (c.nccl_setup_s, c.nccl_stall_s) == (20.0, 30.0)
+    assert (c.max_call_mb, c.max_queued_calls, c.max_queued_mb) == (16, 1000, 32)
+    assert (c.when_queue_full, c.check_p2p_reads) == ("error", True)
+    assert (c.state_chunk_kb, c.state_stall_s, c.fence_timeout_s) == (1024, 7.0, 9.5)
+    path.write_text('group = "g"\nmember_id = 1\nnccl_stall_s = "60"\n', encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        Config.from_toml(path)
+    assert info.value.key == "nccl_stall_s" and str(path) in str(info.value)
 
 
 # ------------------------------------------------------------------------------------ TOML

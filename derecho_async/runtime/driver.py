@@ -230,9 +230,13 @@ class Driver:
         def shards_of(members: tuple[int, ...]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
             return [(s.members, s.senders) for s in layout.assign(members).shards]
 
+        config = self.config
         self.ncclplane = NcclPlane(self.member_id, shards_of, self.transport.send,
                                    self._data_landed, self.on_failure,
-                                   failed=self._landing_failed)
+                                   failed=self._landing_failed,
+                                   setup_s=config.nccl_setup_s, stall_s=config.nccl_stall_s,
+                                   busy_poll_us=config.gpu_busy_poll_us,
+                                   poll_interval_us=config.gpu_poll_interval_us)
         self.add_plane(self.ncclplane, first=True)
         log.info("member %d: device arrays travel by NCCL broadcasts (GPU %d)",
                  self.member_id, self.ncclplane.device)
@@ -247,6 +251,8 @@ class Driver:
             self._data_landed,
             failed=self._landing_failed,
             landed_batch=self.step_now,
+            busy_poll_us=self.config.gpu_busy_poll_us,
+            poll_interval_us=self.config.gpu_poll_interval_us,
         )
         self.add_plane(self.gpuplane, first=True)
         log.info("member %d: device arrays travel by CUDA IPC (GPU %s)",

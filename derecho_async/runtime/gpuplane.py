@@ -36,8 +36,8 @@ stream per sender: a sender that dies leaves an event that may never complete, a
 must stall only that sender's copies (which the view change trims anyway), not other senders'
 copies nor the application's work on the default stream. Completion is noticed without blocking the
 loop: while copies complete the loop polls the events (``call_soon``, for up to 2 ms after the last
-completion, or what ``DERECHO_ASYNC_GPU_BUSY_POLL_US`` says; while more than one batch is in
-flight, at most once per 80 µs, ``DERECHO_ASYNC_GPU_POLL_INTERVAL_US``: a look costs the loop
+completion, or what ``Config.gpu_busy_poll_us`` says; while more than one batch is in
+flight, at most once per 80 µs, ``Config.gpu_poll_interval_us``: a look costs the loop
 about a microsecond at every turn, and a busy loop turns several times per message); past that,
 the loop hands the blocking-sync event of each busy stream's oldest batch to that sender's *waiter
 thread*, which sleeps in ``cudaEventSynchronize`` (the GIL released) and wakes the loop as soon as
@@ -76,7 +76,6 @@ import ctypes
 import functools
 import logging
 import math
-import os
 import queue
 import struct
 import threading
@@ -137,36 +136,6 @@ _LOCAL_CUDA_ERRORS = frozenset({
     700,  # cudaErrorIllegalAddress (sticky: this process's context is lost)
     719,  # cudaErrorLaunchFailure (sticky)
 })
-
-def _number_from_env(name: str, default: float, low: float, high: float, *,
-                     low_allowed: bool = True) -> float:
-    """A number from environment variable ``name``: ``default`` when unset, or (with a warning)
-    when it is not a number from ``low`` (excluded without ``low_allowed``) to ``high``."""
-    raw = os.environ.get(name, "")
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        value = low - 1.0
-    if not (low <= value if low_allowed else low < value) or not value <= high:
-        log.warning("ignoring %s=%r: not in %s%g, %g]", name, raw, "[" if low_allowed else "(",
-                    low, high)
-        value = default
-    return value
-
-
-def _busy_poll_s() -> float:
-    """How long to spin on completions after the last one before sleeping (seconds): 2 ms, or
-    ``DERECHO_ASYNC_GPU_BUSY_POLL_US`` microseconds (0: never spin, always wake by callback)."""
-    return _number_from_env("DERECHO_ASYNC_GPU_BUSY_POLL_US", 2000.0, 0.0, 1e6) / 1e6
-
-
-def _poll_interval_s() -> float:
-    """How often, at most, completions are looked at while more than one transfer is in flight
-    (seconds): 80 µs, or ``DERECHO_ASYNC_GPU_POLL_INTERVAL_US`` microseconds (0: at every turn
-    of the loop). Each look costs the loop about a microsecond and a busy loop turns several
-    times per message; a lone transfer is still looked at on every turn."""
-    return _number_from_env("DERECHO_ASYNC_GPU_POLL_INTERVAL_US", 80.0, 0.0, 1e5) / 1e6
-
 
 def gpu_available() -> bool:
     """Whether CuPy imports here and sees at least one CUDA device."""
@@ -494,7 +463,13 @@ class Completions:
     wake-up when idle (see the module docstring). Every method runs on the event loop."""
 
     def __init__(self, rt: Any, device: int,
-                 finished: Callable[[], None] | None = None) -> None:
+                 finished: Callable[[], None] | None = None, *,
+                 busy_poll_us: float = 2000.0, poll_interval_us: float = 80.0) -> None:
+        """``busy_poll_us``: how long to keep polling after the last completion before the
+        waiter threads take over (0: never poll); ``poll_interval_us``: while more than one item
+        is in flight, the least time between two polls (0: at every turn of the loop). Both are
+        :class:`~derecho_async.config.Config` keys (``gpu_busy_poll_us``,
+        ``gpu_poll_interval_us``)."""
         self._rt = rt
         self.device = device
         self._finished = finished  # called after a poll that finished work (see poll)
@@ -504,9 +479,9 @@ class Completions:
         self._spare_events: list[int] = []
         self._poll_handle: asyncio.Handle | None = None
         self._busy_since = 0.0
-        self._busy_poll_s = _busy_poll_s()
+        self._busy_poll_s = busy_poll_us / 1e6
         # never longer than the busy poll itself (past that, waiter threads take over)
-        self._poll_interval_s = min(_poll_interval_s(), self._busy_poll_s)
+        self._poll_interval_s = min(poll_interval_us / 1e6, self._busy_poll_s)
         self._last_poll = 0.0  # when a stream of transfers was last looked at
         self._inflight = 0  # items tracked and not yet finished or forgotten, on every lane
         # Events a waiter thread sleeps on -> whether their item already finished here: one is
@@ -690,7 +665,9 @@ class IpcPlane:
     ``landed(key, payload)`` reports a message whose bytes are all here, ``failed(key, exc)`` one
     whose bytes came but whose arrays could not be made (it will never land), and
     ``landed_batch()`` follows each look at the copies that landed any (the driver takes its
-    step then, so the frontier goes out at once). See the module docstring.
+    step then, so the frontier goes out at once). ``busy_poll_us`` and ``poll_interval_us``
+    (``Config.gpu_busy_poll_us``, ``Config.gpu_poll_interval_us``) go to its
+    :class:`Completions`. See the module docstring.
     """
 
     kinds: tuple[int, ...] = (env.GPU_POOL, env.GPU_DATA, env.GPU_BATCH)
@@ -700,6 +677,7 @@ class IpcPlane:
                  landed: Callable[[tuple[int, int, int], object], None], *,
                  failed: Callable[[tuple[int, int, int], BaseException], None] | None = None,
                  landed_batch: Callable[[], None] | None = None,
+                 busy_poll_us: float = 2000.0, poll_interval_us: float = 80.0,
                  ) -> None:
         import cupy
 
@@ -733,7 +711,8 @@ class IpcPlane:
         self._unflushed: dict[_Peer, None] = {}  # peers with copies not yet tracked (_flush)
         self._closed = False
         # copies in flight, per peer; landed_batch follows each poll that landed messages
-        self._done = Completions(self._rt, self.device, landed_batch)
+        self._done = Completions(self._rt, self.device, landed_batch,
+                                 busy_poll_us=busy_poll_us, poll_interval_us=poll_interval_us)
         self._reclaimed = 0  # regions that arrays gave back (their last use: the app's stream)
         self._released = 0  # staging regions freed by a view change (last use: the send stream)
         self._fence_event = int(self._rt.eventCreateWithFlags(0x2))  # cudaEventDisableTiming

@@ -35,7 +35,7 @@ ranks lazily on a communicator's first collectives, blocking the caller until ev
 issued them, and on the event loop a root's first broadcast would then wait for receivers that
 wait for its descriptor. The event loop never blocks: the communicator and its stream are
 handed to the loop when both are up. A unique id that has not arrived within the
-setup timeout (``DERECHO_ASYNC_NCCL_SETUP_S``, 60 s) marks that communicator failed here. A join
+setup timeout (``Config.nccl_setup_s``, 60 s) marks that communicator failed here. A join
 that never returns (a rank died before joining: cupy's blocking ``ncclCommInitRank`` cannot be
 cancelled) leaves that daemon thread parked; the next view gets a fresh thread, so the leak is
 one thread per such view. Messages offered before the sender's own communicator is up go to the
@@ -108,7 +108,6 @@ from derecho_async.runtime.gpuplane import (
     Completions,
     Descriptor,
     Lane,
-    _number_from_env,
     as_lib,
     inline_array,
 )
@@ -135,23 +134,10 @@ UID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
 _MAX_EARLY_UIDS = 4096  # unique-id frames held for views not yet installed here
 _ASYNC_CHECK_S = 0.5  # how often communicators with broadcasts in flight are checked for errors
 _WARM_UP_BYTES = 4 << 20  # the second warm-up broadcast (see NcclPlane._warm_up)
-_STALL_S = 60.0  # a receiver's broadcast that long without progress fails its communicator
-_STALL_FLOOR_BPS = 100e6  # ... plus its bytes at this rate (a slow network's large message)
+_STALL_FLOOR_BPS = 100e6  # the stall limit grows by a broadcast's bytes at this rate
 _STALL_GAP_S = 5.0  # watchdog checks further apart than this (a blocked loop) restart its clock
 _BROADCAST_PIECE = 1 << 30  # bytes per ncclBroadcast call (see NcclPlane._enqueue)
 _FRAME_MARGIN = 1024  # room under GROUP_MESSAGE_LIMIT for a transport's own header (rdma's)
-
-
-def _setup_timeout_s() -> float:
-    """Seconds a member waits for a root's unique id: 60, or ``DERECHO_ASYNC_NCCL_SETUP_S``."""
-    return _number_from_env("DERECHO_ASYNC_NCCL_SETUP_S", 60.0, 0.0, 86400.0, low_allowed=False)
-
-
-def _stall_s() -> float:
-    """Seconds a receiver's oldest broadcast may go without progress, before its bytes are
-    counted: 60, or ``DERECHO_ASYNC_NCCL_STALL_S``."""
-    return _number_from_env("DERECHO_ASYNC_NCCL_STALL_S", _STALL_S, 0.0, 86400.0,
-                            low_allowed=False)
 
 
 # -- plane selection (pure) --------------------------------------------------------------------
@@ -417,6 +403,11 @@ class NcclPlane:
     ``landed(key, payload)`` reports a message whose arrays are all here; ``suspect(member,
     why)`` reports a member whose communicator failed (the driver's ``on_failure``); ``failed(key,
     exc)`` a message whose bytes came but whose arrays could not be made (it never lands).
+    ``setup_s``: how long to wait for a root's unique id (``Config.nccl_setup_s``); ``stall_s``:
+    how long a receiver's oldest broadcast may make no progress, plus its size at 100 MB/s,
+    before its communicator fails (``Config.nccl_stall_s``); ``busy_poll_us`` and
+    ``poll_interval_us`` go to its :class:`~derecho_async.runtime.gpuplane.Completions`
+    (``Config.gpu_busy_poll_us``, ``Config.gpu_poll_interval_us``).
     """
 
     kinds: tuple[int, ...] = (env.NCCL_UID, env.NCCL_DATA)
@@ -428,6 +419,8 @@ class NcclPlane:
                  landed: Callable[[tuple[int, int, int], object], None],
                  suspect: Callable[[int, str], None], *, min_ranks: int = 2,
                  failed: Callable[[tuple[int, int, int], BaseException], None] | None = None,
+                 setup_s: float = 60.0, stall_s: float = 60.0,
+                 busy_poll_us: float = 2000.0, poll_interval_us: float = 80.0,
                  ) -> None:
         import cupy
         from cupy.cuda import nccl
@@ -443,9 +436,10 @@ class NcclPlane:
         self._suspect = suspect
         self._failed = failed
         self._min_ranks = min_ranks
-        self._setup_timeout_s = _setup_timeout_s()
-        self._stall_s = _stall_s()
-        self._done = Completions(self._rt, self.device)
+        self._setup_timeout_s = setup_s
+        self._stall_s = stall_s
+        self._done = Completions(self._rt, self.device, busy_poll_us=busy_poll_us,
+                                 poll_interval_us=poll_interval_us)
         self._fence_event = int(self._rt.eventCreateWithFlags(0x2))  # cudaEventDisableTiming
         self._uint8 = int(getattr(nccl, "NCCL_UINT8", 1))  # ncclUint8: arrays travel as bytes
         self._signed_chars = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")

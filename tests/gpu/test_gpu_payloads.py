@@ -51,9 +51,9 @@ def test_cupy_and_torch_payloads_arrive_as_device_arrays_in_total_order(
     assert all(abs(r["total"] - expected) / expected < 1e-6 for r in results)
 
 
-@pytest.mark.parametrize("busy_poll_us, count", [(None, 10000), ("0", 2000)])
+@pytest.mark.parametrize("busy_poll_us, count", [(None, 10000), (0.0, 2000)])
 def test_device_pools_drain_after_ten_thousand_messages(
-    busy_poll_us: str | None, count: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    busy_poll_us: float | None, count: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """10,000 messages (half sent in place) over 3 members; then 2,000 with completions always
     noticed by the waiter threads (no busy polling) while handlers synchronize on the GPU."""
@@ -62,10 +62,9 @@ def test_device_pools_drain_after_ten_thousand_messages(
 
     monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
     monkeypatch.setenv("DA_GPU_COUNT", str(count))
-    if busy_poll_us is not None:
-        monkeypatch.setenv("DERECHO_ASYNC_GPU_BUSY_POLL_US", busy_poll_us)
+    polling = {} if busy_poll_us is None else {"gpu_busy_poll_us": busy_poll_us}
     codes = da.launch_local(3, gpu_apps.pool_soak, group=f"gpusoak{os.getpid()}-{count}",
-                            timeout=400)
+                            timeout=400, **polling)
     assert codes == [0, 0, 0]
     results = [json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(3)]
     assert len({r["digest"] for r in results}) == 1

@@ -1,6 +1,12 @@
-"""The CUDA IPC plane's pure parts, on the CPU: the pool allocator and the wire formats."""
+"""The CUDA IPC plane's pure parts, on the CPU: the pool allocator, the wire formats and the
+polling settings."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any, cast
 
 import msgpack  # type: ignore[import-untyped]
 import pytest
@@ -8,15 +14,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import derecho_async as da
+from derecho_async.core import Layout
 from derecho_async.errors import ConfigError, ProtocolViolation
+from derecho_async.runtime.driver import Driver, Host
 from derecho_async.runtime.gpuplane import (
     ALIGN,
     ArraySpec,
+    Completions,
     Descriptor,
     IpcPlane,
+    Lane,
     PoolAnnouncement,
     RangeAllocator,
 )
+from derecho_async.transport.loopback import LoopbackFabric
 from tests.runtime.descriptor_bytes import raw_descriptor as _raw
 
 H = bytes(range(64))
@@ -220,3 +231,111 @@ def test_opening_a_peer_handle_that_fails_for_want_of_local_resources_is_this_me
 
 def test_an_opened_peer_handle_gives_its_address() -> None:
     assert IpcPlane._open_peer(7, lambda *_: 0x7F00_0000_0000) == 0x7F00_0000_0000
+
+
+# -- the polling settings (Config.gpu_busy_poll_us, gpu_poll_interval_us) ----------------------
+class _FakeRuntime:
+    """The CUDA runtime calls Completions makes; no event ever completes."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.queries = 0
+
+    def eventCreateWithFlags(self, flags: int) -> int:
+        self.events += 1
+        return self.events
+
+    def eventRecord(self, event: int, stream: int) -> None:
+        pass
+
+    def eventQuery(self, event: int) -> int:
+        self.queries += 1
+        return 600  # cudaErrorNotReady
+
+
+class _FakeWaiter:
+    def __init__(self) -> None:
+        self.waits: list[int] = []
+
+    def wait(self, event: int, fn: Callable[[], None], *, destroy: bool = True) -> None:
+        self.waits.append(event)
+
+
+def _lane() -> tuple[Lane, _FakeWaiter]:
+    waiter = _FakeWaiter()
+    lane = Lane(stream=SimpleNamespace(ptr=0))
+    lane.waiter = cast(Any, waiter)  # no thread (a real waiter imports CuPy)
+    return lane, waiter
+
+
+async def _turns(n: int) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_completions_poll_for_the_configured_busy_poll_then_hand_over_to_the_waiter() -> None:
+    rt = _FakeRuntime()
+    done = Completions(rt, 0)  # the defaults: 2000 µs of polling
+    lane, waiter = _lane()
+    done.track(lane, lambda: None)
+    await _turns(5)
+    assert rt.queries >= 4 and waiter.waits == []  # polled at every turn, no thread yet
+    done.close()
+
+    rt = _FakeRuntime()
+    done = Completions(rt, 0, busy_poll_us=0.0)  # never poll: the waiter at once
+    lane, waiter = _lane()
+    done.track(lane, lambda: None)
+    await _turns(5)
+    assert rt.queries == 0 and waiter.waits == [1]
+    done.close()
+
+
+@pytest.mark.parametrize("interval_us, most_polls", [(0.0, None), (1e5, 1)])
+async def test_completions_poll_a_stream_of_work_at_most_once_per_configured_interval(
+    interval_us: float, most_polls: int | None
+) -> None:
+    rt = _FakeRuntime()
+    done = Completions(rt, 0, busy_poll_us=1e6, poll_interval_us=interval_us)
+    lane, _ = _lane()
+    done.track(lane, lambda: None)
+    done.track(lane, lambda: None)  # more than one in flight: the interval applies
+    await _turns(20)
+    done.close()
+    if most_polls is None:
+        assert rt.queries >= 19  # 0: at every turn of the loop
+    else:
+        assert rt.queries == most_polls  # 100 ms apart: once in 20 quick turns
+
+
+def test_the_driver_gives_the_ipc_plane_the_configured_polling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made = _recording_plane(monkeypatch, "derecho_async.runtime.gpuplane.IpcPlane")
+    driver = _driver(da.Config(group="g", member_id=0, gpu_busy_poll_us=0,
+                               gpu_poll_interval_us=40))
+    driver._start_ipc_plane()
+    assert made[-1]["busy_poll_us"] == 0.0 and made[-1]["poll_interval_us"] == 40.0
+    _driver(da.Config(group="g", member_id=0))._start_ipc_plane()
+    assert made[-1]["busy_poll_us"] == 2000.0 and made[-1]["poll_interval_us"] == 80.0
+
+
+def _recording_plane(monkeypatch: pytest.MonkeyPatch, target: str) -> list[dict[str, Any]]:
+    """Put a stand-in for the plane class ``target`` that records its keyword arguments."""
+    made: list[dict[str, Any]] = []
+
+    class Recorder:
+        kinds: tuple[int, ...] = ()
+        device = 0
+        bus_id = "0000:00:00.0"
+
+        def __init__(self, *args: object, **kwargs: Any) -> None:
+            made.append(kwargs)
+
+    monkeypatch.setattr(target, Recorder)
+    return made
+
+
+def _driver(config: da.Config) -> Driver:
+    return Driver(config, LoopbackFabric().transport(config.member_id), Layout(),
+                  cast(Host, object()))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import random
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import msgpack  # type: ignore[import-untyped]
 import pytest
@@ -321,14 +321,37 @@ def test_a_late_watchdog_check_restarts_the_clock() -> None:
     assert _watch(comm, 100.5, 200.0) == 160.0
 
 
-def test_the_stall_limit_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from derecho_async.runtime import ncclplane
+def test_the_driver_gives_the_nccl_plane_the_configured_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Config.nccl_setup_s, nccl_stall_s and the GPU polling keys reach the plane (its
+    constructor needs CuPy: a stand-in records what the driver passes)."""
+    from derecho_async.runtime.driver import Driver, Host
+    from derecho_async.transport.loopback import LoopbackFabric
 
-    monkeypatch.setenv("DERECHO_ASYNC_NCCL_STALL_S", "300")
-    assert ncclplane._stall_s() == 300.0
-    for bad in ("soon", "0", "-5", "1e9"):
-        monkeypatch.setenv("DERECHO_ASYNC_NCCL_STALL_S", bad)
-        assert ncclplane._stall_s() == 60.0  # ignored, with a warning
+    made: list[dict[str, Any]] = []
+
+    class Recorder:
+        kinds: tuple[int, ...] = ()
+        device = 0
+
+        def __init__(self, *args: object, **kwargs: Any) -> None:
+            made.append(kwargs)
+
+    monkeypatch.setattr("derecho_async.runtime.ncclplane.NcclPlane", Recorder)
+
+    def start(config: da.Config) -> dict[str, Any]:
+        driver = Driver(config, LoopbackFabric().transport(0), Layout(), cast(Host, object()))
+        driver._start_nccl_plane()
+        return made[-1]
+
+    chosen = start(da.Config(group="g", member_id=0, nccl_setup_s=2, nccl_stall_s=300.5,
+                             gpu_busy_poll_us=0, gpu_poll_interval_us=10))
+    assert (chosen["setup_s"], chosen["stall_s"]) == (2.0, 300.5)
+    assert (chosen["busy_poll_us"], chosen["poll_interval_us"]) == (0.0, 10.0)
+    default = start(da.Config(group="g", member_id=0))
+    assert (default["setup_s"], default["stall_s"]) == (60.0, 60.0)
+    assert (default["busy_poll_us"], default["poll_interval_us"]) == (2000.0, 80.0)
 
 
 @settings(max_examples=100, deadline=None)
