@@ -29,6 +29,7 @@ __all__ = [
     "PlainCall",
     "RingRecord",
     "SlotRecord",
+    "bytes_copy",
     "decode_plain_call",
     "deliver_messages",
     "dispatch_calls",
@@ -737,3 +738,17 @@ def encode_plain_call(method: object, args: object, /) -> bytes | None:
         return bytes(msgpack.packb([method, list(args), {}], use_bin_type=True))
     except UnicodeEncodeError:  # a lone surrogate
         return None
+
+
+def bytes_copy(buffer: object, /) -> bytes:
+    """A new bytes object holding the bytes of ``buffer`` (anything with the buffer protocol;
+    a non-contiguous one in C order). The native twin copies a large buffer with the GIL
+    released, so a worker thread converting hundreds of MiB does not hold up the event loop;
+    here the copy holds the GIL."""
+    try:
+        view = memoryview(buffer)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"bytes_copy: a bytes-like object is required, not '{type(buffer).__name__}'"
+        ) from None
+    return bytes(view)
