@@ -35,6 +35,7 @@
 #define R_PUSH 1
 #define R_MSG 2
 #define U63 ((uint64_t)1 << 63)
+#define PLAIN_BYTES_MAX ((Py_ssize_t)1 << 20) /* codec.LARGE_BYTES */
 
 static inline uint64_t
 load_word(const unsigned char *p)
@@ -964,9 +965,9 @@ native_decode_plain_call(PyObject *self, PyObject *data)
 
 /* encode_plain_call(method, args) -> bytes | None: msgpack [method, [args...], {}] exactly as
  * msgpack.Packer(use_bin_type=True) writes it, for a str method and a tuple of args that are all
- * None, bool, int (-2**63 .. 2**64-1), float, str or bytes (exact types); None for anything
- * else (a subclass, another type, an int out of range, a str that is not valid UTF-8), which the
- * general encoder then takes and reports. */
+ * None, bool, int (-2**63 .. 2**64-1), float, str or bytes of at most PLAIN_BYTES_MAX (exact
+ * types); None for anything else (a subclass, another type, an int out of range, a str that is
+ * not valid UTF-8, longer bytes), which the general encoder then takes (and reports). */
 
 static inline unsigned char *
 put_be(unsigned char *p, uint64_t v, int n)
@@ -1134,7 +1135,7 @@ native_encode_plain_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         }
         else if (PyBytes_CheckExact(a)) {
             Py_ssize_t len = PyBytes_GET_SIZE(a);
-            if (len > 0xffffffffLL)
+            if (len > PLAIN_BYTES_MAX)  /* it may travel out of band: the codec decides */
                 Py_RETURN_NONE;
             size += (put_len(tmp, 1, len) - tmp) + len;
         }

@@ -613,6 +613,10 @@ def test_encode_plain_call_examples() -> None:
             assert mod.encode_plain_call("Log.append", (refused,)) is None, refused
         assert mod.encode_plain_call("Log.append", [1]) is None  # args must be a tuple
         assert mod.encode_plain_call(b"Log.append", (1,)) is None
+        # bytes over codec.LARGE_BYTES may travel out of band: left to the general encoder
+        edge = b"x" * codec.LARGE_BYTES
+        assert mod.encode_plain_call("Log.append", (edge,)) == _packed(["Log.append", [edge], {}])
+        assert mod.encode_plain_call("Log.append", (edge + b"x",)) is None
 
 
 def test_encode_call_reports_what_the_plain_pass_refuses() -> None:
