@@ -160,7 +160,8 @@ class Driver:
             from derecho_async.runtime.chainplane import ChainPlane
 
             plane = ChainPlane(
-                self.member_id, transport.send, self._data_landed, flushed=transport.flushed
+                self.member_id, transport.send, self._data_landed, flushed=transport.flushed,
+                staging_failed=self._staging_failed,
             )
         if plane is not None:
             self.add_plane(plane)
