@@ -473,7 +473,8 @@ class Group:
     def _submit(
         self, spec: ActorSpec, wire_name: str, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> tuple[Driver, int]:
-        """Encode a call and queue it in the core; (driver, msg_no)."""
+        """Encode a call and queue it in the core; (driver, msg_no). UsageError when its
+        encoding is over ``max_call_mb``."""
         driver = self._driver
         if driver is None or driver.core is None or self._closed is not None or self._view is None:
             driver = self._check_open()  # raises why (the open group is tested inline: per call)
@@ -495,7 +496,7 @@ class Group:
             raise UsageError(f"an ordered call of {size} bytes encoded is over the bound of "
                              f"max_call_mb={self.config.max_call_mb} ({self._max_call} bytes)")
         if oob is not None:  # arrays travel out of band, on the data plane
-            msg_no = core.submit(spec.name, oob, nbytes=oob.nbytes)
+            msg_no = core.submit(spec.name, oob, nbytes=size)
         else:
             msg_no = core.submit(spec.name, call)
         if msg_no is None:
