@@ -29,6 +29,7 @@ __all__ = [
     "PlainCall",
     "RingRecord",
     "SlotRecord",
+    "bytes_copy",
     "decode_plain_call",
     "deliver_messages",
     "dispatch_calls",
@@ -716,19 +717,26 @@ def dispatch_calls(
 
 
 _INT_LO, _INT_HI = -(1 << 63), (1 << 64) - 1
+_PLAIN_BYTES_MAX = 1 << 20  # codec.LARGE_BYTES
 
 
 def encode_plain_call(method: object, args: object, /) -> bytes | None:
     """msgpack ``[method, [args...], {}]`` exactly as ``msgpack.Packer(use_bin_type=True)``
     writes it, for a str ``method`` and a tuple ``args`` whose items are all None, bool, int
-    (``-2**63 .. 2**64-1``), float, str or bytes (exact types, no subclasses). None for anything
-    else (another type, an int out of range, a str that cannot be UTF-8 encoded): the general
-    encoder then takes the call and reports what is wrong. The method name is not checked."""
+    (``-2**63 .. 2**64-1``), float, str or bytes (exact types, no subclasses; bytes of at most
+    1 MiB, ``codec.LARGE_BYTES``: a longer one may travel out of band). None for anything else
+    (another type, an int out of range, a str that cannot be UTF-8 encoded, longer bytes): the
+    general encoder then takes the call (and reports what is wrong). The method name is not
+    checked."""
     if type(method) is not str or type(args) is not tuple:
         return None
     for a in args:
         t = type(a)
-        if a is None or t is bool or t is float or t is str or t is bytes:
+        if a is None or t is bool or t is float or t is str:
+            continue
+        if t is bytes:
+            if len(a) > _PLAIN_BYTES_MAX:
+                return None
             continue
         if t is int and _INT_LO <= a <= _INT_HI:
             continue
@@ -737,3 +745,17 @@ def encode_plain_call(method: object, args: object, /) -> bytes | None:
         return bytes(msgpack.packb([method, list(args), {}], use_bin_type=True))
     except UnicodeEncodeError:  # a lone surrogate
         return None
+
+
+def bytes_copy(buffer: object, /) -> bytes:
+    """A new bytes object holding the bytes of ``buffer`` (anything with the buffer protocol;
+    a non-contiguous one in C order). The native twin copies a large buffer with the GIL
+    released, so a worker thread converting hundreds of MiB does not hold up the event loop;
+    here the copy holds the GIL."""
+    try:
+        view = memoryview(buffer)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"bytes_copy: a bytes-like object is required, not '{type(buffer).__name__}'"
+        ) from None
+    return bytes(view)

@@ -9,6 +9,7 @@ from typing import Any, Final
 
 IMPLEMENTATION: Final[str]
 
+def bytes_copy(buffer: object, /) -> bytes: ...
 def decode_plain_call(
     data: object, /
 ) -> tuple[str, tuple[object, ...], dict[str, object]] | None: ...

@@ -13,6 +13,14 @@
 #   ext 3  numpy scalar   payload = msgpack(dtype name) raw bytes of one item
 #   ext 4  buffer ref     payload = msgpack([index, dtype name, [shape...], kind])
 #
+# A buffer reference's kind (``BUFFER_KINDS``) says how the sender exposed the buffer: "numpy",
+# "cuda" (``__cuda_array_interface__``), "dlpack", or "bytes": a bytes, bytearray or memoryview
+# value longer than ``LARGE_BYTES`` in a call encoded with ``buffers`` travels out of band as a
+# read-only uint8 numpy view of its memory (no copy), referenced as ["uint8", [length], "bytes"],
+# and decodes as bytes again (one copy, by ``hotpath.bytes_copy``: off the GIL where native).
+# So sizing or sending a call of a large byte string copies nothing at the sender. Without numpy
+# such values stay inline.
+#
 # Raw array bytes are always little-endian. Only plain numeric dtypes are allowed (``DTYPES``).
 # When the caller passes ``buffers=[]`` to :func:`encode`, arrays (numpy, and anything with
 # ``__cuda_array_interface__`` or ``__dlpack__``) are not copied inline: they are appended to the
@@ -64,6 +72,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BUFFER_KINDS",
     "DTYPES",
+    "LARGE_BYTES",
     "MAX_DECODE_SIZE",
     "MAX_DEPTH",
     "MAX_NDIM",
@@ -100,9 +109,14 @@ DTYPES: Final[dict[str, int]] = {
 }
 """The array element types that may cross the wire: dtype name → item size in bytes."""
 
-BUFFER_KINDS: Final = frozenset({"numpy", "cuda", "dlpack"})
+BUFFER_KINDS: Final = frozenset({"numpy", "cuda", "dlpack", "bytes"})
 """How an out-of-band buffer was exposed by the sender: a numpy array, an object with
-``__cuda_array_interface__``, or an object with ``__dlpack__``."""
+``__cuda_array_interface__``, an object with ``__dlpack__``, or a byte string (bytes, bytearray,
+memoryview) that decodes as bytes."""
+
+LARGE_BYTES: Final = 1 << 20
+"""Byte strings (bytes, bytearray, memoryview) longer than this travel out of band, as "bytes"
+buffers, when :func:`encode_call` or :func:`encode` is given ``buffers``."""
 
 _EXT_TUPLE: Final = 1
 _EXT_NDARRAY: Final = 2
@@ -166,6 +180,22 @@ def _numpy_module() -> Any:
     return sys.modules.get("numpy")
 
 
+_NO_NUMPY: list[bool] = []  # holds True once importing numpy failed (not tried again)
+
+
+def _numpy_for_bytes() -> Any:
+    """numpy, imported if need be, for a large byte string to travel out of band; None if it
+    is not installed."""
+    np = sys.modules.get("numpy")
+    if np is None and not _NO_NUMPY:
+        try:
+            import numpy as np
+        except ImportError:
+            _NO_NUMPY.append(True)
+            return None
+    return np
+
+
 _CUPY_TYPES: dict[type, bool] = {}
 
 
@@ -202,7 +232,11 @@ class _Encoder:
 
     def value(self, obj: object, depth: int) -> object:
         t = type(obj)
-        if obj is None or t is bool or t is float or t is bytes:
+        if obj is None or t is bool or t is float:
+            return obj
+        if t is bytes:
+            if self.buffers is not None and len(obj) > LARGE_BYTES:  # type: ignore[arg-type]
+                return self.bytes_reference(obj)  # type: ignore[arg-type]
             return obj
         if t is str and isinstance(obj, str):
             if not obj.isascii():
@@ -277,15 +311,36 @@ class _Encoder:
             return float(obj)
         if isinstance(obj, str):
             return self.value(str.__str__(obj), depth)
-        if isinstance(obj, bytes | bytearray):
-            return bytes(obj)
-        if isinstance(obj, memoryview):
-            return obj.tobytes()
+        if isinstance(obj, bytes | bytearray | memoryview):
+            if self.buffers is not None and memoryview(obj).nbytes > LARGE_BYTES:
+                return self.bytes_reference(obj)
+            return obj.tobytes() if isinstance(obj, memoryview) else bytes(obj)
         if isinstance(obj, list | tuple | dict):
             return self.container(obj, depth)
         if hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack__"):
             return self.device_reference(obj, np)
         raise _EncodeFailure(TypeError, f"cannot encode object of type {type(obj).__qualname__}")
+
+    def bytes_reference(self, obj: bytes | bytearray | memoryview) -> object:
+        """A large byte string: out of band, as a read-only uint8 view of its memory (inline
+        where numpy is missing or the memory is not contiguous)."""
+        assert self.buffers is not None
+        index = self.buffer_ids.get(id(obj))
+        if index is None:
+            np = _numpy_for_bytes()
+            try:
+                if np is None:
+                    raise ValueError("no numpy")
+                view = np.frombuffer(obj, np.uint8)
+            except (ValueError, BufferError):  # not C-contiguous: copied inline, as before
+                return obj.tobytes() if isinstance(obj, memoryview) else bytes(obj)
+            if view.flags.writeable:
+                view.flags.writeable = False
+            index = len(self.buffers)
+            self.buffers.append(view)
+            self.buffer_ids[id(obj)] = index
+        n = memoryview(obj).nbytes
+        return msgpack.ExtType(_EXT_BUFREF, _pack([index, "uint8", [n], "bytes"]))
 
     def device_reference(self, obj: object, np: Any) -> object:
         """A device or DLPack array: only by reference (out of band)."""
@@ -462,6 +517,7 @@ def _encode_root(obj: object, root: str, encoder: _Encoder) -> object:
 
 
 _PLAIN_TYPES: Final = frozenset({bool, float, bytes})
+_NO_LIMIT: Final = 1 << 62  # no byte string is this long
 
 
 def encode(obj: object, buffers: list[object] | None = None) -> bytes:
@@ -475,14 +531,19 @@ def encode(obj: object, buffers: list[object] | None = None) -> bytes:
     With ``buffers`` a list, arrays are not copied into the message: numpy arrays (as
     C-contiguous little-endian arrays) and objects exposing ``__cuda_array_interface__`` or
     ``__dlpack__`` are appended to ``buffers`` and encoded as references (index, dtype, shape,
-    kind); the same object appearing twice is appended once.
+    kind); the same object appearing twice is appended once. So are byte strings longer than
+    :data:`LARGE_BYTES` (where numpy is installed), as read-only uint8 numpy views of their
+    memory, without a copy: leave a bytearray or memoryview unchanged until the message is
+    sent. They decode as bytes.
 
     Raises TypeError for an unsupported type, OverflowError for an int out of range, ValueError
     for nesting deeper than :data:`MAX_DEPTH` (e.g. a cyclic value) or an array of more than
     :data:`MAX_NDIM` dimensions; the message starts with the path of the element, as in
     ``obj[1]['w']: cannot encode object of type Foo``.
     """
-    if obj is None or type(obj) in _PLAIN_TYPES:  # nothing to walk or check (a common result)
+    if (obj is None or type(obj) in _PLAIN_TYPES) and not (
+        buffers is not None and type(obj) is bytes and len(obj) > LARGE_BYTES
+    ):  # nothing to walk or check (a common result)
         return _pack(obj)
     if type(obj) is int and _INT_MIN <= obj <= _INT_MAX:  # a count, an index: no walk either
         return _pack(obj)
@@ -503,6 +564,7 @@ def encode_call(
     the rules of :func:`encode`; error paths read ``args[1]['w']`` or ``kwargs['name']``. With
     ``buffers``, numpy arrays are still copied inline, in the order met, while their bytes
     total at most ``inline_bytes``: small arrays are cheaper in the message than beside it.
+    Byte strings longer than :data:`LARGE_BYTES` go out of band whatever ``inline_bytes``.
     """
     if (
         _encode_plain is not None
@@ -525,9 +587,12 @@ def encode_call(
         if not isinstance(name, str) or not name.isidentifier():
             raise UsageError(f"keyword argument names must be identifiers, got {name!r}")
     plain = _PLAIN_TYPES
+    large = LARGE_BYTES if buffers is not None else _NO_LIMIT
     if not kwargs:
         for arg in args:
-            if arg is not None and type(arg) not in plain:
+            if (arg is not None and type(arg) not in plain) or (
+                type(arg) is bytes and len(arg) > large
+            ):
                 break
         else:  # nothing to walk or check (a tuple packs as a list)
             return _pack([method, args, kwargs])
@@ -548,9 +613,12 @@ def _encode_call_walked(
     """:func:`encode_call`'s general path, its arguments checked: every value walked."""
     encoder = _Encoder(buffers, inline_bytes)
     plain = _PLAIN_TYPES
+    large = LARGE_BYTES if buffers is not None else _NO_LIMIT
     items: list[object] = []
     for i, arg in enumerate(args):
-        if arg is None or type(arg) in plain:  # nothing to walk or check
+        if arg is None or (
+            type(arg) in plain and not (type(arg) is bytes and len(arg) > large)
+        ):  # nothing to walk or check
             items.append(arg)
             continue
         try:
@@ -698,11 +766,16 @@ class _Decoder:
             checked_shape = _check_wire_shape(shape)
             if not isinstance(kind, str) or kind not in BUFFER_KINDS:
                 raise ProtocolViolation(f"buffer reference of unknown kind {kind!r}")
+            if kind == "bytes" and (name != "uint8" or len(checked_shape) != 1):
+                raise ProtocolViolation(
+                    f"a bytes buffer reference must be uint8 of one dimension, not "
+                    f"{name}{tuple(checked_shape)}"
+                )
             shape = tuple(checked_shape)
             if len(_REFERENCES) < _REFERENCES_MAX:
-                _REFERENCES[payload] = (index, name, shape)
+                _REFERENCES[payload] = (index, name, shape, kind)
         else:
-            index, name, shape = checked
+            index, name, shape, kind = checked
         if self.buffers is None:
             raise ProtocolViolation("message references an out-of-band buffer but none were given")
         if type(index) is not int or not 0 <= index < len(self.buffers):
@@ -710,6 +783,8 @@ class _Decoder:
                 f"buffer reference index {index!r} out of range (have {len(self.buffers)})"
             )
         buf = self.buffers[index]
+        if kind == "bytes":
+            return _bytes_of(index, buf, shape[0])
         if not _buffer_matches(buf, name, shape):
             try:
                 have_name, have_shape, _ = _buffer_meta(buf, _numpy_module())
@@ -725,8 +800,41 @@ class _Decoder:
 
 # Buffer references already checked, by their bytes: a peer sends the same few shapes again and
 # again. Bounded, so a peer cannot grow it; the values are never handed out (shapes are compared).
-_REFERENCES: dict[bytes, tuple[int, str, tuple[int, ...]]] = {}
+_REFERENCES: dict[bytes, tuple[int, str, tuple[int, ...], str]] = {}
 _REFERENCES_MAX = 4096
+
+
+def _bytes_of(index: int, buf: object, length: int) -> bytes:
+    """The bytes a "bytes" buffer reference stands for: ``buf`` must be a one-dimensional uint8
+    numpy array of ``length`` items. Copied into a new bytes object (:func:`hotpath.bytes_copy`,
+    off the GIL where native), unless it is a whole view of a bytes object (this member's own
+    call, delivered back to it): then that object, which nobody can change."""
+    np = _numpy_module()
+    if (
+        np is None
+        or type(buf) is not np.ndarray
+        or buf.dtype.str != "|u1"  # type: ignore[attr-defined]
+        or buf.shape != (length,)  # type: ignore[attr-defined]
+    ):
+        try:
+            have_name, have_shape, _ = _buffer_meta(buf, np)
+        except ValueError as e:
+            raise ProtocolViolation(f"buffer {index}: {e}") from None
+        raise ProtocolViolation(
+            f"buffer {index} is {have_name}{tuple(have_shape)} but the message says bytes of "
+            f"{length}"
+        )
+    arr: Any = buf
+    base = arr.base
+    if (
+        type(base) is bytes
+        and len(base) == length
+        and arr.strides == (1,)
+        and arr.__array_interface__["data"][0]
+        == np.frombuffer(base, np.uint8).__array_interface__["data"][0]
+    ):
+        return base
+    return hotpath.bytes_copy(arr)
 
 
 def _unpack_plain(payload: bytes) -> object:
@@ -1088,6 +1196,12 @@ def _memoize(
         memo = (method, tuple(slot(a) for a in args), {k: slot(v) for k, v in kwargs.items()})
     except ValueError:
         memo = _UNMEMOIZABLE
+    else:
+        # A buffer in no slot was referenced otherwise (a "bytes" reference decodes to bytes,
+        # which the memo would keep as a literal): such a call is decoded in full every time.
+        slots = {v.position for v in (*memo[1], *memo[2].values()) if type(v) is _BufferSlot}
+        if len(slots) != len(buffers):
+            memo = _UNMEMOIZABLE
     _OOB_CALLS[data] = memo
 
 

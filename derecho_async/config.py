@@ -92,6 +92,7 @@ _EXPECTED: Final[dict[str, str]] = {
     "window": "an integer from 1 to 65536",
     "max_payload": "an integer from 64 to 1048576 that is a multiple of 8",
     "partition_safety": "a boolean",
+    "max_call_mb": "an integer from 1 to 1023",
     "gpu_plane": "one of: auto, ipc, nccl, host",
     "gpu_pool_mb": "an integer from 1 to 1048576",
     "gpu_busy_poll_us": "a number of microseconds from 0 to 1e6",
@@ -226,6 +227,9 @@ class Config:
     data plane."""
     partition_safety: bool = True
     """Install a view only with a majority of the previous one (no split brain)."""
+    max_call_mb: int = 1023
+    """The largest encoded ordered call, arguments included, in MiB (1-1023), checked when the
+    call is made: the channel's 1 GiB frame bound less room for framing."""
     send_batch: int | None = None
     """Messages a sender writes into its slots per protocol step (0: as many as the window
     allows; small ones share a slot). Receivers start on a batch while the sender writes the
@@ -361,6 +365,8 @@ class Config:
             or self.max_payload % 8
         ):
             raise ConfigError("max_payload", _EXPECTED["max_payload"], self.max_payload)
+        if not _is_int(self.max_call_mb) or not 1 <= self.max_call_mb <= 1023:
+            raise ConfigError("max_call_mb", _EXPECTED["max_call_mb"], self.max_call_mb)
         if self.gpu_plane not in ("auto", "ipc", "nccl", "host"):
             raise ConfigError("gpu_plane", _EXPECTED["gpu_plane"], self.gpu_plane)
         if self.spin_us is not None and (

@@ -54,6 +54,7 @@ from derecho_async.errors import (
     UsageError,
 )
 from derecho_async.runtime import envelope as env
+from derecho_async.runtime import largecall
 from derecho_async.runtime.dataplane import MAX_ARRAYS, OutOfBand
 from derecho_async.runtime.driver import Driver
 from derecho_async.runtime.runner import SerialRunner
@@ -284,6 +285,7 @@ class Group:
             raise UsageError(f"the transport is member {transport.member_id}'s, "
                              f"not member {config.member_id}'s")
         self.config = config
+        self._max_call = config.max_call_mb << 20  # bytes of an encoded ordered call, at most
         self._transport = transport
         self._me = config.member_id
         self._specs: dict[str, ActorSpec] = {}
@@ -471,7 +473,8 @@ class Group:
     def _submit(
         self, spec: ActorSpec, wire_name: str, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> tuple[Driver, int]:
-        """Encode a call and queue it in the core; (driver, msg_no)."""
+        """Encode a call and queue it in the core; (driver, msg_no). UsageError when its
+        encoding is over ``max_call_mb``."""
         driver = self._driver
         if driver is None or driver.core is None or self._closed is not None or self._view is None:
             driver = self._check_open()  # raises why (the open group is tested inline: per call)
@@ -486,9 +489,14 @@ class Group:
         if len(arrays) > MAX_ARRAYS:
             raise UsageError(f"an ordered call carries at most {MAX_ARRAYS} arrays, not "
                              f"{len(arrays)}: pack them into fewer")
-        if arrays:  # arrays travel out of band, on the data plane
-            oob = OutOfBand(call, tuple(arrays))
-            msg_no = core.submit(spec.name, oob, nbytes=oob.nbytes)
+        oob = OutOfBand(call, tuple(arrays)) if arrays else None
+        # the encoded size: large byte strings and arrays are out of band, so nothing is copied
+        size = len(call) if oob is None else oob.nbytes
+        if size > self._max_call:
+            raise UsageError(f"an ordered call of {size} bytes encoded is over the bound of "
+                             f"max_call_mb={self.config.max_call_mb} ({self._max_call} bytes)")
+        if oob is not None:  # arrays travel out of band, on the data plane
+            msg_no = core.submit(spec.name, oob, nbytes=size)
         else:
             msg_no = core.submit(spec.name, call)
         if msg_no is None:
@@ -582,6 +590,13 @@ class Group:
                     if m in call.expected:
                         call.results.setdefault(m, v)
 
+    @classmethod
+    def _method_entry(
+        cls, spec: ActorSpec, actor: Actor, methods: _Methods, name: str
+    ) -> tuple[Callable[..., object], bool]:
+        """The (method, one-way) a call named ``name`` runs (ProtocolViolation if none)."""
+        return methods.get(name) or cls._ordered_method(spec, actor, methods, name)
+
     @staticmethod
     def _ordered_method(
         spec: ActorSpec, actor: Actor, methods: _Methods, name: str
@@ -651,6 +666,12 @@ class Group:
                 # native pass is enough for what reaches this path)
                 name, args, kwargs = codec.decode_call(payload)
             elif isinstance(payload, OutOfBand):
+                if largecall.is_large(payload):  # decoded off the loop, in turn on the runner
+                    call = largecall.OffLoopCall(
+                        payload, functools.partial(self._method_entry, spec, actor, methods),
+                        functools.partial(self._reply, ev), self._cast_done, me, sender)
+                    runner.submit(call.run, call.done)
+                    return
                 # my own call of device arrays alone comes back as it was sent; the rest (and
                 # every peer's) is decoded and its arrays checked
                 own = codec.own_device_call(payload.call, payload.arrays) if sender == me else None

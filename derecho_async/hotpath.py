@@ -13,7 +13,9 @@ the same results and error messages. This module re-exports one of them, chosen 
 whether the pure twin was asked for. The functions are pure computation over the buffers they
 are given (no I/O, no clock), so the deterministic core may use them; all but
 :func:`dispatch_calls`, the group's loop over delivered calls, which runs the handlers it is given
-(the runtime's, never the core's).
+(the runtime's, never the core's). :func:`bytes_copy` makes a bytes object of a large received
+buffer; the native one copies with the GIL released, so a worker thread may run it while the
+event loop goes on.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import os
 __all__ = [
     "IMPLEMENTATION",
     "REQUESTED_PURE",
+    "bytes_copy",
     "decode_plain_call",
     "deliver_messages",
     "dispatch_calls",
@@ -44,6 +47,7 @@ REQUESTED_PURE: bool = os.environ.get("DERECHO_ASYNC_PURE_PYTHON", "") not in ("
 if REQUESTED_PURE:
     from derecho_async._hotpath_pure import (
         IMPLEMENTATION,
+        bytes_copy,
         decode_plain_call,
         deliver_messages,
         dispatch_calls,
@@ -63,6 +67,7 @@ else:
     try:
         from derecho_async._native import (
             IMPLEMENTATION,
+            bytes_copy,
             decode_plain_call,
             deliver_messages,
             dispatch_calls,
@@ -81,6 +86,7 @@ else:
     except ImportError:  # built without a compiler: the pure twin does the same work
         from derecho_async._hotpath_pure import (
             IMPLEMENTATION,
+            bytes_copy,
             decode_plain_call,
             deliver_messages,
             dispatch_calls,

@@ -35,6 +35,7 @@
 #define R_PUSH 1
 #define R_MSG 2
 #define U63 ((uint64_t)1 << 63)
+#define PLAIN_BYTES_MAX ((Py_ssize_t)1 << 20) /* codec.LARGE_BYTES */
 
 static inline uint64_t
 load_word(const unsigned char *p)
@@ -964,9 +965,9 @@ native_decode_plain_call(PyObject *self, PyObject *data)
 
 /* encode_plain_call(method, args) -> bytes | None: msgpack [method, [args...], {}] exactly as
  * msgpack.Packer(use_bin_type=True) writes it, for a str method and a tuple of args that are all
- * None, bool, int (-2**63 .. 2**64-1), float, str or bytes (exact types); None for anything
- * else (a subclass, another type, an int out of range, a str that is not valid UTF-8), which the
- * general encoder then takes and reports. */
+ * None, bool, int (-2**63 .. 2**64-1), float, str or bytes of at most PLAIN_BYTES_MAX (exact
+ * types); None for anything else (a subclass, another type, an int out of range, a str that is
+ * not valid UTF-8, longer bytes), which the general encoder then takes (and reports). */
 
 static inline unsigned char *
 put_be(unsigned char *p, uint64_t v, int n)
@@ -1134,7 +1135,7 @@ native_encode_plain_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         }
         else if (PyBytes_CheckExact(a)) {
             Py_ssize_t len = PyBytes_GET_SIZE(a);
-            if (len > 0xffffffffLL)
+            if (len > PLAIN_BYTES_MAX)  /* it may travel out of band: the codec decides */
                 Py_RETURN_NONE;
             size += (put_len(tmp, 1, len) - tmp) + len;
         }
@@ -1946,6 +1947,49 @@ error:
     return NULL;
 }
 
+/* ------------------------------------------------------------------------ bytes_copy */
+
+/* Copies of at least this many bytes run with the GIL released. */
+#define BYTES_COPY_NOGIL ((Py_ssize_t)1 << 16)
+
+static PyObject *
+native_bytes_copy(PyObject *self, PyObject *obj)
+{
+    Py_buffer view;
+    if (!PyObject_CheckBuffer(obj)) {
+        PyErr_Format(PyExc_TypeError, "bytes_copy: a bytes-like object is required, not '%.200s'",
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(obj, &view, PyBUF_FULL_RO) < 0)
+        return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, view.len);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    char *dst = PyBytes_AS_STRING(out);
+    if (PyBuffer_IsContiguous(&view, 'C')) {
+        /* The held Py_buffer keeps the source alive and unresized while the GIL is released;
+           the page faults of the fresh destination happen here too, off the GIL. */
+        if (view.len >= BYTES_COPY_NOGIL) {
+            Py_BEGIN_ALLOW_THREADS
+            memcpy(dst, view.buf, (size_t)view.len);
+            Py_END_ALLOW_THREADS
+        }
+        else if (view.len > 0) {
+            memcpy(dst, view.buf, (size_t)view.len);
+        }
+    }
+    else if (PyBuffer_ToContiguous(dst, &view, view.len, 'C') < 0) {
+        Py_DECREF(out);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
 /* ------------------------------------------------------------------------ module */
 
 static PyMethodDef native_methods[] = {
@@ -1985,6 +2029,9 @@ static PyMethodDef native_methods[] = {
     {"dispatch_calls", (PyCFunction)(void (*)(void))native_dispatch_calls, METH_FASTCALL,
      "dispatch_calls(events, start, me, hosted, casts, outbox, nil, finish) -> int: run the "
      "usual ordered calls of a run of deliveries from start; the index it stopped at."},
+    {"bytes_copy", native_bytes_copy, METH_O,
+     "bytes_copy(buffer) -> bytes: a new bytes object holding the buffer's bytes (C order), "
+     "copied with the GIL released when it is large."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from derecho_async.codec import (
     DTYPES,
+    LARGE_BYTES,
     MAX_DEPTH,
     MAX_NDIM,
     decode,
@@ -645,6 +646,81 @@ def test_buffer_reference_validation(np: Any) -> None:
 def test_malformed_buffer_references(fields: object) -> None:
     with pytest.raises(ProtocolViolation):
         decode(ext(4, pack(fields)), [FakeCuda("<f4", (2,))])
+
+
+# ------------------------------------------------------------------ large byte strings
+
+
+def test_large_byte_strings_travel_out_of_band_and_decode_as_bytes(np: Any) -> None:
+    big = bytes(range(256)) * ((LARGE_BYTES >> 8) + 1)
+    mutable = bytearray(big[: LARGE_BYTES + 1])
+    view = memoryview(big).cast("I")  # any format: its bytes travel
+    buffers: list[object] = []
+    data = encode_call("Blob.put", (big, mutable), {"v": [view], "again": big}, buffers)
+    assert len(data) < 200  # nothing inline
+    assert len(buffers) == 3  # the same object twice travels once
+    src: Any
+    b: Any
+    for b, src in zip(buffers, (big, mutable, view), strict=True):
+        assert type(b) is np.ndarray and b.dtype == np.uint8 and b.ndim == 1
+        assert b.nbytes == memoryview(src).nbytes and not b.flags.writeable  # a view, no copy
+    # the sender's own arrays: a whole view of a bytes object gives that object back
+    method, args, kwargs = decode_call(data, buffers)
+    assert method == "Blob.put" and args[0] is big and kwargs["again"] is big
+    assert type(args[1]) is bytes and args[1] == mutable
+    assert kwargs["v"] == [big]
+    # a receiver's own copies decode as new bytes objects
+    received = [np.array(b) for b in buffers]
+    _, args, kwargs = decode_call(data, received)
+    assert (args[0], args[1], kwargs["v"]) == (big, bytes(mutable), [big])
+    assert all(type(v) is bytes for v in (*args, kwargs["again"]))
+    # decode() takes them too
+    out: list[object] = []
+    assert decode(encode(big, out), out) is big
+
+
+def test_byte_strings_up_to_the_threshold_stay_inline(np: Any) -> None:
+    edge = b"x" * LARGE_BYTES
+    buffers: list[object] = []
+    data = encode_call("Blob.put", (edge,), {}, buffers)
+    assert buffers == [] and decode_call(data) == ("Blob.put", (edge,), {})
+    data = encode_call("Blob.put", (edge + b"y",), {})  # without buffers: inline
+    assert decode_call(data) == ("Blob.put", (edge + b"y",), {})
+    strided = memoryview(edge + b"yz")[::2]  # not contiguous: copied inline, as before
+    data = encode_call("Blob.put", ([strided],), {}, buffers)
+    assert buffers == [] and decode_call(data)[1] == ([strided.tobytes()],)
+    data = encode_call("Blob.put", (edge + b"y",), {}, buffers, inline_bytes=1 << 30)
+    assert len(buffers) == 1  # the array budget does not keep a large byte string inline
+
+
+def test_a_repeated_call_of_a_large_byte_string_gets_each_messages_bytes(np: Any) -> None:
+    n = LARGE_BYTES + 8
+    data = encode_call("Blob.put", (bytes(n), 3), {}, [])
+    for i in range(3):  # the same call bytes each time: never answered from a memo
+        _, args, _ = decode_call(data, [np.full(n, i, dtype=np.uint8)])
+        assert args == (bytes([i]) * n, 3)
+
+
+@pytest.mark.parametrize(
+    ("fields", "buffer", "match"),
+    [
+        ([0, "float32", [4], "bytes"], ("uint8", 4), "uint8 of one dimension"),
+        ([0, "uint8", [2, 2], "bytes"], ("uint8", 4), "uint8 of one dimension"),
+        ([0, "uint8", [], "bytes"], ("uint8", 4), "uint8 of one dimension"),
+        ([0, "uint8", [5], "bytes"], ("uint8", 4), r"uint8\(4,\) but the message says bytes of 5"),
+        ([0, "uint8", [4], "bytes"], ("int8", 4), r"int8\(4,\)"),
+        ([0, "uint8", [4], "bytes"], ("uint8", (2, 2)), r"uint8\(2, 2\)"),
+        ([0, "uint8", [4], "bytes"], ("bytes", 4), "not an array"),
+        ([1, "uint8", [4], "bytes"], ("uint8", 4), "out of range"),
+    ],
+)
+def test_hostile_bytes_references_are_refused(
+    np: Any, fields: list[object], buffer: tuple[str, Any], match: str
+) -> None:
+    kind, shape = buffer
+    buf: object = b"abcd" if kind == "bytes" else np.zeros(shape, dtype=kind)
+    with pytest.raises(ProtocolViolation, match=match):
+        decode_call(pack(["Blob.put", [msgpack.ExtType(4, pack(fields))], {}]), [buf])
 
 
 # ------------------------------------------------------------------------------- envelopes

@@ -35,6 +35,12 @@ transport handed them to the kernel (``TcpTransport.flushed``) before queuing mo
 and ordering pushes interleave with the blocks instead of waiting behind a whole payload.
 Relays forward at the rate blocks arrive.
 
+Large payloads: a call of at least ``OFF_LOOP_BYTES`` is laid out flat in the loop's default
+executor (numpy copies, without the GIL), and its blocks go out once that is done (not at all if
+a newer view made the message moot meanwhile; a failure makes the sender leave, as a failed
+staging does). A receiver's buffer for such a payload is not populated up front (that system
+call holds the GIL): its pages fault in as the blocks are copied in.
+
 Failures: a relay that crashes stops the flow downstream, so its successors never land the
 message. The core then counts it as not received there: the ragged trim delivers it at every
 survivor or at none, and a surviving sender re-sends it in the next view under a new key.
@@ -44,6 +50,7 @@ Assemblies of views older than the installed one are dropped when it is installe
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -55,6 +62,7 @@ from derecho_async.core.effects import ViewInstalled
 from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import (
+    OFF_LOOP_BYTES,
     FlatLayout,
     RecvBuffers,
     flat_layout,
@@ -77,6 +85,14 @@ _MAX_BLOCK = 64 << 20
 _MAX_CHAIN = 4096
 _MAX_ASSEMBLIES = 1024  # messages of one origin being assembled at once
 _MAX_TOTAL = (1 << 30) + (64 << 20)  # a payload's flat bytes: 1 GiB of data plus its layout
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running event loop, if any (without one, large payloads are laid out on the spot)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def chain_order(sender: int, targets: tuple[int, ...]) -> list[int]:
@@ -110,6 +126,8 @@ class ChainPlane:
         landed: Callable[[Key, object], None],
         block_size: int = BLOCK_SIZE,
         flushed: Callable[[int], Awaitable[None]] | None = None,
+        *,
+        staging_failed: Callable[[Key, BaseException], None] | None = None,
     ) -> None:
         if not _MIN_BLOCK <= block_size <= _MAX_BLOCK:
             raise ValueError(f"block_size {block_size}")
@@ -121,6 +139,9 @@ class ChainPlane:
         self.landed = 0  # payloads that landed here
         self.assemblies: dict[Key, _Assembly] = {}
         self._flushed = flushed
+        self._staging_failed = staging_failed
+        self._staging: dict[Key, asyncio.Future[Any]] = {}  # large calls being laid out
+        self._closed = False
         self._pumps: set[asyncio.Task[None]] = set()
         self.buffers = RecvBuffers()
         self._view_id = -1
@@ -139,20 +160,57 @@ class ChainPlane:
         if layout.plain:
             flat = memoryview(payload).cast("B")  # type: ignore[arg-type]
         else:
+            loop = _running_loop() if layout.total >= OFF_LOOP_BYTES else None
+            if loop is not None:  # laid out off the loop; the blocks go out once it is done
+                fut = loop.run_in_executor(None, self._stage, payload, layout)
+                self._staging[key] = fut
+                fut.add_done_callback(functools.partial(self._staged, key, meta, chain))
+                self.sent += 1
+                return True
             staged = self.buffers.take(layout.total)  # recycled once the frames are built
             flat = memoryview(staged)
             write_flat(payload, layout, flat)
+        self.sent += 1
+        self._send_blocks(key, meta, layout.total, chain, flat)
+        return True
+
+    def _stage(self, payload: object, layout: FlatLayout) -> memoryview:
+        """In a worker thread: ``payload`` laid out flat in a new buffer."""
+        staged = self.buffers.take(layout.total, populate=False)
+        flat = memoryview(staged)
+        write_flat(payload, layout, flat)
+        return flat
+
+    def _staged(self, key: Key, meta: list[Any], chain: list[int],
+                fut: asyncio.Future[memoryview]) -> None:
+        """On the loop: the layout of ``key`` is done; send its blocks (unless it failed, the
+        plane closed, or a newer view made the message moot)."""
+        self._staging.pop(key, None)
+        if self._closed or fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            log.error("member %d: laying out %s failed: %r", self.member_id, key, exc)
+            if self._staging_failed is not None:
+                self._staging_failed(key, exc)
+            return
+        if key[0] < self._view_id:
+            return  # superseded: re-sent under a new key if its sender survives
+        flat = fut.result()
+        self._send_blocks(key, meta, len(flat), chain, flat)
+
+    def _send_blocks(self, key: Key, meta: list[Any], total: int, chain: list[int],
+                     flat: memoryview) -> None:
+        """Send the ``total`` flat bytes of ``key`` down ``chain`` (see the module docstring)."""
         bs = self.block_size
-        total = layout.total
         count = max(1, -(-total // bs))
         if count == 1:
             # One block: nothing to pipeline, so each target gets it straight from the sender
             # (a chain of one) and nobody waits for a relay.
-            self.sent += 1
             for t in chain:
                 head = msgpack.packb([[t], meta, bs], use_bin_type=True)
                 self._send(t, env.encode(env.BLOCK, *key, 0, 1, total, head, flat))
-            return True
+            return
         head = msgpack.packb([chain, meta, bs], use_bin_type=True)
         first = chain[0]
 
@@ -160,7 +218,6 @@ class ChainPlane:
             block = flat[i * bs : min(total, (i + 1) * bs)]
             return env.encode(env.BLOCK, *key, i, count, total, head if i == 0 else b"", block)
 
-        self.sent += 1
         if self._flushed is None or count * bs <= _PACE_BYTES:
             for i in range(count):
                 self._send(first, frame(i))
@@ -168,7 +225,6 @@ class ChainPlane:
             task = asyncio.get_running_loop().create_task(self._pump(key, first, count, frame))
             self._pumps.add(task)
             task.add_done_callback(self._pump_done)
-        return True
 
     async def _pump(
         self, key: Key, first: int, count: int, frame: Callable[[int], bytes]
@@ -232,8 +288,10 @@ class ChainPlane:
             elif not st.layout.plain:
                 # Only now, with every header checked. ``total`` is bounded by _MAX_TOTAL, so
                 # a failure here is this member's (out of memory): it propagates, and the
-                # driver makes this member leave rather than blame the sender.
-                st.buf = self.buffers.take(total)
+                # driver makes this member leave rather than blame the sender. A large one is
+                # not populated here (on the loop): its pages fault in block by block.
+                take = self.buffers.take
+                st.buf = take(total) if total < OFF_LOOP_BYTES else take(total, populate=False)
         else:
             if st is None:
                 if view_id < self._view_id:
@@ -309,6 +367,10 @@ class ChainPlane:
         return _Assembly(predecessor, successor, layout, bs, count, total, tuple(chain))
 
     def close(self) -> None:
+        self._closed = True
+        for fut in self._staging.values():
+            fut.cancel()  # a layout under way ends in its thread; nothing is sent after it
+        self._staging.clear()
         self.assemblies.clear()
         self._open_per_origin.clear()
         for task in self._pumps:

@@ -13,6 +13,10 @@ whose arrays are host numpy arrays; this module holds what they share: the *flat
 host payload (:func:`flat_meta`, :func:`flat_layout`, :func:`write_flat`, :func:`read_flat`: the
 call, then each array little-endian on a 64-byte boundary, described by a small validated meta)
 and :class:`RecvBuffers` (pre-faulted receive buffers, recycled when the delivered arrays die).
+A bulk plane copies a payload of at least :data:`OFF_LOOP_BYTES` in the loop's default executor
+(:func:`write_flat` and :func:`copy_flat` copy with numpy, which releases the GIL; their buffers
+are not pre-faulted, so the page faults happen in the copy too), so the loop and its heartbeats
+go on meanwhile; such a copy's memory is freed or unmapped only once it finished.
 
 The fallback plane here, :class:`HostStagingPlane`, stages through host memory: the sender copies each array to host bytes
 (device arrays on a worker thread, so the event loop never waits for the GPU) and sends one DATA
@@ -38,6 +42,7 @@ from derecho_async.errors import ProtocolViolation
 
 __all__ = [
     "MAX_ARRAYS",
+    "OFF_LOOP_BYTES",
     "ArrayInfo",
     "FlatLayout",
     "HostStagingPlane",
@@ -45,6 +50,7 @@ __all__ = [
     "Plane",
     "RecvBuffers",
     "array_info",
+    "copy_flat",
     "flat_layout",
     "flat_meta",
     "read_flat",
@@ -54,6 +60,9 @@ __all__ = [
 log = logging.getLogger("derecho_async.dataplane")
 
 MAX_ARRAYS = 4096  # arrays in one call (a ProtocolViolation beyond: check before sending)
+OFF_LOOP_BYTES = 4 << 20
+"""Flat payloads of at least this many bytes are copied off the event loop by the bulk planes."""
+_NUMPY_COPY = 1 << 16  # plain payloads of at least this many bytes are copied by numpy
 _MAX_ARRAYS = MAX_ARRAYS
 _PLAIN = 0
 _CALL = 1
@@ -395,7 +404,12 @@ def write_flat(payload: object, layout: FlatLayout, dst: memoryview) -> None:
     """Copy ``payload`` into ``dst`` (``layout.total`` bytes) in the flat layout: one copy per
     piece, byte order and strides converted on the way."""
     if layout.plain:
-        dst[: layout.total] = memoryview(payload).cast("B")  # type: ignore[arg-type]
+        src = memoryview(payload).cast("B")  # type: ignore[arg-type]
+        np: Any = _numpy() if layout.total >= _NUMPY_COPY else None
+        if np is None:
+            dst[: layout.total] = src
+        else:  # without the GIL (a memoryview slice assignment holds it)
+            np.frombuffer(dst, np.uint8, count=layout.total)[...] = np.frombuffer(src, np.uint8)
         return
     assert isinstance(payload, OutOfBand)
     import numpy as np
@@ -430,8 +444,10 @@ class RecvBuffers:
         self.kept = 0  # bytes of free buffers held
         self.created = 0  # mappings made (statistics, tests)
 
-    def take(self, nbytes: int) -> Any:
-        """A writable uint8 numpy array of ``nbytes`` (contents undefined)."""
+    def take(self, nbytes: int, *, populate: bool = True) -> Any:
+        """A writable uint8 numpy array of ``nbytes`` (contents undefined). A new mapping is
+        populated at once unless ``populate`` is False (that system call holds the GIL; off
+        the loop, a copy into the buffer faults its pages in without it)."""
         import numpy as np
 
         if nbytes < self.min_bytes:
@@ -449,7 +465,8 @@ class RecvBuffers:
                 self.kept -= size
         if mm is None:
             flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20)
-            flags |= getattr(mmap, "MAP_POPULATE", 0)
+            if populate:
+                flags |= getattr(mmap, "MAP_POPULATE", 0)
             mm = mmap.mmap(-1, size, flags=flags)
             self.created += 1
         base = np.frombuffer(mm, np.uint8, count=nbytes)
@@ -495,6 +512,34 @@ def read_flat(
         a = owned[off : off + nbytes].view(le) if nbytes else np.zeros(0, dtype=le)
         arrays.append(a.reshape(shape).astype(want, copy=False))
     return OutOfBand(call, tuple(arrays))
+
+
+def copy_flat(layout: FlatLayout, data: bytes | bytearray | memoryview,
+              buffers: RecvBuffers) -> object:
+    """:func:`read_flat` for a worker thread: the copy of ``data`` (``layout.total`` bytes,
+    validated) runs without the GIL, page faults included: a plain payload through
+    :func:`~derecho_async.hotpath.bytes_copy`, a call's bytes by numpy into a buffer of
+    ``buffers`` that is not populated first."""
+    if len(data) != layout.total:
+        raise ProtocolViolation(f"flat payload of {len(data)} bytes, meta says {layout.total}")
+    if layout.plain:
+        from derecho_async import hotpath
+
+        return hotpath.bytes_copy(data)
+    import numpy as np
+
+    owned = buffers.take(layout.total, populate=False)
+    owned[:] = np.frombuffer(data, np.uint8)
+    return read_flat(layout, None, owned=owned)
+
+
+def _numpy() -> Any:
+    """numpy, or None where it is not installed."""
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
 
 
 class Plane(Protocol):

@@ -154,12 +154,14 @@ class Driver:
         if isinstance(transport, ShmTransport):
             from derecho_async.runtime.shmplane import ShmPlane
 
-            plane = ShmPlane(transport.group, self.member_id, transport.send, self._data_landed)
+            plane = ShmPlane(transport.group, self.member_id, transport.send, self._data_landed,
+                             failed=self._landing_failed, staging_failed=self._staging_failed)
         elif isinstance(transport, TcpTransport):
             from derecho_async.runtime.chainplane import ChainPlane
 
             plane = ChainPlane(
-                self.member_id, transport.send, self._data_landed, flushed=transport.flushed
+                self.member_id, transport.send, self._data_landed, flushed=transport.flushed,
+                staging_failed=self._staging_failed,
             )
         if plane is not None:
             self.add_plane(plane)

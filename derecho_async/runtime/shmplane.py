@@ -14,6 +14,16 @@ generation changes), validates the descriptor against the mapping (offset and le
 segment, the meta's layout exactly ``length`` bytes), copies the region out once (arrays are
 numpy arrays over that copy) and lands it with the core.
 
+Large payloads (at least ``OFF_LOOP_BYTES``) are copied in the loop's default executor, so the
+loop and its heartbeats go on: the sender sends the descriptor only once its write finished,
+and a receiver lands the message, from the loop, only once its copy finished; a receiver lands
+one sender's messages in the order their descriptors came, so a small one waits behind a large
+one being copied. Nothing a copy uses goes away under it: a region being written is freed (by
+the rules below) only when the write is over, and a peer's segment being read is unmapped only
+when the read is over; on close, the pool and the peers' mappings go when the last copy ends.
+A failed write makes the sender leave (``staging_failed``: nobody would ever get the message),
+a failed copy-out makes the receiver leave (``failed``).
+
 Freeing rule (sender). A region is freed when the core says nobody can still need it:
 the sender delivers its own message (delivery means stable, stable means every member's
 frontier passed it, and a frontier passes a large message only once its bytes landed there,
@@ -29,7 +39,12 @@ members whose process is gone (SIGKILL), and ``ShmTransport.cleanup_group`` does
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +52,10 @@ from derecho_async.core.effects import Evicted, Left, Partitioned, ViewInstalled
 from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import (
+    OFF_LOOP_BYTES,
+    FlatLayout,
     RecvBuffers,
+    copy_flat,
     flat_layout,
     flat_meta,
     read_flat,
@@ -56,6 +74,16 @@ _GRAIN = 4096  # allocation granularity (page aligned regions)
 _FIRST_SEGMENT = 64 << 20  # the smallest segment
 _ROUND = 2 << 20  # a larger segment is what the message needs, rounded up to this
 _TRIM_AT = 8  # with this many segments, growing first drops the idle ones
+_PENDING: Any = object()  # a payload still being copied out (the receive queue's placeholder)
+_FAILED: Any = object()  # a payload whose copy-out failed (reported; never landed)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running event loop, if any (without one, large copies are made on the spot)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class PoolFull(Exception):
@@ -166,11 +194,27 @@ class ShmPlane:
         member_id: int,
         send: Callable[[int, bytes], None],
         landed: Callable[[Key, object], None],
+        *,
+        failed: Callable[[Key, BaseException], None] | None = None,
+        staging_failed: Callable[[Key, BaseException], None] | None = None,
     ) -> None:
         self.group = group
         self.member_id = member_id
         self._send = send
         self._landed = landed
+        self._failed = failed
+        self._staging_failed = staging_failed
+        # copies in the executor: writes by key (True once the region is to be freed when it
+        # ends), reads by sender (their keys and payloads, landed in order), peer segments
+        # being read (unmapped when the last read ends), and the count (under the lock: the
+        # copy that ends last after close releases everything, in its worker thread)
+        self._writing: dict[Key, bool] = {}
+        self._inbox: dict[int, deque[list[Any]]] = {}
+        self._pinned: dict[int, int] = {}  # id(segment) -> reads in flight
+        self._doomed: dict[int, PoolSegment] = {}  # replaced or departed, unmapped when unpinned
+        self._copies = 0
+        self._lock = threading.Lock()
+        self.copied_off_loop = 0  # payloads copied in the executor (statistics, tests)
         self.sent = 0  # payloads this member started (statistics, tests)
         self.landed = 0  # payloads that landed here
         self.pool = HostPool(group, member_id)
@@ -193,6 +237,20 @@ class ShmPlane:
         except PoolFull as exc:
             log.warning("member %d: shm pool: %s; staging through the channel", self.member_id, exc)
             return False
+        frame = env.encode(
+            env.SHM_DESC, *key, seg.index, seg.generation, off, layout.total, meta
+        )
+        loop = _running_loop() if layout.total >= OFF_LOOP_BYTES else None
+        if loop is not None:
+            self.outstanding[key] = (seg.index, off, size)
+            self._writing[key] = False
+            self._begin_copy()
+            fut = loop.run_in_executor(
+                None, self._write, payload, layout, seg, off)
+            fut.add_done_callback(functools.partial(self._written, key, frame, targets))
+            self.sent += 1
+            self.copied_off_loop += 1
+            return True
         region = seg.data[off : off + layout.total]
         try:
             write_flat(payload, layout, region)
@@ -203,15 +261,45 @@ class ShmPlane:
         finally:
             region.release()
         self.outstanding[key] = (seg.index, off, size)
-        frame = env.encode(
-            env.SHM_DESC, *key, seg.index, seg.generation, off, layout.total, meta
-        )
         for t in targets:
             self._send(t, frame)
         self.sent += 1
         return True
 
+    def _write(self, payload: object, layout: FlatLayout, seg: PoolSegment, off: int) -> None:
+        """In a worker thread: lay ``payload`` out in its region."""
+        try:
+            region = seg.data[off : off + layout.total]
+            try:
+                write_flat(payload, layout, region)
+            finally:
+                with contextlib.suppress(BufferError):  # a traceback may still hold a view
+                    region.release()
+        finally:
+            self._end_copy()
+
+    def _written(self, key: Key, frame: bytes, targets: tuple[int, ...],
+                 fut: asyncio.Future[None]) -> None:
+        """On the loop: the write of ``key`` ended; send its descriptor, unless it failed or
+        the message was given up meanwhile (its region is freed then)."""
+        if self._closed:
+            return
+        release = self._writing.pop(key)
+        exc = None if fut.cancelled() else fut.exception()
+        if exc is not None or fut.cancelled() or release:
+            self._release(key)
+            if exc is not None:
+                log.error("member %d: writing %s into the shm pool failed: %r", self.member_id,
+                          key, exc)
+                if self._staging_failed is not None:
+                    self._staging_failed(key, exc)
+            return
+        for t in targets:
+            self._send(t, frame)
     def _release(self, key: Key) -> None:
+        if key in self._writing:  # freed once the write is over
+            self._writing[key] = True
+            return
         region = self.outstanding.pop(key, None)
         if region is not None:
             self.pool.free(*region)
@@ -221,13 +309,15 @@ class ShmPlane:
             self._release(key)
 
     def on_event(self, event: object) -> None:
+        if self._closed:
+            return
         if isinstance(event, ViewInstalled):
             self._view_id = vid = event.view.view_id
             for key in [k for k in self.outstanding if k[0] < vid]:
                 self._release(key)
             members = set(event.view.members)
             for pk in [pk for pk in self._peers if pk[0] not in members]:
-                self._peers.pop(pk).close()
+                self._unmap(self._peers.pop(pk))
             if event.departed:
                 shmpool.cleanup_pool(self.group, set(event.departed))
         elif isinstance(event, Evicted | Partitioned | Left):
@@ -236,6 +326,8 @@ class ShmPlane:
 
     # -- receiving -----------------------------------------------------------------------------
     def receive(self, sender: int, msg: list[Any], raw: bytes) -> None:
+        if self._closed:
+            return
         _, view_id, src, msg_no, index, gen, off, length, meta = msg
         if src != sender:
             raise ProtocolViolation(f"shm descriptor for sender {src} sent by {sender}")
@@ -252,13 +344,92 @@ class ShmPlane:
                 f"shm descriptor [{off}, {off + length}) outside segment {index} of "
                 f"{seg.capacity} bytes"
             )
+        key = (view_id, src, msg_no)
+        queue = self._inbox.get(src)
+        loop = _running_loop() if length >= OFF_LOOP_BYTES else None
+        if loop is not None:
+            entry = [key, _PENDING]
+            if queue is None:
+                queue = self._inbox[src] = deque()
+            queue.append(entry)
+            self._pinned[id(seg)] = self._pinned.get(id(seg), 0) + 1
+            self._begin_copy()
+            fut = loop.run_in_executor(None, self._read, layout, seg, off, length)
+            fut.add_done_callback(functools.partial(self._read_done, src, entry, seg))
+            self.copied_off_loop += 1
+            return
         region = seg.data[off : off + length]
         try:
             payload = read_flat(layout, region, self.buffers)
         finally:
             region.release()
+        if queue:  # behind a copy from the same sender
+            queue.append([key, payload])
+            return
         self.landed += 1
-        self._landed((view_id, src, msg_no), payload)
+        self._landed(key, payload)
+
+    def _read(self, layout: FlatLayout, seg: PoolSegment, off: int, length: int) -> object:
+        """In a worker thread: copy a payload out of a peer's segment."""
+        try:
+            region = seg.data[off : off + length]
+            try:
+                return copy_flat(layout, region, self.buffers)
+            finally:
+                with contextlib.suppress(BufferError):  # a traceback may still hold a view
+                    region.release()
+        finally:
+            self._end_copy()
+
+    def _read_done(self, src: int, entry: list[Any], seg: PoolSegment,
+                   fut: asyncio.Future[object]) -> None:
+        """On the loop: a copy-out ended; land what is now at the head of ``src``'s queue."""
+        if self._closed:
+            return
+        left = self._pinned[id(seg)] - 1
+        if left:
+            self._pinned[id(seg)] = left
+        else:
+            del self._pinned[id(seg)]
+            doomed = self._doomed.pop(id(seg), None)
+            if doomed is not None:
+                doomed.close()
+        exc = None if fut.cancelled() else fut.exception()
+        if exc is None and not fut.cancelled():
+            entry[1] = fut.result()
+        else:
+            entry[1] = _FAILED
+            log.error("member %d: copying %s out of the shm pool failed: %r", self.member_id,
+                      entry[0], exc)
+            if self._failed is not None and exc is not None:
+                self._failed(entry[0], exc)
+        queue = self._inbox[src]
+        while queue and queue[0][1] is not _PENDING:
+            key, payload = queue.popleft()
+            if payload is not _FAILED and key[0] >= self._view_id:
+                self.landed += 1
+                self._landed(key, payload)
+        if not queue:
+            del self._inbox[src]
+
+    def _begin_copy(self) -> None:
+        with self._lock:
+            self._copies += 1
+
+    def _end_copy(self) -> None:
+        """A copy ended (in its worker thread): after close, the last one releases it all."""
+        with self._lock:
+            self._copies -= 1
+            last = self._closed and not self._copies
+        if last:
+            self._release_all()
+
+    def _unmap(self, seg: PoolSegment) -> None:
+        """Unmap a peer's segment now, or when the reads of it in flight are over."""
+        if id(seg) in self._pinned:
+            self._doomed[id(seg)] = seg
+        else:
+            seg.close()
 
     def _segment(self, owner: int, index: int, gen: int) -> PoolSegment:
         seg = self._peers.get((owner, index))
@@ -266,7 +437,7 @@ class ShmPlane:
             return seg
         if seg is not None:
             del self._peers[(owner, index)]
-            seg.close()
+            self._unmap(seg)
         if self._closed:
             raise ProtocolViolation("shm descriptor after close")
         try:
@@ -283,11 +454,20 @@ class ShmPlane:
         return seg
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        """Release the pool and the peers' mappings (once the copies in flight are over)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            now = not self._copies
         self.outstanding.clear()
-        for seg in self._peers.values():
+        self._inbox.clear()
+        if now:
+            self._release_all()
+
+    def _release_all(self) -> None:
+        for seg in (*self._peers.values(), *self._doomed.values()):
             seg.close()
         self._peers.clear()
+        self._doomed.clear()
         self.pool.close()

@@ -59,6 +59,10 @@ _W_MAGIC, _W_OWNER, _W_GEN, _W_CAPACITY = 0, 1, 2, 3
 # writes the whole segment sooner or later, and a peer's mapping then only adds page-table
 # entries for pages that exist.
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+# Populating holds the GIL (and the event loop with it) for the whole system call: a segment larger
+# than this is created unpopulated, and the owner's first copy into it, off the loop, faults its
+# pages in.
+_POPULATE_MAX = 64 << 20
 
 
 class BadPoolSegment(Exception):
@@ -103,7 +107,8 @@ def create_pool_segment(group: str, owner: int, index: int, capacity: int) -> Po
         raise ValueError(f"pool segment {index} of {capacity} bytes")
     path = pool_path(group, owner, index)
     # only the live holder of the owner's doorbell creates its segments: a file there is a leftover
-    mm = _create_segment(path, HDR + capacity, _MAP_FLAGS)
+    flags = _MAP_FLAGS if capacity <= _POPULATE_MAX else mmap.MAP_SHARED
+    mm = _create_segment(path, HDR + capacity, flags)
     gen = int.from_bytes(os.urandom(8), "little") >> 1
     words = memoryview(mm)[:HDR].cast("Q")
     words[_W_OWNER] = owner

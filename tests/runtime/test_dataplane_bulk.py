@@ -4,11 +4,14 @@ copy out at each receiver) and the tcp chain (pipelined blocks, relayed member t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import itertools
 import os
 import secrets
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -437,6 +440,244 @@ def test_hostile_blocks_are_protocol_violations() -> None:
     for f in good:
         last.receive(1, f, b"raw")
     assert tail == [b"\x07" * 10_000] and relayed == [2, 2, 2]
+
+
+# -- copies off the event loop -------------------------------------------------------------------
+
+
+class _Gate(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor in these tests: each job waits until ``open`` is set, so a
+    test can act while a copy is in flight."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=4)
+        self.open = threading.Event()
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        def gated() -> Any:
+            self.open.wait(20)
+            return fn(*args, **kwargs)
+
+        return super().submit(gated)
+
+
+@contextlib.contextmanager
+def _gated() -> Iterator[_Gate]:
+    loop = asyncio.get_running_loop()
+    gate = _Gate()
+    loop.set_default_executor(gate)
+    try:
+        yield gate
+    finally:
+        gate.open.set()
+        gate.shutdown(wait=True)
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor())
+
+
+async def _until(cond: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def _big(fill: int = 7) -> Any:
+    """A call whose one array (a byte string's, as it travels) is over OFF_LOOP_BYTES."""
+    from derecho_async.runtime.dataplane import OFF_LOOP_BYTES, OutOfBand
+
+    return OutOfBand(b"big", (np.full(OFF_LOOP_BYTES, fill, np.uint8),))
+
+
+def _view(view_id: int, members: tuple[int, ...]) -> Any:
+    from derecho_async.core import View, ViewInstalled
+
+    return ViewInstalled(View(view_id, members), (), (), True)
+
+
+async def test_a_large_shm_write_sends_its_descriptor_after_it_and_frees_nothing_under_it(
+) -> None:
+    group = f"offloop{os.getpid()}x{next(_ids)}"
+    sent: list[int] = []
+    failed: list[Any] = []
+    sender = ShmPlane(group, 1, lambda to, f: sent.append(to), lambda k, p: None,
+                      staging_failed=lambda k, e: failed.append((k, e)))
+    try:
+        with _gated() as gate:
+            assert sender.start((0, 1, 1), _big(), (2, 3))
+            await asyncio.sleep(0.05)
+            assert sent == [] and sender.pool.in_use > 0  # written first, then announced
+            gate.open.set()
+            await _until(lambda: sent)
+            assert sent == [2, 3] and sender.copied_off_loop == 1
+            # a newer view while a write is under way: its region stays allocated until the
+            # write ends (then it is freed), and the moot message is not announced
+            gate.open.clear()
+            assert sender.start((0, 1, 2), _big(), (2, 3))
+            sender.on_event(_view(1, (1, 2, 3)))
+            assert (0, 1, 1) not in sender.outstanding and (0, 1, 2) in sender.outstanding
+            assert sender.pool.in_use > 0
+            gate.open.set()
+            await _until(lambda: not sender.outstanding)
+            assert sender.pool.in_use == 0 and sent == [2, 3]
+            # closed while a write is under way: the pool is unmapped and unlinked after it
+            gate.open.clear()
+            assert sender.start((1, 1, 3), _big(), (2,))
+            sender.close()
+            assert ShmTransport.segments(group) != []
+            gate.open.set()
+            await _until(lambda: ShmTransport.segments(group) == [])
+            assert sent == [2, 3] and failed == []
+    finally:
+        sender.close()
+    assert ShmTransport.segments(group) == []
+
+
+async def test_a_failed_large_shm_write_makes_the_sender_leave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from derecho_async.runtime import shmplane
+
+    def broken(payload: object, layout: object, dst: memoryview) -> None:
+        raise MemoryError("injected")
+
+    monkeypatch.setattr(shmplane, "write_flat", broken)
+    group = f"offloop{os.getpid()}x{next(_ids)}"
+    sent: list[int] = []
+    failed: list[Any] = []
+    sender = ShmPlane(group, 1, lambda to, f: sent.append(to), lambda k, p: None,
+                      staging_failed=lambda k, e: failed.append((k, e)))
+    try:
+        assert sender.start((0, 1, 1), _big(), (2,))
+        await _until(lambda: failed)
+        assert failed[0][0] == (0, 1, 1) and isinstance(failed[0][1], MemoryError)
+        assert sent == [] and sender.pool.in_use == 0 and not sender.outstanding
+    finally:
+        sender.close()
+    assert ShmTransport.segments(group) == []
+
+
+async def _descriptors(group: str, payloads: list[tuple[tuple[int, int, int], object]]
+                       ) -> tuple[ShmPlane, list[list[Any]]]:
+    """A sender plane (member 1) and its descriptors to member 2, once all are written."""
+    from derecho_async.runtime import envelope as env
+
+    frames: list[bytes] = []
+    sender = ShmPlane(group, 1, lambda to, f: frames.append(f), lambda k, p: None)
+    for key, payload in payloads:
+        assert sender.start(key, payload, (2,))
+    await _until(lambda: len(frames) == len(payloads))
+    by_key = {tuple(msg[1:4]): msg for msg in map(env.decode, frames)}
+    return sender, [by_key[key] for key, _ in payloads]
+
+
+async def test_a_large_shm_copy_out_lands_in_order_and_unmaps_nothing_under_it() -> None:
+    group = f"offloop{os.getpid()}x{next(_ids)}"
+    big1, big2, big3 = _big(1), _big(2), _big(3)
+    sender, (d1, d2, d3, d4) = await _descriptors(group, [
+        ((0, 1, 1), big1), ((0, 1, 2), b"small" * 100), ((0, 1, 3), big2), ((0, 1, 4), big3)])
+    landed: list[tuple[Any, Any]] = []
+    receiver = ShmPlane(group, 2, lambda to, f: None, lambda k, p: landed.append((k, p)))
+    other = None
+    try:
+        with _gated() as gate:
+            receiver.receive(1, d1, b"")
+            receiver.receive(1, d2, b"")  # small, but behind the large one of the same sender
+            await asyncio.sleep(0.05)
+            assert landed == []
+            gate.open.set()
+            await _until(lambda: len(landed) == 2)
+            assert [k for k, _ in landed] == [(0, 1, 1), (0, 1, 2)]
+            got = landed[0][1]
+            assert got.call == b"big"
+            np.testing.assert_array_equal(got.arrays[0], big1.arrays[0])
+            assert landed[1][1] == b"small" * 100 and receiver.copied_off_loop == 1
+            # a view without the sender while a copy is under way: its segment is unmapped
+            # once the copy ends, and the message of the old view does not land
+            gate.open.clear()
+            receiver.receive(1, d3, b"")
+            (seg,) = receiver._peers.values()
+            receiver.on_event(_view(1, (2, 3)))
+            assert not seg.mm.closed
+            gate.open.set()
+            await _until(lambda: seg.mm.closed)
+            assert len(landed) == 2
+            # closed while a copy is under way: the mappings go after it; nothing lands
+            other = ShmPlane(group, 3, lambda to, f: None, lambda k, p: landed.append((k, p)))
+            gate.open.clear()
+            other.receive(1, d4, b"")
+            (seg,) = other._peers.values()
+            other.close()
+            assert not seg.mm.closed
+            gate.open.set()
+            await _until(lambda: seg.mm.closed)
+            await asyncio.sleep(0.02)
+            assert len(landed) == 2
+    finally:
+        receiver.close()
+        if other is not None:
+            other.close()
+        sender.close()
+    assert ShmTransport.segments(group) == []
+
+
+async def test_a_failed_large_shm_copy_out_is_reported_and_the_next_message_lands(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from derecho_async.runtime import shmplane
+
+    def broken(layout: object, data: object, buffers: object) -> object:
+        raise MemoryError("injected")
+
+    group = f"offloop{os.getpid()}x{next(_ids)}"
+    sender, (d1, d2) = await _descriptors(group, [((0, 1, 1), _big()), ((0, 1, 2), b"after" * 100)])
+    monkeypatch.setattr(shmplane, "copy_flat", broken)
+    landed: list[Any] = []
+    failed: list[Any] = []
+    receiver = ShmPlane(group, 2, lambda to, f: None, lambda k, p: landed.append(k),
+                        failed=lambda k, e: failed.append((k, e)))
+    try:
+        receiver.receive(1, d1, b"")
+        receiver.receive(1, d2, b"")
+        await _until(lambda: landed)
+        assert landed == [(0, 1, 2)]
+        assert failed[0][0] == (0, 1, 1) and isinstance(failed[0][1], MemoryError)
+    finally:
+        receiver.close()
+        sender.close()
+    assert ShmTransport.segments(group) == []
+
+
+async def test_a_large_chain_call_is_laid_out_off_the_loop_before_its_blocks_go() -> None:
+    from derecho_async.runtime import envelope as env
+
+    frames: list[tuple[int, list[Any]]] = []
+    failed: list[Any] = []
+    plane = ChainPlane(0, lambda to, f: frames.append((to, env.decode(f))), lambda k, p: None,
+                       staging_failed=lambda k, e: failed.append(k))
+    plane.on_event(_view(0, (0, 1, 2)))
+    with _gated() as gate:
+        assert plane.start((0, 0, 1), _big(5), (1, 2))
+        await asyncio.sleep(0.05)
+        assert frames == []
+        gate.open.set()
+        await _until(lambda: frames)
+        blocks = [msg for _, msg in frames]
+        assert {to for to, _ in frames} == {1} and len(blocks) == blocks[0][5]
+        assert b"".join(m[8] for m in blocks)[64:] == bytes([5]) * len(_big().arrays[0])
+        # superseded by a newer view, or closed, while being laid out: no block goes out
+        frames.clear()
+        gate.open.clear()
+        assert plane.start((0, 0, 2), _big(), (1, 2))
+        plane.on_event(_view(1, (0, 1, 2)))
+        gate.open.set()
+        await asyncio.sleep(0.1)
+        assert frames == []
+        gate.open.clear()
+        assert plane.start((1, 0, 3), _big(), (1, 2))
+        plane.close()
+        gate.open.set()
+        await asyncio.sleep(0.1)
+        assert frames == [] and failed == []
 
 
 # -- the numpy adapter: flat layout and receive buffers ----------------------------------------

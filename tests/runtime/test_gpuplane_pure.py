@@ -85,6 +85,24 @@ def test_descriptor_round_trips_device_and_inline_arrays() -> None:
     assert Descriptor.decode(d.encode(), ANN) == d
 
 
+def test_a_large_byte_string_in_a_device_call_rides_inline_and_decodes_as_bytes() -> None:
+    """Host arrays of a device call ride inline in the descriptor: a large byte string's
+    read-only uint8 view among them too, and the receiver's copy decodes as bytes."""
+    from derecho_async import codec
+    from derecho_async.runtime.dataplane import array_info
+    from derecho_async.runtime.gpuplane import _inline_spec, inline_array
+
+    blob = bytes(range(256)) * ((codec.LARGE_BYTES >> 8) + 1)
+    buffers: list[object] = []
+    call = codec.encode_call("W.put", (blob,), {}, buffers)
+    (view,) = buffers
+    spec = _inline_spec(view, array_info(view))
+    d = Descriptor(call, 2, (spec,))
+    got = Descriptor.decode(d.encode(), ANN)
+    (arrived,) = [inline_array(s) for s in got.arrays]
+    assert codec.decode_call(got.call, [arrived]) == ("W.put", (blob,), {})
+
+
 _OK = ["cupy", "float32", [4], 0, 0, 16]
 
 

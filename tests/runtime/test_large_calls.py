@@ -1,14 +1,20 @@
-"""A large call over shm between real processes: delivered, and no member's loop stalls."""
+"""Large calls: over shm between real processes, delivered with no member's loop stalling; in
+a sim group, run in delivery order with the calls around them."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import pathlib
 
 import pytest
 
 import derecho_async as da
+from derecho_async.runtime.largecall import OFF_LOOP_BYTES
 from tests.runtime import apps
+
+_ids = itertools.count()
 
 
 def test_a_large_call_is_delivered_without_stalling_any_members_loop(
@@ -25,3 +31,60 @@ def test_a_large_call_is_delivered_without_stalling_any_members_loop(
         assert r["views"] == [0]  # nobody was suspected or removed
         # heartbeats go on: no stretch the loop could not run anywhere near a suspicion timeout
         assert r["worst_gap_s"] < 0.25, r
+
+
+class Ordered(da.Actor):
+    """Records what each call brought, in the order the calls ran."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, int]] = []
+
+    @da.ordered
+    def put(self, tag: str, blob: bytes) -> int:
+        assert type(blob) is bytes
+        if tag == "fail":
+            raise ValueError("refused")
+        self.seen.append((tag, len(blob), blob[-1] if blob else -1))
+        return len(blob)
+
+    @da.ordered
+    async def put_async(self, tag: str, blob: bytes) -> int:
+        await asyncio.sleep(0.01)
+        self.seen.append((tag, len(blob), blob[-1]))
+        return len(blob)
+
+
+async def test_large_calls_run_in_delivery_order_with_the_small_ones() -> None:
+    """In a sim group (host staging): large byte strings arrive as bytes, and the calls around
+    a large one (decoded off the loop) run in the same order at every member; one-way calls,
+    async handlers and a handler's error behave as for any call."""
+    n = 3
+    name = f"large{next(_ids)}"
+    groups = await asyncio.gather(*(
+        da.Group.join(da.Config(group=name, member_id=i, initial_members=n, transport="sim",
+                                heartbeat_ms=5, suspect_after_ms=2000),
+                      actors=[Ordered], timeout=10) for i in range(n)))
+    try:
+        big = OFF_LOOP_BYTES + 1  # decoded off the loop
+        calls = []
+        for k, g in zip(range(6), itertools.cycle(groups), strict=False):
+            h = g.subgroup(Ordered)
+            calls.append(h.put(f"s{k}", b"x"))
+            calls.append(h.put(f"b{k}", bytes(big - 1) + bytes([k])))
+            calls.append(h.put_async(f"a{k}", bytes(big - 1) + bytes([k + 100])))
+        cast = groups[1].subgroup(Ordered).put.cast("c", bytes(big - 1) + b"\xff")
+        failing = groups[2].subgroup(Ordered).put("fail", bytes(big))
+        replies = await asyncio.wait_for(asyncio.gather(*calls, cast, failing), 60)
+        assert all(set(r.values()) in ({1}, {big}) for r in replies[:-2])
+        assert {type(v) for v in replies[-1].values()} == {ValueError, da.HandlerError}
+        await asyncio.sleep(0.2)
+        seen = [g.local(Ordered).seen for g in groups]  # type: ignore[attr-defined]
+        assert seen[0] == seen[1] == seen[2] and len(seen[0]) == 19
+        assert ("c", big, 255) in seen[0]
+        for k in range(6):  # each caller's calls in the order it made them
+            mine = [e for e in seen[0] if e[0][1:] == str(k)]
+            assert mine == [(f"s{k}", 1, 120), (f"b{k}", big, k), (f"a{k}", big, k + 100)]
+    finally:
+        for g in groups:
+            await g.leave()
+
