@@ -92,7 +92,6 @@ _EXPECTED: Final[dict[str, str]] = {
     "window": "an integer from 1 to 65536",
     "max_payload": "an integer from 64 to 1048576 that is a multiple of 8",
     "partition_safety": "a boolean",
-    "max_call_mb": "an integer from 1 to 1023",
     "gpu_plane": "one of: auto, ipc, nccl, host",
     "gpu_pool_mb": "an integer from 1 to 1048576",
     "gpu_busy_poll_us": "a number of microseconds from 0 to 1e6",
@@ -262,9 +261,6 @@ class Config:
     it sleeps on its doorbell (shm), when traffic is dense (the last two arrivals within five such
     spans; an idle group's heartbeats never spin): lower latency for a core kept busy meanwhile.
     None: 200 on a machine of at least 8 cores, else 0 (never spin: members share few cores)."""
-    max_call_mb: int = 1023
-    """The largest encoded ordered call (arguments included), in MiB (1-1023); checked when the
-    call is made."""
     max_queued_calls: int = 16384
     """Calls queued at this member (its own calls not yet delivered, and delivered calls waiting
     for their handler) beyond which backpressure applies (1 to 2**24)."""
@@ -365,8 +361,6 @@ class Config:
             or self.max_payload % 8
         ):
             raise ConfigError("max_payload", _EXPECTED["max_payload"], self.max_payload)
-        if not _is_int(self.max_call_mb) or not 1 <= self.max_call_mb <= 1023:
-            raise ConfigError("max_call_mb", _EXPECTED["max_call_mb"], self.max_call_mb)
         if self.gpu_plane not in ("auto", "ipc", "nccl", "host"):
             raise ConfigError("gpu_plane", _EXPECTED["gpu_plane"], self.gpu_plane)
         if self.spin_us is not None and (

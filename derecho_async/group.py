@@ -57,6 +57,7 @@ from derecho_async.runtime import envelope as env
 from derecho_async.runtime import largecall
 from derecho_async.runtime.dataplane import MAX_ARRAYS, OutOfBand
 from derecho_async.runtime.driver import Driver
+from derecho_async.runtime.observer import GroupObserver
 from derecho_async.runtime.runner import SerialRunner
 from derecho_async.transport.base import GROUP_MESSAGE_LIMIT, Transport
 
@@ -276,9 +277,11 @@ class Group:
         actors: Sequence[type[Actor]] = (),
         *,
         transport: Transport | None = None,
+        observer: GroupObserver | None = None,
     ) -> None:
         """``transport``: a transport to use instead of the one ``config`` names (testing kits
-        such as derecho_async.testing build their own)."""
+        such as derecho_async.testing build their own); ``observer``: hooks told of deliveries,
+        views and state transfer (:class:`~derecho_async.runtime.observer.GroupObserver`)."""
         if not isinstance(config, Config):
             raise UsageError("Group needs a derecho_async.Config")
         if transport is not None and transport.member_id != config.member_id:
@@ -287,6 +290,7 @@ class Group:
         self.config = config
         self._max_call = config.max_call_mb << 20  # bytes of an encoded ordered call, at most
         self._transport = transport
+        self._observer = observer
         self._me = config.member_id
         self._specs: dict[str, ActorSpec] = {}
         for cls in actors:
@@ -337,12 +341,12 @@ class Group:
         *,
         timeout: float | None = 60.0,
         transport: Transport | None = None,
+        observer: GroupObserver | None = None,
     ) -> Self:
         """Join the group named by ``config`` and return once this member is in a view.
 
-        ``transport``: a transport to use instead of the one ``config`` names (testing kits
-        such as derecho_async.testing build their own)."""
-        group = cls(config, actors, transport=transport)
+        ``transport``, ``observer``: as for :class:`Group`."""
+        group = cls(config, actors, transport=transport, observer=observer)
         await group.start(timeout=timeout)
         return group
 
@@ -620,6 +624,8 @@ class Group:
         each event it does not take to :meth:`_deliver_one`, the general path, and goes on
         after it. A one-way call is run the same way and answered to nobody."""
         self._batching = True
+        if self._observer is not None:
+            self._observer.delivered(self._me, events)
         dispatch = _dispatch_calls
         if dispatch is None:
             for ev in events:
@@ -868,6 +874,8 @@ class Group:
         )
         self._view = ev.view
         self.history.append(ev.view)
+        if self._observer is not None:
+            self._observer.view_installed(self._me, ev)
         self.installed_at.append(time.monotonic())
         gone = set(ev.departed)
         for msg_no, call in list(self._pending.items()):
