@@ -19,9 +19,10 @@ from derecho_async.errors import (
     MemberFailed,
     PartitionedError,
     ProtocolViolation,
+    QueueFull,
     UsageError,
 )
-from derecho_async.group import Group, HandlerError, Replies, SubgroupHandle
+from derecho_async.group import Group, HandlerError, Replies, SubgroupHandle, Versioned
 from derecho_async.launch import launch_local
 
 __version__ = "0.1.0"
@@ -37,9 +38,11 @@ __all__ = [
     "MemberFailed",
     "PartitionedError",
     "ProtocolViolation",
+    "QueueFull",
     "Replies",
     "SubgroupHandle",
     "UsageError",
+    "Versioned",
     "View",
     "__version__",
     "launch_local",

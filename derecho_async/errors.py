@@ -16,6 +16,7 @@ __all__ = [
     "MemberFailed",
     "PartitionedError",
     "ProtocolViolation",
+    "QueueFull",
     "UsageError",
 ]
 
@@ -26,6 +27,12 @@ class DerechoError(Exception):
 
 class UsageError(DerechoError):
     """The caller used the API in a way it does not allow (wrong state, bad argument)."""
+
+
+class QueueFull(DerechoError):
+    """This member's queues of calls are full (``max_queued_calls`` / ``max_queued_mb``) and
+    ``when_queue_full`` is ``"error"``, or the calls parked waiting for room reached
+    ``max_queued_mb``: the call was not made. Retry once earlier calls completed."""
 
 
 class ConfigError(DerechoError, ValueError):

@@ -22,10 +22,11 @@ import itertools
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import CoroutineType, TracebackType
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -51,6 +52,7 @@ from derecho_async.errors import (
     MemberFailed,
     PartitionedError,
     ProtocolViolation,
+    QueueFull,
     UsageError,
 )
 from derecho_async.runtime import envelope as env
@@ -64,7 +66,7 @@ from derecho_async.transport.base import GROUP_MESSAGE_LIMIT, Transport
 if TYPE_CHECKING:
     from derecho_async.transport.loopback import LoopbackFabric
 
-__all__ = ["Group", "HandlerError", "Replies", "SubgroupHandle"]
+__all__ = ["Group", "HandlerError", "Replies", "SubgroupHandle", "Versioned"]
 
 log = logging.getLogger("derecho_async.group")
 
@@ -125,6 +127,20 @@ class Replies(Mapping[int, object]):
 _CAST = ".cast"  # wire name suffix of a one-way call: "<Actor>.<method>.cast"
 _Methods = dict[str, tuple[Callable[..., object], bool]]
 """Wire name of a call -> (the bound ordered method it runs, whether it is one-way)."""
+
+
+@dataclass(slots=True)
+class _Parked:
+    """An encoded call waiting for room (backpressure): sent in call order once there is."""
+
+    subgroup: str
+    payload: bytes | OutOfBand
+    size: int
+    future: asyncio.Future[Any]
+    one_way: bool
+
+
+_PARKED_OVERHEAD = 256  # bytes a parked call weighs beyond its encoding (for max_queued_mb)
 
 
 @dataclass(slots=True)
@@ -223,19 +239,50 @@ class _OrderedMethod:
         return self._group._cast(self._spec, self._cast_wire, args, kwargs)
 
 
+class Versioned(NamedTuple):
+    """A p2p call's result and the version of the replica state it read.
+
+    ``version`` is the ``(view_id, seq)`` of the last ordered call of the actor's subgroup that
+    member had applied when the p2p handler ran (the same version :attr:`Replies.version` gives
+    the caller of that call); ``(view_id, -1)`` when it had applied none of view ``view_id``'s
+    calls yet: the state that view began with.
+    """
+
+    value: Any
+    version: tuple[int, int]
+
+
+class P2PCall:
+    """A p2p method bound to one member: ``await call(*args)`` gives the handler's result,
+    ``await call.versioned(*args)`` a :class:`Versioned` (result and the version it read)."""
+
+    __slots__ = ("_group", "_member", "_name", "_spec")
+
+    def __init__(self, group: Group, spec: ActorSpec, name: str, member: int) -> None:
+        self._group = group
+        self._spec = spec
+        self._name = name
+        self._member = member
+
+    async def __call__(self, *args: object, **kwargs: object) -> Any:
+        got = await self._group._p2p_call(self._member, self._spec, self._name, args, kwargs)
+        return got.value
+
+    def versioned(self, *args: object, **kwargs: object) -> Awaitable[Versioned]:
+        """The call, answered with the version of the state the handler read."""
+        return self._group._p2p_call(self._member, self._spec, self._name, args, kwargs)
+
+
 class _P2PMethod:
     def __init__(self, group: Group, spec: ActorSpec, name: str) -> None:
         self._group = group
         self._spec = spec
         self._name = name
 
-    def at(self, member: int) -> Callable[..., Awaitable[Any]]:
-        """The call bound to ``member``: ``await handle.method.at(m)(*args)``."""
-
-        def call(*args: object, **kwargs: object) -> Awaitable[Any]:
-            return self._group._p2p_call(member, self._spec, self._name, args, kwargs)
-
-        return call
+    def at(self, member: int) -> P2PCall:
+        """The call bound to ``member``: ``await handle.method.at(m)(*args)``, or
+        ``await handle.method.at(m).versioned(*args)`` (see :class:`P2PCall`)."""
+        return P2PCall(self._group, self._spec, self._name, member)
 
 
 class SubgroupHandle:
@@ -319,7 +366,7 @@ class Group:
         self._casts: dict[int, asyncio.Future[tuple[int, int]]] = {}
         self._early_replies: dict[int, dict[int, object]] = {}
         self._p2p_ids = itertools.count(1)
-        self._p2p: dict[int, tuple[int, asyncio.Future[Any]]] = {}
+        self._p2p: dict[int, tuple[int, asyncio.Future[Versioned]]] = {}
         self._closed: BaseException | None = None
         self._gone: asyncio.Future[None] | None = None  # resolved once a deferred leave is done
         self._started = False
@@ -329,6 +376,20 @@ class Group:
         # REPLIES message per caller when the step's events are done (Host.flush).
         self._outbox: dict[int, list[object]] = {}
         self._batching = False
+        # The last call delivered per subgroup (the version a p2p call queued now reads), and
+        # the version of a state no call of which was delivered yet (a joiner's restored one).
+        self._last_delivered: dict[str, Delivered] = {}
+        self._base_version = (0, -1)
+        # Backpressure (see _room): own calls waiting for room, in call order, and whether this
+        # member stopped taking new messages because its handlers lag.
+        self._max_queued = config.max_queued_calls
+        self._max_queued_bytes = config.max_queued_mb << 20
+        self._parked: deque[_Parked] = deque()
+        self._parked_bytes = 0
+        self._paused = False
+        for runner in self._runners.values():
+            runner.watcher = self._on_runner_progress
+        self._exiting: BaseException | None = None  # a handler's SystemExit/KeyboardInterrupt
         self.history: list[View] = []
         self.installed_at: list[float] = []  # time.monotonic() of each install in ``history``
 
@@ -474,13 +535,14 @@ class Group:
         return self._driver
 
     # -- ordered calls -------------------------------------------------------------------------
-    def _submit(
+    def _encode(
         self, spec: ActorSpec, wire_name: str, args: tuple[object, ...], kwargs: dict[str, object]
-    ) -> tuple[Driver, int]:
-        """Encode a call and queue it in the core; (driver, msg_no). UsageError when its
-        encoding is over ``max_call_mb``."""
+    ) -> tuple[Driver, bytes | OutOfBand, int]:
+        """Encode a call: (driver, payload, encoded size). UsageError when its encoding is over
+        ``max_call_mb``."""
         driver = self._driver
-        if driver is None or driver.core is None or self._closed is not None or self._view is None:
+        if (driver is None or driver.core is None or self._closed is not None
+                or self._view is None or self._exiting is not None):
             driver = self._check_open()  # raises why (the open group is tested inline: per call)
         core = driver.core
         assert core is not None
@@ -499,13 +561,100 @@ class Group:
         if size > self._max_call:
             raise UsageError(f"an ordered call of {size} bytes encoded is over the bound of "
                              f"max_call_mb={self.config.max_call_mb} ({self._max_call} bytes)")
-        if oob is not None:  # arrays travel out of band, on the data plane
-            msg_no = core.submit(spec.name, oob, nbytes=size)
-        else:
-            msg_no = core.submit(spec.name, call)
-        if msg_no is None:
-            raise self._closed or GroupClosed("this member cannot send now")
-        return driver, msg_no
+        return driver, (call if oob is None else oob), size
+
+    def _send(self, driver: Driver, subgroup: str, payload: bytes | OutOfBand,
+              size: int) -> int | None:
+        """Queue an encoded call in the core: its msg_no, None when this member cannot send."""
+        core = driver.core
+        assert core is not None
+        if type(payload) is bytes:
+            return core.submit(subgroup, payload)
+        return core.submit(subgroup, payload, nbytes=size)  # arrays travel on the data plane
+
+    # -- backpressure ----------------------------------------------------------------------------
+    def _room(self) -> bool:
+        """Whether a call may go to the core now: this member's own calls not completed and the
+        delivered calls waiting for its handlers are within ``max_queued_calls`` (and bytes
+        within ``max_queued_mb``; see :meth:`_check_backlog`), and none waits before it."""
+        return (not self._parked and not self._paused
+                and len(self._casts) + len(self._pending) < self._max_queued)
+
+    def _park(self, spec: ActorSpec, payload: bytes | OutOfBand, size: int,
+              future: asyncio.Future[Any], one_way: bool) -> None:
+        """No room for a call now: wait for it (in call order) or fail (``when_queue_full``)."""
+        if self.config.when_queue_full == "error":
+            raise QueueFull(
+                f"member {self._me}: {len(self._casts) + len(self._pending)} own calls in flight"
+                f" and {self.queued_calls} delivered calls waiting for handlers here "
+                f"(max_queued_calls={self._max_queued}, max_queued_mb={self.config.max_queued_mb}"
+                f"); when_queue_full='error'")
+        weight = size + _PARKED_OVERHEAD
+        if self._parked_bytes + weight > self._max_queued_bytes:
+            raise QueueFull(
+                f"member {self._me}: the calls waiting for room here reached max_queued_mb="
+                f"{self.config.max_queued_mb} (max_queued_calls={self._max_queued}): await "
+                f"earlier calls before making more")
+        self._parked.append(_Parked(spec.name, payload, size, future, one_way))
+        self._parked_bytes += weight
+
+    def _unpark(self) -> None:
+        """Hand parked calls to the core, in order, while there is room."""
+        parked = self._parked
+        driver = self._driver
+        if driver is None or self._closed is not None:
+            return
+        sent = False
+        while parked and not self._paused and (
+                len(self._casts) + len(self._pending) < self._max_queued):
+            call = parked.popleft()
+            self._parked_bytes -= call.size + _PARKED_OVERHEAD
+            if call.future.done():  # cancelled by its caller while it waited: never sent
+                continue
+            msg_no = self._send(driver, call.subgroup, call.payload, call.size)
+            if msg_no is None:
+                call.future.set_exception(self._closed or GroupClosed("this member cannot send now"))
+                continue
+            if call.one_way:
+                self._casts[msg_no] = call.future
+            else:
+                self._pending[msg_no] = _PendingCall(call.future)
+            sent = True
+        if sent:
+            driver.kick()
+
+    @property
+    def queued_calls(self) -> int:
+        """Delivered ordered calls waiting here for their handlers (all actors)."""
+        return sum(r.queued for r in self._runners.values())
+
+    def _check_backlog(self) -> None:
+        """Stop taking new messages while the delivered calls waiting for this member's handlers
+        are over ``max_queued_calls`` or ``max_queued_mb``: nothing new becomes stable anywhere
+        until they drain, so every sender's calls wait (backpressure; see the README)."""
+        if self._paused:
+            return
+        runners = self._runners.values()
+        if (sum(r.queued for r in runners) >= self._max_queued
+                or sum(r.queued_bytes for r in runners) >= self._max_queued_bytes):
+            driver = self._driver
+            if driver is not None and driver.core is not None:
+                self._paused = True
+                driver.core.set_receiving(False)
+
+    def _on_runner_progress(self) -> None:
+        """A runner took a queued call: resume taking messages once the backlog halved."""
+        if self._paused:
+            runners = self._runners.values()
+            if (sum(r.queued for r in runners) <= self._max_queued // 2
+                    and sum(r.queued_bytes for r in runners) <= self._max_queued_bytes // 2):
+                self._paused = False
+                driver = self._driver
+                if driver is not None and driver.core is not None:
+                    driver.core.set_receiving(True)
+                    driver.kick()
+        if self._parked and not self._paused:
+            self._unpark()
 
     async def _ordered_call(
         self, spec: ActorSpec, wire_name: str, args: tuple[object, ...],
@@ -513,11 +662,17 @@ class Group:
     ) -> Replies:
         """Submit an ordered call named ``wire_name`` (``<Actor>.<method>``) and await its
         replies."""
-        driver, msg_no = self._submit(spec, wire_name, args, kwargs)
+        driver, payload, size = self._encode(spec, wire_name, args, kwargs)
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[Replies] = loop.create_future()
+        if not self._room():
+            self._park(spec, payload, size, fut, one_way=False)
+            return await fut
+        msg_no = self._send(driver, spec.name, payload, size)
+        if msg_no is None:
+            raise self._closed or GroupClosed("this member cannot send now")
         self._pending[msg_no] = _PendingCall(fut)
         driver.kick()
         return await fut
@@ -531,18 +686,41 @@ class Group:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        driver, msg_no = self._submit(spec, wire_name, args, kwargs)
+        driver, payload, size = self._encode(spec, wire_name, args, kwargs)
         fut: asyncio.Future[tuple[int, int]] = loop.create_future()
+        if not self._room():
+            self._park(spec, payload, size, fut, one_way=True)
+            return fut
+        msg_no = self._send(driver, spec.name, payload, size)
+        if msg_no is None:
+            raise self._closed or GroupClosed("this member cannot send now")
         self._casts[msg_no] = fut
         driver.kick()
         return fut
 
     def _cast_done(self, ok: bool, value: object) -> None:
-        """A one-way call's handler finished here: nobody waits for it, so only log a failure."""
+        """A one-way call's handler finished here: nobody waits for it, so only log a failure
+        (a ``SystemExit`` or ``KeyboardInterrupt`` is this member's departure)."""
         if not ok:
             exc = value if isinstance(value, BaseException) else None
             log.warning("member %d: the handler of a one-way call raised %r", self._me, value,
                         exc_info=exc)
+            if isinstance(value, (SystemExit, KeyboardInterrupt)):
+                self._handler_exit(value)
+
+    def _handler_exit(self, exc: BaseException) -> None:
+        """A handler raised ``SystemExit`` or ``KeyboardInterrupt``: this member leaves the
+        group in order (its reply to that call is already made); its handlers run no more."""
+        if self._exiting is not None:
+            return
+        self._exiting = exc
+        for runner in self._runners.values():
+            runner.stop()
+        reason = f"a handler raised {type(exc).__name__}: {exc}"
+        log.warning("member %d: %s; leaving the group", self._me, reason)
+        driver = self._driver
+        if driver is not None:
+            driver.leave(reason)
 
     def _complete(self, msg_no: int) -> None:
         call = self._pending.get(msg_no)
@@ -624,22 +802,31 @@ class Group:
         each event it does not take to :meth:`_deliver_one`, the general path, and goes on
         after it. A one-way call is run the same way and answered to nobody."""
         self._batching = True
+        last = self._last_delivered
+        if len(self._hosted) == 1:
+            last[events[-1][0]] = events[-1]
+        else:
+            for ev in events:
+                last[ev[0]] = ev
+        dispatch = _dispatch_calls
         if self._observer is not None:
             self._observer.delivered(self._me, events)
-        dispatch = _dispatch_calls
+            dispatch = None  # every outcome goes through _deliver_one, which reports it
         if dispatch is None:
             for ev in events:
                 self._deliver_one(ev)
-            return
-        me, hosted, casts, finish = self._me, self._hosted, self._casts, self._finish_call
-        i, n = 0, len(events)
-        while i < n:
-            # replies are batched only while the group is open (as _deliver_one decides)
-            outbox = self._outbox if self._closed is None and self._driver is not None else None
-            i = dispatch(events, i, me, hosted, casts, outbox, _NIL, finish)
-            if i < n:
-                self._deliver_one(events[i])
-                i += 1
+        else:
+            me, hosted, casts, finish = self._me, self._hosted, self._casts, self._finish_call
+            i, n = 0, len(events)
+            while i < n:
+                # replies are batched only while the group is open (as _deliver_one decides)
+                outbox = (self._outbox if self._closed is None and self._driver is not None
+                          else None)
+                i = dispatch(events, i, me, hosted, casts, outbox, _NIL, finish)
+                if i < n:
+                    self._deliver_one(events[i])
+                    i += 1
+        self._check_backlog()
 
     def _finish_call(self, ev: Delivered, one_way: bool, ok: bool, value: object) -> None:
         """An outcome of a call the native loop ran that is not the usual one (see
@@ -666,6 +853,12 @@ class Group:
         if hosted is None:
             return
         spec, runner, actor, methods = hosted
+        observer = self._observer
+        reply: Callable[[bool, object], None]
+        cast_done: Callable[[bool, object], None] = self._cast_done
+        if observer is not None:  # every outcome reported: no shortcuts below
+            reply = functools.partial(self._observed, ev, functools.partial(self._reply, ev))
+            cast_done = functools.partial(self._observed, ev, self._cast_done)
         try:
             if type(payload) is bytes:
                 # (the usual call of a known method is the native loop's: decode_call's own
@@ -673,10 +866,12 @@ class Group:
                 name, args, kwargs = codec.decode_call(payload)
             elif isinstance(payload, OutOfBand):
                 if largecall.is_large(payload):  # decoded off the loop, in turn on the runner
+                    if observer is None:
+                        reply = functools.partial(self._reply, ev)
                     call = largecall.OffLoopCall(
                         payload, functools.partial(self._method_entry, spec, actor, methods),
-                        functools.partial(self._reply, ev), self._cast_done, me, sender)
-                    runner.submit(call.run, call.done)
+                        reply, cast_done, me, sender)
+                    runner.submit(call.run, call.done, payload.nbytes)
                     return
                 # my own call of device arrays alone comes back as it was sent; the rest (and
                 # every peer's) is decoded and its arrays checked
@@ -693,25 +888,30 @@ class Group:
             self._reply(ev, False, exc)
             return
         fn, one_way = entry
+        if observer is not None or runner.stopped:
+            runner.submit_call(fn, args, kwargs, cast_done if one_way else reply)
+            return
         if one_way:
             if not runner.idle():
-                runner.submit_call(fn, args, kwargs, self._cast_done)
+                runner.submit_call(fn, args, kwargs, self._cast_done,
+                                   len(payload) if type(payload) is bytes else 0)
                 return
             try:
                 result = fn(*args, **kwargs)
-            except Exception as exc:
+            except BaseException as exc:  # any outcome is the call's (a SystemExit: departure)
                 self._cast_done(False, exc)
                 return
             if type(result) is CoroutineType:
                 runner.step_coroutine(result, self._cast_done)
             return
         if not runner.idle():
-            runner.submit_call(fn, args, kwargs, functools.partial(self._reply, ev))
+            runner.submit_call(fn, args, kwargs, functools.partial(self._reply, ev),
+                               len(payload) if type(payload) is bytes else 0)
             return
         # A free runner would run it on the spot: do so here (as SerialRunner._run).
         try:
             result = fn(*args, **kwargs)
-        except Exception as exc:
+        except BaseException as exc:  # any outcome is the call's (a SystemExit: departure)
             self._reply(ev, False, exc)
             return
         if type(result) is CoroutineType:
@@ -732,7 +932,22 @@ class Group:
         else:
             self._reply(ev, True, result)
 
+    def _observed(self, ev: Delivered, then: Callable[[bool, object], None], ok: bool,
+                  value: object) -> None:
+        """An outcome of a delivered call, told to the observer before it goes on to ``then``."""
+        if self._observer is not None:
+            self._observer.handler_finished(self._me, ev.subgroup, (ev.view_id, ev.seq), ok,
+                                            value)
+        then(ok, value)
+
     def _reply(self, ev: Delivered, ok: bool, value: object) -> None:
+        if not ok and isinstance(value, (SystemExit, KeyboardInterrupt)):
+            self._reply_to(ev, ok, value)
+            self._handler_exit(value)  # after the reply: the caller learns what happened
+            return
+        self._reply_to(ev, ok, value)
+
+    def _reply_to(self, ev: Delivered, ok: bool, value: object) -> None:
         if ev.sender == self._me:
             self._record_reply(ev.msg_no, self._me, value)
             return
@@ -762,21 +977,53 @@ class Group:
         method: str,
         args: tuple[object, ...],
         kwargs: dict[str, object],
-    ) -> Any:
+    ) -> Versioned:
         driver = self._check_open()
         if member not in self.view.members:
             raise MemberFailed(member, "is not a member of the current view")
+        loop = asyncio.get_running_loop()
         if member == self.member_id:
-            result = getattr(self._actors[spec.name], method)(*args, **kwargs)
-            if asyncio.iscoroutine(result):
-                result = await result
-            return result
+            mine: asyncio.Future[Versioned] = loop.create_future()
+
+            def answer(ok: bool, value: object, version: tuple[int, int]) -> None:
+                if mine.done():
+                    return
+                if ok:
+                    mine.set_result(Versioned(value, version))
+                else:
+                    assert isinstance(value, BaseException)
+                    mine.set_exception(value)
+
+            self._run_p2p(spec, method, args, kwargs, answer)
+            return await mine
         req = next(self._p2p_ids)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Versioned] = loop.create_future()
         self._p2p[req] = (member, fut)
         body = codec.encode_call(f"{spec.name}.{method}", args, kwargs)
         driver.transport.send(member, env.encode(env.P2P_REQ, req, spec.name, method, body))
         return await fut
+
+    def _run_p2p(self, spec: ActorSpec, method: str, args: tuple[object, ...],
+                 kwargs: dict[str, object],
+                 answer: Callable[[bool, object, tuple[int, int]], None]) -> None:
+        """Run a p2p handler on its actor's runner, between ordered handlers: it reads the state
+        after every call delivered so far (the version it answers with), never a half-applied
+        call. With ``check_p2p_reads`` a handler that changes the replica is undone and fails."""
+        name = spec.name
+        _spec, runner, actor, _methods = self._hosted[name]
+        last = self._last_delivered.get(name)
+        version = (last.view_id, last.seq) if last is not None else self._base_version
+        fn: Callable[..., object] = getattr(actor, method)
+        if self.config.check_p2p_reads:
+            fn = _read_only(actor, f"{name}.{method}", fn)
+
+        def done(ok: bool, value: object) -> None:
+            answer(ok, value, version)
+
+        if runner.stopped:
+            done(False, GroupClosed("this member is leaving the group"))
+            return
+        runner.submit_call(fn, args, kwargs, done)
 
     def _serve_p2p(self, sender: int, req: int, actor_name: str, method: str, body: bytes) -> None:
         spec = self._specs.get(actor_name)
@@ -784,13 +1031,15 @@ class Group:
         if driver is None:
             return
 
-        def answer(ok: bool, value: object) -> None:
+        def answer(ok: bool, value: object, version: tuple[int, int] = (0, -1)) -> None:
             try:
                 data = codec.encode(value) if ok else _encode_error(value)
             except (TypeError, ValueError, OverflowError) as exc:
                 ok, data = False, _encode_error(exc)
+            view_id, seq = version
             if self._closed is None:
-                driver.transport.send(sender, env.encode(env.P2P_RESP, req, ok, data))
+                driver.transport.send(
+                    sender, env.encode(env.P2P_RESP, req, ok, data, view_id, seq + 1))
 
         if spec is None or method not in spec.p2p:
             answer(False, UsageError(f"no p2p method {actor_name}.{method}"))
@@ -800,8 +1049,7 @@ class Group:
         except ProtocolViolation as exc:
             answer(False, exc)
             return
-        fn = getattr(self._actors[actor_name], method)
-        SerialRunner().submit(lambda: fn(*args, **kwargs), answer)
+        self._run_p2p(spec, method, args, kwargs, answer)
 
     # -- driver callbacks (Host) ---------------------------------------------------------------
     def on_event(self, event: Event) -> None:
@@ -830,8 +1078,11 @@ class Group:
             self._close(GroupClosed(f"this member left the group{why}"))
 
     def flush(self) -> None:
-        """Send the replies batched while the driver reported a step's events."""
+        """Send the replies batched while the driver reported a step's events (and hand parked
+        calls to the core if the step made room)."""
         self._batching = False
+        if self._parked:
+            self._unpark()
         if not self._outbox:
             return
         outbox, self._outbox = self._outbox, {}
@@ -862,6 +1113,9 @@ class Group:
             send(caller, env.encode(env.REPLIES, failed))
 
     def _on_view(self, ev: ViewInstalled) -> None:
+        if self._me in ev.joined:  # the state this member starts from: no call of this view
+            self._base_version = (ev.view.view_id, -1)
+            self._last_delivered.clear()
         if ev.state is not None:
             self._restore(ev.state)
         self._repliers = {}
@@ -922,14 +1176,15 @@ class Group:
             assert isinstance(req, int) and isinstance(body, bytes)
             self._serve_p2p(sender, req, str(actor_name), str(method), body)
         elif kind == env.P2P_RESP:
-            _, req, ok, body = msg
+            _, req, ok, body, view_id, seq_plus_one = msg  # (seq + 1: the field is unsigned)
             assert isinstance(req, int) and isinstance(body, bytes)
+            assert isinstance(view_id, int) and isinstance(seq_plus_one, int)
             entry = self._p2p.pop(req, None)
             if entry is None or entry[0] != sender or entry[1].done():
                 return
             result = _decode_result(sender, bool(ok), body)
             if ok:
-                entry[1].set_result(result)
+                entry[1].set_result(Versioned(result, (view_id, seq_plus_one - 1)))
             else:
                 assert isinstance(result, BaseException)
                 entry[1].set_exception(result)
@@ -969,6 +1224,11 @@ class Group:
             if not fut.done():
                 fut.set_exception(exc)
         self._p2p.clear()
+        for parked in self._parked:
+            if not parked.future.done():
+                parked.future.set_exception(exc)
+        self._parked.clear()
+        self._parked_bytes = 0
 
 
 _NIL = b"\xc0"  # msgpack None: the result of most handlers
@@ -993,3 +1253,40 @@ def _decode_result(sender: int, ok: bool, body: bytes) -> object:
     if isinstance(value, list | tuple) and len(value) == 2:
         return HandlerError(sender, str(value[0]), str(value[1]))
     return HandlerError(sender, "Exception", repr(value))
+
+
+def _read_only(actor: Actor, label: str, fn: Callable[..., object]) -> Callable[..., object]:
+    """``fn`` checked not to change ``actor``'s replica (``check_p2p_reads``): its snapshot is
+    compared before and after; a change is undone (the snapshot before is restored) and the call
+    fails with :class:`UsageError`."""
+
+    def check(before: bytes) -> None:
+        if codec.encode(actor.snapshot()) != before:
+            state: Any = codec.decode(before)
+            actor.restore(state)
+            raise UsageError(f"p2p handler {label} changed the replica (p2p handlers may only "
+                             f"read; the change was undone)")
+
+    def run(*args: object, **kwargs: object) -> object:
+        before = codec.encode(actor.snapshot())
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            check(before)
+            raise
+        if type(result) is not CoroutineType:
+            check(before)
+            return result
+
+        async def finish(coro: Any = result) -> object:
+            try:
+                value = await coro
+            except BaseException:
+                check(before)
+                raise
+            check(before)
+            return value
+
+        return finish()
+
+    return run

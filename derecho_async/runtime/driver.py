@@ -277,10 +277,11 @@ class Driver:
             await asyncio.wait_for(self.transport.drain(), timeout=1.0)
         await self.transport.close()
 
-    def leave(self) -> None:
-        """Ask the core to leave the group and push that out now."""
+    def leave(self, reason: str = "") -> None:
+        """Ask the core to leave the group and push that out now; ``reason`` (empty for a leave
+        the application asked for) goes into the Left event the host gets."""
         if self.core is not None:
-            self.core.leave()
+            self.core.leave(reason)
             self._step()
 
     # -- TransportHandler ----------------------------------------------------------------------
@@ -402,12 +403,15 @@ class Driver:
         self._stepping = True
         try:
             self._execute(core, ready)
-        except Exception as exc:
+        except BaseException as exc:
             # The step is half carried out (a slot push may be gone while the counter that
             # publishes it goes out in the next step) and cannot be taken again (its
-            # deliveries may have run): peers can no longer trust this member's row.
+            # deliveries may have run): peers can no longer trust this member's row. (The
+            # host takes every handler's outcome itself; this is for the runtime's own bugs.)
             log.exception("member %d: carrying out a step failed", self.member_id)
             self._leave_for(f"carrying out a step failed ({type(exc).__name__}: {exc})")
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise  # the process is asked to stop: the leave above is already under way
         finally:
             self._stepping = False
         # Yield to the loop before the next step, even with more to do: the transport rings its

@@ -35,7 +35,9 @@ __all__ = [
 CORE = 0  # [CORE, core message as a list]
 REPLY = 1  # [REPLY, subgroup, msg_no, ok, encoded result]
 P2P_REQ = 2  # [P2P_REQ, req_id, actor, method, encoded call]
-P2P_RESP = 3  # [P2P_RESP, req_id, ok, encoded result]
+# [P2P_RESP, req_id, ok, encoded result, view_id, seq]: (view_id, seq) names the delivered
+# prefix the p2p handler saw (seq -1: the state at the start of that view)
+P2P_RESP = 3
 DATA = 4  # [DATA, view_id, sender, msg_no, payload bytes]
 # [SHM_DESC, view_id, sender, msg_no, segment, generation, offset, length, meta]
 SHM_DESC = 5
@@ -55,7 +57,7 @@ _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     CORE: (list,),
     REPLY: (str, int, bool, bytes),
     P2P_REQ: (int, str, str, bytes),
-    P2P_RESP: (int, bool, bytes),
+    P2P_RESP: (int, bool, bytes, int, int),
     DATA: (int, int, int, bytes),
     SHM_DESC: (int, int, int, int, int, int, int, list),
     BLOCK: (int, int, int, int, int, int, bytes, bytes),

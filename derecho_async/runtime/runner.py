@@ -114,11 +114,11 @@ class SerialRunner:
     def idle(self) -> bool:
         """Nothing runs or waits: a caller may run a handler on the spot itself, as
         :meth:`submit_call` would, and hand a coroutine it returns to :meth:`step_coroutine`."""
-        return not self._busy and not self._queue
+        return not self._busy and not self._queue and not self.stopped
 
-    def submit(self, call: Callable[[], object], done: Done) -> None:
+    def submit(self, call: Callable[[], object], done: Done, nbytes: int = 0) -> None:
         """Queue ``call`` (a plain call or one returning a coroutine); ``done`` gets its result."""
-        self.submit_call(call, _NO_ARGS, _NO_KWARGS, done)
+        self.submit_call(call, _NO_ARGS, _NO_KWARGS, done, nbytes)
 
     def submit_call(
         self,
