@@ -128,7 +128,9 @@ async def bench_member(config: da.Config) -> None:
 def _read_segment(name: str, size: int, q: Any) -> None:
     seg = shared_memory.SharedMemory(name=name)
     began = time.perf_counter()
-    data = bytes(seg.buf[:size])
+    buf = seg.buf
+    assert buf is not None
+    data = bytes(buf[:size])
     hashlib.sha256(data).digest()
     q.put(time.perf_counter() - began)
     del data
@@ -142,7 +144,9 @@ def raw_host_copy(size: int) -> float:
     seg = shared_memory.SharedMemory(create=True, size=size)
     try:
         began = time.perf_counter()
-        seg.buf[:size] = blob
+        buf = seg.buf
+        assert buf is not None
+        buf[:size] = blob
         written = time.perf_counter() - began
         ctx = multiprocessing.get_context("spawn")
         q = ctx.Queue()
