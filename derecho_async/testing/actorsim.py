@@ -1,0 +1,630 @@
+# Theory of operation
+# -------------------
+# ``run_actor_schedule(seed)`` runs real Groups (driver, runners, state transfer) of 2-5 members
+# on a seeded SimNetwork in virtual time (vloop.run_virtual) and drives them with one actor,
+# ``SimLog``, from one ``random.Random(seed)``: one-way and replied ordered calls from random
+# members, p2p reads, joins, leaves, crashes (also right after a burst of calls, so pushes are in
+# flight and handlers are awaiting), partitions healed later, and slow links. Every choice a
+# handler makes (how long it sleeps, whether it raises and what) comes from the call's own
+# arguments, so every replica does the same thing; nothing else draws random numbers, so the
+# same seed replays the same run bit for bit.
+#
+# Two sources of truth are recorded for the checker (actorcheck.py):
+# * what each member's Group reported through a GroupObserver (deliveries in order, views,
+#   snapshots taken at the cut and restored, handler outcomes where the group reports them);
+# * what each member's SimLog replica itself did: its restore, and the start and end of every
+#   handler with its outcome and the replica's state after it;
+# plus what every caller got back (Replies, one-way versions, p2p results, exceptions) and what
+# became of every member (live, left, crashed, closed with which error, never admitted).
+#
+# The end of a schedule heals every fault, waits (in virtual time) for every call to finish,
+# and then makes one replied "barrier" call from a live member, so that every survivor has run
+# everything delivered before it; then the groups are left where they are and the loop ends.
+"""Seeded schedules of real Groups hosting a test actor, for the actor-level checker."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from derecho_async import codec
+from derecho_async.actor import Actor, ordered, p2p
+from derecho_async.config import Config
+from derecho_async.core import Delivered, ViewInstalled
+from derecho_async.errors import GroupClosed, PartitionedError
+from derecho_async.group import Group
+from derecho_async.runtime.observer import GroupObserver
+from derecho_async.testing.simnet import SimNetwork, TraceEvent, crash_group
+from derecho_async.testing.vloop import run_virtual
+
+_np: Any
+try:  # numpy is optional: some schedules keep part of the state in an array when it is there
+    import numpy as _np
+except ImportError:  # pragma: no cover - numpy is a test dependency
+    _np = None
+
+__all__ = [
+    "ActorRun",
+    "CallOutcome",
+    "P2POutcome",
+    "RecordingObserver",
+    "SimLog",
+    "SimLogStop",
+    "run_actor_schedule",
+]
+
+_MASK = (1 << 64) - 1
+_FNV = 0x100000001B3
+
+# What a handler does, by its ``mode`` argument (drawn by the caller, so all replicas agree).
+OK = 0
+RAISE_BEFORE = 1  # ValueError before touching the state
+RAISE_AFTER = 2  # ValueError after appending
+STOP_AFTER = 3  # SimLogStop (a BaseException that is no Exception) after appending
+CANCEL_AFTER = 4  # asyncio.CancelledError after appending
+
+StateKey = tuple[int, int, tuple[int, ...]]
+"""What identifies a SimLog replica's state: (length of the log, running hash, array counts)."""
+
+
+class SimLogStop(BaseException):
+    """A BaseException (not an Exception, like CancelledError) that SimLog handlers raise."""
+
+
+def mix(h: int, cid: int) -> int:
+    """The running hash of a log after appending call id ``cid``."""
+    return ((h ^ cid) * _FNV) & _MASK
+
+
+def state_of(blob: object) -> StateKey:
+    """The StateKey of a SimLog snapshot (``SimLog.snapshot()``'s bytes)."""
+    decoded: Any = codec.decode(bytes(blob)) if isinstance(blob, bytes | bytearray) else blob
+    log, h, counts = decoded
+    return (len(log), int(h), tuple(int(c) for c in counts) if counts is not None else ())
+
+
+class SimLog(Actor):
+    """The test actor: a replicated log of call ids with a running hash (and, in some schedules,
+    a numpy array of counts), recording what each handler did at this replica.
+
+    Ordered handlers take ``(cid, mode, ...)``: they append ``cid`` to the log, update the hash
+    and return ``(length, hash)``; ``mode`` says whether and how they raise; the async ones sleep
+    the virtual delays they are given before appending and between appending and hashing (a p2p
+    read in between would see a half-applied call). ``bind`` tells a replica its member id and
+    where to record; until then it records nothing.
+    """
+
+    def __init__(self) -> None:
+        self.log: list[int] = []
+        self.h = 0
+        self.counts: Any = None  # a numpy int64 array of 8 counts, in some schedules
+        self.member = -1
+        self.records: list[tuple[object, ...]] | None = None
+        self.skew = False  # a deliberately broken replica (to show the checker catches it)
+
+    def bind(self, member: int, records: list[tuple[object, ...]], with_array: bool,
+             skew: bool = False) -> None:
+        self.member = member
+        self.records = records
+        self.skew = skew
+        if with_array and _np is not None:
+            self.counts = _np.zeros(8, dtype=_np.int64)
+
+    # -- state -------------------------------------------------------------------------------
+    def key(self) -> StateKey:
+        counts = tuple(int(c) for c in self.counts) if self.counts is not None else ()
+        return (len(self.log), self.h, counts)
+
+    def snapshot(self) -> bytes:
+        return codec.encode((self.log, self.h, self.counts))
+
+    def restore(self, state: bytes) -> None:
+        decoded: Any = codec.decode(state)
+        log, h, counts = decoded
+        self.log = list(log)
+        self.h = int(h)
+        if counts is not None and _np is not None:
+            self.counts = _np.array(counts, dtype=_np.int64)
+        else:
+            self.counts = None
+        if self.records is not None:
+            self.records.append(("restore", self.key()))
+
+    # -- handlers ----------------------------------------------------------------------------
+    def _begin(self, cid: int) -> None:
+        if self.records is not None:
+            self.records.append(("begin", cid))
+
+    def _end(self, cid: int, ok: bool, value: object) -> None:
+        if self.records is not None:
+            self.records.append(("end", cid, ok, value, self.key()))
+
+    def _append(self, cid: int) -> None:
+        self.log.append(cid)
+
+    def _finish_apply(self, cid: int) -> None:
+        self.h = mix(self.h, cid + 1 if self.skew and cid % 5 == 0 else cid)
+        if self.counts is not None:
+            self.counts[cid % 8] += 1
+
+    @staticmethod
+    def _raise(mode: int, cid: int) -> None:
+        if mode in (RAISE_BEFORE, RAISE_AFTER):
+            raise ValueError(f"call {cid} refused")
+        if mode == STOP_AFTER:
+            raise SimLogStop(f"call {cid} stopped")
+        if mode == CANCEL_AFTER:
+            raise asyncio.CancelledError(f"call {cid} cancelled")
+
+    def _outcome(self, cid: int, exc: BaseException) -> None:
+        self._end(cid, False, (type(exc).__name__, str(exc)))
+
+    @ordered
+    def add(self, cid: int, mode: int) -> tuple[int, int]:
+        """A plain handler: appends ``cid`` (unless ``mode`` raises first)."""
+        self._begin(cid)
+        try:
+            if mode == RAISE_BEFORE:
+                self._raise(mode, cid)
+            self._append(cid)
+            self._finish_apply(cid)
+            self._raise(mode, cid)
+        except BaseException as exc:
+            self._outcome(cid, exc)
+            raise
+        result = (len(self.log), self.h)
+        self._end(cid, True, result)
+        return result
+
+    @ordered
+    async def slow(self, cid: int, mode: int, before_s: float, between_s: float) -> tuple[int, int]:
+        """An awaiting handler: sleeps ``before_s``, appends, sleeps ``between_s``, hashes."""
+        self._begin(cid)
+        try:
+            if before_s > 0:
+                await asyncio.sleep(before_s)
+            if mode == RAISE_BEFORE:
+                self._raise(mode, cid)
+            self._append(cid)
+            if between_s > 0:
+                await asyncio.sleep(between_s)
+            self._finish_apply(cid)
+            self._raise(mode, cid)
+        except BaseException as exc:
+            self._outcome(cid, exc)
+            raise
+        result = (len(self.log), self.h)
+        self._end(cid, True, result)
+        return result
+
+    @p2p
+    def read(self) -> StateKey:
+        """This replica's state key (a read-only p2p call)."""
+        return self.key()
+
+
+# -- what a run records ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CallOutcome:
+    """An ordered call a driver made, and what its caller got.
+
+    ``kind`` is "cast" (one-way; ``value`` the version on success) or "call" (``value`` the
+    Replies). ``ok`` is False when the call raised at its caller (``value`` the exception)."""
+
+    caller: int
+    cid: int
+    kind: str
+    method: str
+    mode: int
+    ok: bool | None = None  # None: never finished
+    value: object = None
+    at: float = 0.0  # virtual time when it finished
+
+
+@dataclass(slots=True)
+class P2POutcome:
+    """A p2p read of ``target`` by ``caller``: the state key (and version when versioned)."""
+
+    caller: int
+    target: int
+    ok: bool | None = None
+    value: object = None
+    version: tuple[int, int] | None = None
+    versioned: bool = False
+
+
+class RecordingObserver(GroupObserver):
+    """A GroupObserver that keeps everything every member's Group told it, per member."""
+
+    def __init__(self) -> None:
+        self.deliveries: dict[int, list[Delivered]] = {}
+        self.views: dict[int, list[ViewInstalled]] = {}
+        self.snapshots: list[tuple[int, int, int, dict[str, object]]] = []
+        self.restores: list[tuple[int, int, dict[str, object]]] = []
+        self.finished: dict[int, list[tuple[str, tuple[int, int], bool, object]]] = {}
+
+    def delivered(self, member: int, events: Sequence[Delivered]) -> None:
+        self.deliveries.setdefault(member, []).extend(events)
+
+    def view_installed(self, member: int, event: ViewInstalled) -> None:
+        self.views.setdefault(member, []).append(event)
+
+    def snapshot_taken(self, member: int, view_id: int, joiner: int,
+                       state: Mapping[str, object]) -> None:
+        self.snapshots.append((member, view_id, joiner, dict(state)))
+
+    def restored(self, member: int, view_id: int, state: Mapping[str, object]) -> None:
+        self.restores.append((member, view_id, dict(state)))
+
+    def handler_finished(self, member: int, subgroup: str, version: tuple[int, int],
+                         ok: bool, value: object) -> None:
+        self.finished.setdefault(member, []).append((subgroup, version, ok, value))
+
+
+@dataclass
+class ActorRun:
+    """Everything a schedule did and saw (what :func:`check_actor_run` checks)."""
+
+    seed: int
+    knobs: dict[str, Any]
+    observer: RecordingObserver
+    records: dict[int, list[tuple[object, ...]]]
+    calls: list[CallOutcome]
+    reads: list[P2POutcome]
+    fates: dict[int, str]  # member -> "live", "left", "crashed", "closed: ..." or "not admitted"
+    final_views: dict[int, tuple[int, tuple[int, ...]]]
+    log: list[str]
+    counts: dict[str, int]
+    trace: list[TraceEvent]
+    virtual_s: float = 0.0
+    wall_s: float = 0.0
+    #: each survivor's log at the end
+    final_logs: dict[int, list[int]] = field(default_factory=dict)
+    #: what reached the event loop's exception handler (nothing a handler raises should)
+    loop_errors: list[str] = field(default_factory=list)
+
+    @property
+    def survivors(self) -> list[int]:
+        return sorted(m for m, fate in self.fates.items() if fate == "live")
+
+    def digest(self) -> str:
+        """A hash of everything observed (for replay checks: same seed, same digest)."""
+        h = hashlib.sha256()
+        for part in (
+            sorted(self.records.items()),
+            [(c.caller, c.cid, c.kind, c.ok, _plain(c.value), c.at) for c in self.calls],
+            [(r.caller, r.target, r.ok, _plain(r.value), r.version) for r in self.reads],
+            sorted(self.fates.items()),
+            sorted(self.final_views.items()),
+            sorted((m, [(e.view_id, e.seq, e.sender, e.msg_no) for e in evs])
+                   for m, evs in self.observer.deliveries.items()),
+            sorted((m, [(e.view.view_id, e.view.members, e.joined, e.departed) for e in evs])
+                   for m, evs in self.observer.views.items()),
+            sorted(self.counts.items()),
+            self.trace,
+            self.log,
+            sorted(self.final_logs.items()),
+            self.loop_errors,
+            self.virtual_s,
+        ):
+            h.update(repr(part).encode())
+        return h.hexdigest()
+
+
+def _plain(value: object) -> object:
+    """A comparable, repr-stable form of an outcome (exceptions as type name and text)."""
+    if isinstance(value, BaseException):
+        return (type(value).__name__, str(value))
+    if isinstance(value, Mapping):
+        return sorted((k, _plain(v)) for k, v in value.items())
+    return value
+
+
+# -- the schedule ------------------------------------------------------------------------------
+
+HEARTBEAT_MS = 20.0
+SUSPECT_MS = 200.0
+GROUP = "actorsim"
+
+
+def _config(member: int, n: int, ids: int, knobs: Mapping[str, Any]) -> Config:
+    return Config(
+        group=GROUP,
+        member_id=member,
+        initial_members=n,
+        transport="sim",  # names the kind only: the SimNetwork endpoint is passed in
+        peers={m: f"sim{m}:1" for m in range(ids)},  # joiners may ask any of these to admit them
+        heartbeat_ms=HEARTBEAT_MS,
+        suspect_after_ms=SUSPECT_MS,
+        send_batch=0,  # its default depends on os.cpu_count(): fixed, so runs replay anywhere
+        window=knobs["window"],
+        max_queued_calls=knobs["max_queued_calls"],
+        state_chunk_kb=4,
+        state_stall_s=5.0,
+        fence_timeout_s=5.0,
+        log_level=knobs["log_level"],
+    )
+
+
+def run_actor_schedule(seed: int, **knobs: Any) -> ActorRun:
+    """Run actor schedule ``seed`` (see the module header) and return what it recorded.
+
+    Knobs (all optional): ``steps`` (driver actions, default drawn 20-60), ``members`` (2-5,
+    default drawn), ``trace`` (keep the network's trace, default False), ``faults`` (default
+    True), ``max_virtual_s`` (60), ``log_level`` of the groups (CRITICAL), ``skew_member`` (a
+    member whose replica hashes some calls wrongly: a divergence the checker must catch), and
+    any drawn knob (``window``, ``max_queued_calls``, ``p_slow``, ``p_raise``...). Nothing is checked here: see
+    :func:`derecho_async.testing.actorcheck.check_actor_run`.
+    """
+    rng = random.Random(seed)
+    drawn: dict[str, Any] = {
+        "members": rng.randint(2, 5),
+        "steps": rng.randint(20, 60),
+        "window": rng.choice([2, 4, 16, 64]),
+        "max_queued_calls": rng.choice([2, 8, 64]),
+        "max_delay_s": rng.choice([0.0005, 0.002, 0.006]),
+        "split_probability": rng.choice([0.0, 0.3]),
+        "with_array": _np is not None and rng.random() < 0.5,
+        "p_slow": rng.choice([0.2, 0.5, 0.8]),
+        "p_raise": rng.choice([0.0, 0.1, 0.3]),
+        "faults": True,
+        "trace": False,
+        "max_virtual_s": 60.0,
+        "log_level": "CRITICAL",
+        "skew_member": None,
+    }
+    for k in knobs:
+        if k not in drawn:
+            raise TypeError(f"run_actor_schedule: unknown knob {k!r}")
+    drawn.update(knobs)
+    run = ActorRun(seed, drawn, RecordingObserver(), {}, [], [], {}, {}, [], {}, [])
+    wall = time.perf_counter()
+    run_virtual(lambda: _schedule(rng, run), max_virtual_s=float(drawn["max_virtual_s"]))
+    run.wall_s = time.perf_counter() - wall
+    return run
+
+
+async def _schedule(rng: random.Random, run: ActorRun) -> None:
+    knobs = run.knobs
+    loop = asyncio.get_running_loop()
+    n = int(knobs["members"])
+    ids = n + 8  # joiners take the next ids
+    net = SimNetwork(
+        rng,
+        max_delay_s=float(knobs["max_delay_s"]),
+        split_probability=float(knobs["split_probability"]),
+        trace=bool(knobs["trace"]),
+    )
+    obs = run.observer
+
+    def on_loop_error(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        what = f"{type(exc).__name__}: {exc}" if exc is not None else ""
+        run.loop_errors.append(f"{loop.time():.4f} {context.get('message')} {what}".strip())
+
+    loop.set_exception_handler(on_loop_error)
+    groups: dict[int, Group] = {}
+    live: set[int] = set()
+    tasks: list[asyncio.Future[Any]] = []
+    next_id = n
+    next_cid = 1
+
+    def say(text: str) -> None:
+        run.log.append(f"{loop.time():9.4f} {text}")
+
+    def make(member: int) -> Group:
+        g = Group(_config(member, n, ids, knobs), [SimLog], transport=net.transport(member),
+                  observer=obs)
+        actor = g.local(SimLog)
+        assert isinstance(actor, SimLog)
+        actor.bind(member, run.records.setdefault(member, []), bool(knobs["with_array"]),
+                   skew=member == knobs["skew_member"])
+        groups[member] = g
+        return g
+
+    async def start(member: int) -> None:
+        g = make(member)
+        try:
+            await g.start(timeout=5.0)
+        except (GroupClosed, PartitionedError) as exc:
+            run.fates[member] = f"not admitted: {exc}"
+            say(f"member {member} not admitted: {exc}")
+            return
+        run.fates[member] = "live"
+        live.add(member)
+        say(f"member {member} in view {g.view.view_id} {list(g.view.members)}")
+
+    await asyncio.gather(*(start(m) for m in range(n)))
+
+    def closed(member: int) -> bool:
+        return groups[member]._closed is not None
+
+    def refresh() -> None:
+        """Members whose group closed on its own (wedged, removed) are no longer live."""
+        for m in sorted(live):
+            exc = groups[m]._closed
+            if exc is not None:
+                live.discard(m)
+                run.fates[m] = f"closed: {type(exc).__name__}: {exc}"
+                say(f"member {m} closed: {type(exc).__name__}: {exc}")
+
+    def settled() -> bool:
+        """No view change under way: every live member's view is the set of live members."""
+        members = tuple(sorted(live))
+        return all(groups[m].view.members == members for m in live)
+
+    def draw_call(caller: int) -> None:
+        nonlocal next_cid
+        cid = next_cid
+        next_cid += 1
+        mode = OK
+        if rng.random() < float(knobs["p_raise"]):
+            mode = rng.choice([RAISE_BEFORE, RAISE_AFTER, STOP_AFTER, CANCEL_AFTER])
+        handle = groups[caller].subgroup(SimLog)
+        kind = "cast" if rng.random() < 0.6 else "call"
+        args: tuple[object, ...]
+        if rng.random() < float(knobs["p_slow"]):
+            before = rng.choice([0.0, 0.0005, 0.003, 0.02])
+            between = rng.choice([0.0, 0.001, 0.004])
+            method, args = "slow", (cid, mode, before, between)
+        else:
+            method, args = "add", (cid, mode)
+        out = CallOutcome(caller, cid, kind, method, mode)
+        run.calls.append(out)
+        fn = getattr(handle, method)
+        try:
+            aw = fn.cast(*args) if kind == "cast" else fn(*args)
+        except BaseException as exc:  # a closed group raises at once
+            out.ok, out.value, out.at = False, exc, loop.time()
+            return
+
+        async def wait() -> None:
+            try:
+                value = await aw
+            except BaseException as exc:
+                out.ok, out.value = False, exc
+            else:
+                out.ok, out.value = True, value
+            out.at = loop.time()
+
+        tasks.append(asyncio.ensure_future(wait()))
+
+    def draw_read(caller: int) -> None:
+        members = groups[caller].view.members
+        target = rng.choice(members)
+        out = P2POutcome(caller, target)
+        run.reads.append(out)
+        fn = groups[caller].subgroup(SimLog).read.at(target)
+        versioned = hasattr(fn, "versioned") and rng.random() < 0.5
+        out.versioned = versioned
+
+        async def read() -> None:
+            try:
+                got = await (fn.versioned() if versioned else fn())
+            except BaseException as exc:
+                out.ok, out.value = False, exc
+                return
+            out.ok = True
+            if versioned:
+                value, version = (got.value, got.version) if hasattr(got, "value") else got
+                out.value, out.version = value, tuple(version)
+            else:
+                out.value = got
+
+        tasks.append(asyncio.ensure_future(read()))
+
+    async def leave(member: int) -> None:
+        try:
+            await groups[member].leave()
+        finally:
+            say(f"member {member} left")
+
+    partitioned_until: float | None = None
+    slow_links: list[tuple[int, int]] = []
+    steps = int(knobs["steps"])
+    p_fault = 0.12 if knobs["faults"] else 0.0
+    for _ in range(steps):
+        await asyncio.sleep(rng.choice([0.0, 0.0005, 0.002, 0.005, 0.01, 0.03]))
+        refresh()
+        if partitioned_until is not None and loop.time() >= partitioned_until:
+            net.heal()
+            partitioned_until = None
+            say("heal")
+        if not live:
+            break
+        r = rng.random()
+        if r < p_fault:
+            kind = rng.choice(["join", "join", "leave", "crash", "crash_burst", "partition",
+                               "slow_link"])
+            alive = sorted(live)
+            calm = partitioned_until is None and settled()  # no partition, no view change
+            if kind == "join" and next_id < ids:
+                member = next_id
+                next_id += 1
+                say(f"join {member}")
+                tasks.append(asyncio.ensure_future(start(member)))
+            elif kind == "leave" and len(alive) >= 2 and calm:
+                member = rng.choice(alive)
+                live.discard(member)
+                run.fates[member] = "left"
+                say(f"leave {member}")
+                tasks.append(asyncio.ensure_future(leave(member)))
+            elif kind in ("crash", "crash_burst") and len(alive) >= 3 and calm:
+                member = rng.choice(alive)
+                if kind == "crash_burst":  # calls mid-push and handlers awaiting
+                    for _ in range(rng.randint(1, 6)):
+                        draw_call(member)
+                    await asyncio.sleep(rng.choice([0.0, 0.0002, 0.001]))
+                live.discard(member)
+                run.fates[member] = "crashed"
+                say(f"crash {member}")
+                crash_group(net, groups[member])
+            elif kind == "partition" and len(alive) >= 3 and calm:
+                rng.shuffle(alive)
+                cut = rng.randint(1, (len(alive) - 1) // 2)
+                minority, majority = sorted(alive[:cut]), sorted(alive[cut:])
+                net.partition(majority, minority)
+                partitioned_until = loop.time() + rng.choice([0.01, 0.05, 0.5])
+                say(f"partition {majority} | {minority}")
+            elif kind == "slow_link" and len(alive) >= 2:
+                a, b = rng.sample(alive, 2)
+                net.set_link(a, b, extra_delay_s=rng.choice([0.005, 0.03]),
+                             jitter_s=rng.choice([0.0, 0.005]))
+                slow_links.append((a, b))
+                say(f"slow link {a}->{b}")
+        elif r < 0.75:
+            for _ in range(rng.choice([1, 1, 2, 4])):
+                draw_call(rng.choice(sorted(live)))
+        else:
+            draw_read(rng.choice(sorted(live)))
+
+    # the end: heal everything, let every call finish, then a barrier call from a live member
+    if partitioned_until is not None:
+        net.heal()
+        say("heal")
+    for a, b in slow_links:
+        net.set_link(a, b)
+    if tasks:
+        await asyncio.wait(tasks, timeout=10.0)
+    refresh()
+    for _ in range(3):
+        if not live:
+            break
+        for _ in range(500):  # 5 s at most
+            if settled():
+                break
+            await asyncio.sleep(0.01)
+            refresh()
+        caller = min(live)
+        out = CallOutcome(caller, next_cid, "barrier", "add", OK)
+        next_cid += 1
+        run.calls.append(out)
+        try:
+            out.value = await asyncio.wait_for(
+                groups[caller].subgroup(SimLog).add(out.cid, OK), 10.0)
+            out.ok = True
+        except (GroupClosed, PartitionedError) as exc:
+            out.ok, out.value = False, exc
+        out.at = loop.time()
+        refresh()
+        if out.ok:
+            break
+    for m, g in sorted(groups.items()):
+        if g._view is not None:
+            run.final_views[m] = (g.view.view_id, g.view.members)
+    for m in sorted(live):
+        actor = groups[m].local(SimLog)
+        assert isinstance(actor, SimLog)
+        run.final_logs[m] = list(actor.log)
+    for m in sorted(live):
+        crash_group(net, groups[m])  # stop them without a view change (the run is over)
+    run.counts = dict(net.counts)
+    run.trace = list(net.trace)
+    run.virtual_s = loop.time()

@@ -1,0 +1,108 @@
+"""Seeded actor-level schedules: real Groups hosting SimLog on a SimNetwork, in virtual time.
+
+The default run covers 500 schedules (``DERECHO_ASYNC_ACTOR_SWEEP_COUNT`` sets another count);
+``DERECHO_ASYNC_LONG_SWEEP=1`` runs 20,000; ``DERECHO_ASYNC_SEED=S`` replays one schedule. A
+failure lists every failing seed of its chunk with the check it broke and the command that
+replays it (``python -m derecho_async.testing.actor_sweep --seed S``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from derecho_async.testing import InvariantViolation, check_actor_run, run_actor_schedule
+from derecho_async.testing.actor_sweep import run_and_check
+
+DEFAULT_COUNT = 500
+LONG_COUNT = 20_000
+CHUNK = 50
+LONG = os.environ.get("DERECHO_ASYNC_LONG_SWEEP") == "1"
+COUNT = int(os.environ.get("DERECHO_ASYNC_ACTOR_SWEEP_COUNT",
+                           LONG_COUNT if LONG else DEFAULT_COUNT))
+
+
+def _sweep(seeds: range) -> None:
+    failures = []
+    for seed in seeds:
+        try:
+            run_and_check(seed)
+        except InvariantViolation as exc:
+            failures.append(str(exc).splitlines()[0])
+    if failures:
+        pytest.fail(f"{len(failures)} of {len(seeds)} schedules failed:\n" + "\n".join(failures)
+                    + "\nreplay one with: python -m derecho_async.testing.actor_sweep --seed S",
+                    pytrace=False)
+
+
+@pytest.mark.parametrize("first", range(0, COUNT, CHUNK), ids=lambda f: f"seeds{f}-{f + CHUNK - 1}")
+def test_actor_sweep(first: int) -> None:
+    _sweep(range(first, min(first + CHUNK, COUNT)))
+
+
+@pytest.mark.skipif("DERECHO_ASYNC_SEED" not in os.environ, reason="set DERECHO_ASYNC_SEED=S")
+def test_replay() -> None:
+    seed = int(os.environ["DERECHO_ASYNC_SEED"])
+    _sweep(range(seed, seed + 1))
+
+
+@pytest.mark.parametrize("seed", [0, 4, 12])
+def test_a_schedule_replays_bit_for_bit(seed: int) -> None:
+    first = run_actor_schedule(seed, trace=True)
+    second = run_actor_schedule(seed, trace=True)
+    assert first.trace and first.calls and first.records
+    assert first.digest() == second.digest()
+    assert first.digest() != run_actor_schedule(seed + 1, trace=True).digest()
+
+
+def test_a_schedule_is_quick() -> None:
+    runs = [run_actor_schedule(seed) for seed in range(20)]
+    assert sum(r.wall_s for r in runs) / len(runs) < 0.3
+    assert all(r.virtual_s > 0 for r in runs)
+
+
+def _calm(seed: int, **knobs: object) -> object:
+    # no faults, no raising handlers, no awaiting handlers: only what the runtime does today
+    return run_actor_schedule(seed, faults=False, p_raise=0.0, p_slow=0.0, **knobs)
+
+
+def test_a_replica_that_diverges_is_caught() -> None:
+    caught = []
+    for seed in range(10):
+        run = _calm(seed)
+        check_actor_run(run)  # type: ignore[arg-type]  # the same schedule, unbroken: ok
+        bad = _calm(seed, skew_member=1)
+        with pytest.raises(InvariantViolation) as info:
+            check_actor_run(bad)  # type: ignore[arg-type]
+        text = str(info.value)
+        assert f"actor seed {seed}" in text
+        assert f"actor_sweep --seed {seed}" in text
+        caught.append(text.split("check (")[1][0])
+    assert set(caught) == {"c"}
+
+
+def test_a_lost_or_altered_outcome_is_caught() -> None:
+    from derecho_async.group import HandlerError
+
+    run = _calm(3)
+    check_actor_run(run)  # type: ignore[arg-type]
+    survivor = run.survivors[0]  # type: ignore[attr-defined]
+    done = next(c for c in run.calls if c.ok and c.kind == "cast")  # type: ignore[attr-defined]
+    run.final_logs[survivor].remove(done.cid)  # type: ignore[attr-defined]
+    with pytest.raises(InvariantViolation, match=r"check \(f\)"):
+        check_actor_run(run)  # type: ignore[arg-type]
+
+    run = _calm(3)
+    call = next(c for c in run.calls if c.ok and c.kind == "call")  # type: ignore[attr-defined]
+    other = next(m for m in call.value if m != call.caller)
+    call.value._results[other] = HandlerError(other, "ValueError", "no")
+    with pytest.raises(InvariantViolation, match=r"check \(d\)"):
+        check_actor_run(run)  # type: ignore[arg-type]
+
+    run = _calm(3)
+    member = run.survivors[0]  # type: ignore[attr-defined]
+    events = run.observer.deliveries[member]  # type: ignore[attr-defined]
+    events[0], events[1] = events[1], events[0]  # delivered in another order than run
+    with pytest.raises(InvariantViolation, match=r"check \(a\)"):
+        check_actor_run(run)  # type: ignore[arg-type]
