@@ -140,6 +140,7 @@ class _Parked:
     one_way: bool
 
 
+_MAX_EARLY_P2P = 1024  # p2p requests held before this member's first view, at most
 _PARKED_OVERHEAD = 256  # bytes a parked call weighs beyond its encoding (for max_queued_mb)
 
 
@@ -390,6 +391,9 @@ class Group:
         for runner in self._runners.values():
             runner.watcher = self._on_runner_progress
         self._exiting: BaseException | None = None  # a handler's SystemExit/KeyboardInterrupt
+        # p2p requests that came before this member's first view: served once it is installed
+        # (after its state restore is queued), in arrival order
+        self._early_p2p: list[tuple[int, int, str, str, bytes]] = []
         self.history: list[View] = []
         self.installed_at: list[float] = []  # time.monotonic() of each install in ``history``
 
@@ -733,6 +737,8 @@ class Group:
             del self._pending[msg_no]
             if not call.future.done():
                 call.future.set_result(Replies(call.results, call.version))
+            if self._parked:  # room for a call that waits (replies come outside steps too)
+                self._unpark()
 
     def _record_reply(self, msg_no: int, member: int, value: object) -> None:
         call = self._pending.get(msg_no)
@@ -1044,6 +1050,12 @@ class Group:
         if spec is None or method not in spec.p2p:
             answer(False, UsageError(f"no p2p method {actor_name}.{method}"))
             return
+        if self._view is None:  # a caller in the view admitting me: run it once I am in it
+            if len(self._early_p2p) >= _MAX_EARLY_P2P:
+                answer(False, UsageError("too many p2p calls before this member's first view"))
+                return
+            self._early_p2p.append((sender, req, actor_name, method, body))
+            return
         try:
             _name, args, kwargs = codec.decode_call(body)
         except ProtocolViolation as exc:
@@ -1130,6 +1142,10 @@ class Group:
         self.history.append(ev.view)
         if self._observer is not None:
             self._observer.view_installed(self._me, ev)
+        if self._early_p2p:
+            early, self._early_p2p = self._early_p2p, []
+            for request in early:
+                self._serve_p2p(*request)
         self.installed_at.append(time.monotonic())
         gone = set(ev.departed)
         for msg_no, call in list(self._pending.items()):

@@ -106,6 +106,7 @@ class SimLog(Actor):
         self.member = -1
         self.records: list[tuple[object, ...]] | None = None
         self.skew = False  # a deliberately broken replica (to show the checker catches it)
+        self.running = 0  # handlers begun and not ended (the run's end waits for them)
 
     def bind(self, member: int, records: list[tuple[object, ...]], with_array: bool,
              skew: bool = False) -> None:
@@ -137,10 +138,12 @@ class SimLog(Actor):
 
     # -- handlers ----------------------------------------------------------------------------
     def _begin(self, cid: int) -> None:
+        self.running += 1
         if self.records is not None:
             self.records.append(("begin", cid))
 
     def _end(self, cid: int, ok: bool, value: object) -> None:
+        self.running -= 1
         if self.records is not None:
             self.records.append(("end", cid, ok, value, self.key()))
 
@@ -616,6 +619,13 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
         refresh()
         if out.ok:
             break
+    # every member not crashed (those that left too) finishes the handlers it has begun or
+    # queued: their outcomes are the calls' own, not cancellations at the end of the run
+    for _ in range(2000):
+        if all(g.queued_calls == 0 and g.local(SimLog).running == 0  # type: ignore[attr-defined]
+               for m, g in groups.items() if run.fates.get(m) != "crashed"):
+            break
+        await asyncio.sleep(0.01)
     for m, g in sorted(groups.items()):
         if g._view is not None:
             run.final_views[m] = (g.view.view_id, g.view.members)
