@@ -486,6 +486,12 @@ class Group:
         return self._view
 
     @property
+    def closed(self) -> BaseException | None:
+        """Why this member is out of the group (the error its calls now raise: it left, was
+        removed, wedged), or None while it is in (or not started)."""
+        return self._closed
+
+    @property
     def member_id(self) -> int:
         return self.config.member_id
 

@@ -447,12 +447,12 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
     await asyncio.gather(*(start(m) for m in range(n)))
 
     def closed(member: int) -> bool:
-        return groups[member]._closed is not None
+        return groups[member].closed is not None
 
     def refresh() -> None:
         """Members whose group closed on its own (wedged, removed) are no longer live."""
         for m in sorted(live):
-            exc = groups[m]._closed
+            exc = groups[m].closed
             if exc is not None:
                 live.discard(m)
                 run.fates[m] = f"closed: {type(exc).__name__}: {exc}"
@@ -627,7 +627,7 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
             break
         await asyncio.sleep(0.01)
     for m, g in sorted(groups.items()):
-        if g._view is not None:
+        if g.history:
             run.final_views[m] = (g.view.view_id, g.view.members)
     for m in sorted(live):
         actor = groups[m].local(SimLog)
