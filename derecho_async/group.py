@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from types import CoroutineType, TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
 
-import msgpack  # type: ignore[import-untyped]
-
 from derecho_async import codec, hotpath
 from derecho_async.actor import Actor, ActorSpec, actor_spec
 from derecho_async.config import Config, parse_hostport
@@ -59,6 +57,7 @@ from derecho_async.runtime.dataplane import MAX_ARRAYS, OutOfBand
 from derecho_async.runtime.driver import Driver
 from derecho_async.runtime.observer import GroupObserver
 from derecho_async.runtime.runner import SerialRunner
+from derecho_async.runtime.statexfer import StateTransfer
 from derecho_async.transport.base import GROUP_MESSAGE_LIMIT, Transport
 
 if TYPE_CHECKING:
@@ -312,6 +311,7 @@ class Group:
         names = tuple(self._specs) or ("default",)
         self.layout = Layout(tuple(SubgroupSpec(n) for n in names))
         self._driver: Driver | None = None
+        self._xfer: StateTransfer | None = None  # state transfer to and from joiners
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the group runs on
         self._view: View | None = None
         self._pending: dict[int, _PendingCall] = {}
@@ -359,6 +359,7 @@ class Group:
         transport = self._transport if self._transport is not None else _make_transport(self.config)
         driver = Driver(self.config, transport, self.layout, self)
         self._driver = driver
+        self._xfer = StateTransfer(driver, self._actors, self._runners, self._observer)
         try:
             await driver.start()
         except BaseException:
@@ -376,6 +377,11 @@ class Group:
         except RuntimeError as exc:
             await driver.close()
             raise GroupClosed(f"could not join: {exc}") from None
+        try:  # a joiner: its state, streamed from its sponsor (see runtime.statexfer)
+            await self._xfer.restored()
+        except GroupClosed:
+            await self.leave()  # nobody else leaves
+            raise
 
     async def leave(self) -> None:
         """Leave the group: the others install a view without this member. Idempotent.
@@ -862,8 +868,7 @@ class Group:
             send(caller, env.encode(env.REPLIES, failed))
 
     def _on_view(self, ev: ViewInstalled) -> None:
-        if ev.state is not None:
-            self._restore(ev.state)
+        # (a joiner's state: the driver hands the view to self._xfer next, which restores it)
         self._repliers = {}
         log.info(
             "member %d: view %d installed: members %s%s",
@@ -934,23 +939,9 @@ class Group:
                 assert isinstance(result, BaseException)
                 entry[1].set_exception(result)
 
-    def snapshot(self) -> bytes:
-        state = {name: actor.snapshot() for name, actor in self._actors.items()}
-        out = msgpack.packb(state, use_bin_type=True)
-        assert isinstance(out, bytes)
-        return out
-
-    def _restore(self, state: bytes) -> None:
-        try:
-            parts = msgpack.unpackb(state, raw=False) if state else {}
-        except Exception as exc:
-            raise ProtocolViolation(f"undecodable state snapshot: {exc}") from exc
-        if not isinstance(parts, dict):
-            raise ProtocolViolation("state snapshot is not a map")
-        for name, actor in self._actors.items():
-            blob = parts.get(name)
-            if isinstance(blob, bytes):
-                actor.restore(blob)
+    def state_ticket(self, view_id: int, joiner: int) -> bytes | None:
+        """Host.state_ticket: the ticket of a fenced, streamed state transfer to ``joiner``."""
+        return self._xfer.ticket(view_id, joiner) if self._xfer is not None else None
 
     def _close(self, exc: BaseException) -> None:
         if self._closed is None:
