@@ -49,12 +49,21 @@ class Actor:
     :meth:`restore` so that joiners receive the state (state transfer).
     """
 
-    def snapshot(self) -> bytes:
-        """The state a joining member restores; the default carries no state."""
+    def snapshot(self) -> object:
+        """The state a joining member restores; the default carries no state.
+
+        Any value the codec carries (bytes, numpy or CuPy arrays, nested lists and dicts of
+        them...); no size bound but memory. It is taken at the cut (every call delivered before
+        the joiner's view has finished, none after has started), streamed to the joiner in
+        chunks, and frozen first: arrays are copied before later handlers run, ``bytes`` are
+        sent as they are. Raising aborts the join (the joiner is told why; this member stays).
+        """
         return b""
 
-    def restore(self, state: bytes) -> None:
-        """Replace this replica's state with ``state`` from :meth:`snapshot`."""
+    def restore(self, state: Any) -> None:
+        """Replace this replica's state with ``state``: the value :meth:`snapshot` gave at the
+        sponsor, decoded (any value the codec carries; no size bound but memory). Raising
+        fails the join."""
 
 
 @dataclass(frozen=True, slots=True)

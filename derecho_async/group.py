@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from types import CoroutineType, TracebackType
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self
 
-import msgpack  # type: ignore[import-untyped]
-
 from derecho_async import codec, hotpath
 from derecho_async.actor import Actor, ActorSpec, actor_spec
 from derecho_async.config import Config, parse_hostport
@@ -61,6 +59,7 @@ from derecho_async.runtime.dataplane import MAX_ARRAYS, OutOfBand
 from derecho_async.runtime.driver import Driver
 from derecho_async.runtime.observer import GroupObserver
 from derecho_async.runtime.runner import SerialRunner
+from derecho_async.runtime.statexfer import StateTransfer
 from derecho_async.transport.base import GROUP_MESSAGE_LIMIT, Transport
 
 if TYPE_CHECKING:
@@ -360,6 +359,7 @@ class Group:
         names = tuple(self._specs) or ("default",)
         self.layout = Layout(tuple(SubgroupSpec(n) for n in names))
         self._driver: Driver | None = None
+        self._xfer: StateTransfer | None = None  # state transfer to and from joiners
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the group runs on
         self._view: View | None = None
         self._pending: dict[int, _PendingCall] = {}
@@ -424,6 +424,7 @@ class Group:
         transport = self._transport if self._transport is not None else _make_transport(self.config)
         driver = Driver(self.config, transport, self.layout, self)
         self._driver = driver
+        self._xfer = StateTransfer(driver, self._actors, self._runners, self._observer)
         try:
             await driver.start()
         except BaseException:
@@ -441,6 +442,11 @@ class Group:
         except RuntimeError as exc:
             await driver.close()
             raise GroupClosed(f"could not join: {exc}") from None
+        try:  # a joiner: its state, streamed from its sponsor (see runtime.statexfer)
+            await self._xfer.restored()
+        except GroupClosed:
+            await self.leave()  # nobody else leaves
+            raise
 
     async def leave(self) -> None:
         """Leave the group: the others install a view without this member. Idempotent.
@@ -1037,6 +1043,11 @@ class Group:
             return
         runner.submit_call(fn, args, kwargs, done)
 
+    def _serve_early_p2p(self) -> None:
+        early, self._early_p2p = self._early_p2p, []
+        for request in early:
+            self._serve_p2p(*request)
+
     def _serve_p2p(self, sender: int, req: int, actor_name: str, method: str, body: bytes) -> None:
         spec = self._specs.get(actor_name)
         driver = self._driver
@@ -1134,8 +1145,8 @@ class Group:
         if self._me in ev.joined:  # the state this member starts from: no call of this view
             self._base_version = (ev.view.view_id, -1)
             self._last_delivered.clear()
-        if ev.state is not None:
-            self._restore(ev.state)
+        # (a joiner's state: the driver hands the view to self._xfer next, which holds the
+        # runners until it restored it)
         self._repliers = {}
         log.info(
             "member %d: view %d installed: members %s%s",
@@ -1148,10 +1159,8 @@ class Group:
         self.history.append(ev.view)
         if self._observer is not None:
             self._observer.view_installed(self._me, ev)
-        if self._early_p2p:
-            early, self._early_p2p = self._early_p2p, []
-            for request in early:
-                self._serve_p2p(*request)
+        if self._early_p2p:  # after this step: once the state transfer holds the runners
+            asyncio.get_running_loop().call_soon(self._serve_early_p2p)
         self.installed_at.append(time.monotonic())
         gone = set(ev.departed)
         for msg_no, call in list(self._pending.items()):
@@ -1211,23 +1220,9 @@ class Group:
                 assert isinstance(result, BaseException)
                 entry[1].set_exception(result)
 
-    def snapshot(self) -> bytes:
-        state = {name: actor.snapshot() for name, actor in self._actors.items()}
-        out = msgpack.packb(state, use_bin_type=True)
-        assert isinstance(out, bytes)
-        return out
-
-    def _restore(self, state: bytes) -> None:
-        try:
-            parts = msgpack.unpackb(state, raw=False) if state else {}
-        except Exception as exc:
-            raise ProtocolViolation(f"undecodable state snapshot: {exc}") from exc
-        if not isinstance(parts, dict):
-            raise ProtocolViolation("state snapshot is not a map")
-        for name, actor in self._actors.items():
-            blob = parts.get(name)
-            if isinstance(blob, bytes):
-                actor.restore(blob)
+    def state_ticket(self, view_id: int, joiner: int) -> bytes | None:
+        """Host.state_ticket: the ticket of a fenced, streamed state transfer to ``joiner``."""
+        return self._xfer.ticket(view_id, joiner) if self._xfer is not None else None
 
     def _close(self, exc: BaseException) -> None:
         if self._closed is None:

@@ -75,6 +75,9 @@ from derecho_async.transport.base import Transport
 if TYPE_CHECKING:
     from derecho_async.runtime.gpuplane import IpcPlane
     from derecho_async.runtime.ncclplane import NcclPlane
+    from derecho_async.runtime.statexfer import StateTransfer
+
+_STATE_TAG = 1 << 62  # statexfer.STATE_TAG: data keys of state chunks (never a core msg_no)
 
 __all__ = ["Driver", "Host"]
 
@@ -92,7 +95,9 @@ class Host(Protocol):
 
     def on_app_message(self, sender: int, msg: list[object]) -> None: ...
 
-    def snapshot(self) -> bytes: ...
+    def state_ticket(self, view_id: int, joiner: int) -> bytes | None:
+        """The state of a Welcome of view ``view_id`` to ``joiner`` (a state-transfer ticket;
+        the fence and the transfer start now), or None: send no Welcome (one is under way)."""
 
     def flush(self) -> None:
         """The events of one step were all reported: send what was batched (replies)."""
@@ -145,6 +150,8 @@ class Driver:
         self._bulk_planes_for(transport)
         self.gpuplane: IpcPlane | None = None
         self.ncclplane: NcclPlane | None = None
+        #: state transfer (:mod:`.statexfer`): gets the landings of state chunks and the events
+        self.statexfer: StateTransfer | None = None
 
     def _bulk_planes_for(self, transport: Transport) -> None:
         from derecho_async.transport.shm import ShmTransport
@@ -187,6 +194,16 @@ class Driver:
                 log.exception("member %d: %s could not take %s", self.member_id,
                               type(plane).__name__, key)
         self.dataplane.start(key, payload, targets)
+
+    def release_sent(self, key: tuple[int, int, int]) -> None:
+        """Tell the planes that this member's payload ``key`` is no longer needed anywhere (a
+        state chunk the joiner acknowledged)."""
+        for plane in self.planes:
+            try:
+                plane.on_own_delivered(key)
+            except Exception:
+                log.exception("member %d: %s could not free %s", self.member_id,
+                              type(plane).__name__, key)
 
     def _staging_receive(self, sender: int, msg: list[Any], raw: bytes) -> None:
         _, view_id, src, msg_no, data = msg
@@ -267,6 +284,8 @@ class Driver:
         self._closed = True
         if self._tick_handle is not None:
             self._tick_handle.cancel()
+        if self.statexfer is not None:
+            self.statexfer.close()
         for plane in self.planes:
             try:
                 plane.close()
@@ -332,6 +351,10 @@ class Driver:
             self.kick()
 
     def _data_landed(self, key: tuple[int, int, int], payload: object) -> None:
+        if key[2] >= _STATE_TAG:
+            if self.statexfer is not None:
+                self.statexfer.landed(key, payload)
+            return
         if self.core is not None:
             self.core.data_landed(DataKey(*key), payload)
             self.kick()
@@ -340,11 +363,19 @@ class Driver:
         """A message's bytes arrived but could not be made into its payload here (a plane's
         completion or off-loop rebuild raised). It never lands, so it would never be stable and the group would
         wait on this member for good: leave instead, and let the others go on without it."""
+        if key[2] >= _STATE_TAG:  # a state chunk: the transfer fails, not the group
+            if self.statexfer is not None:
+                self.statexfer.landing_failed(key, exc)
+            return
         self._leave_for(f"message {key} could not land here: {exc!r}")
 
     def _staging_failed(self, key: tuple[int, int, int], exc: BaseException) -> None:
         """This member's own message could not be staged for sending: nobody will ever receive
         its bytes, so it would never be stable; leave, and the ragged trim drops it."""
+        if key[2] >= _STATE_TAG:  # a state chunk: that transfer is aborted, this member stays
+            if self.statexfer is not None:
+                self.statexfer.staging_failed(key, exc)
+            return
         self._leave_for(f"message {key} could not be sent from here: {exc!r}")
 
     def _leave_for(self, reason: str) -> None:
@@ -460,6 +491,8 @@ class Driver:
                 ):
                     self.first_view.set_exception(RuntimeError(type(event).__name__))
                 host.on_event(event)
+                if self.statexfer is not None:  # (a joiner's holds go in before the view's calls)
+                    self.statexfer.on_event(event)
                 for plane in self.planes:
                     plane.on_event(event)
             if run:
@@ -476,7 +509,12 @@ class Driver:
         for s in ready.sends:
             message = s.message
             if s.attach_state and isinstance(message, Welcome):
-                message = Welcome(message.view_id, message.members, self.host.snapshot())
+                # Every call delivered before this view was handed to the runners (the step's
+                # events came first): the ticket's fence is the cut (see .statexfer).
+                ticket = self.host.state_ticket(message.view_id, s.to)
+                if ticket is None:  # a transfer to this joiner is under way: no second one
+                    continue
+                message = Welcome(message.view_id, message.members, ticket)
             transport.send(s.to, env.encode(env.CORE, encode_message(message)))
         for t in ready.transfers:
             self.start_transfer(t.key, t.payload, t.targets)

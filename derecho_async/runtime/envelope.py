@@ -28,6 +28,10 @@ __all__ = [
     "REPLIES",
     "REPLY",
     "SHM_DESC",
+    "STATE_ABORT",
+    "STATE_ACK",
+    "STATE_BEGIN",
+    "STATE_READY",
     "decode",
     "encode",
 ]
@@ -52,6 +56,12 @@ NCCL_UID = 10
 NCCL_DATA = 11
 # [GPU_BATCH, view_id, sender, [msg_no, device descriptor bytes, ...]]: the GPU_DATA of one step
 GPU_BATCH = 12
+# State transfer to a joiner (:mod:`.statexfer`); its chunks travel on the data planes.
+# [STATE_BEGIN, xfer_id, view_id, chunk_size, total, [[kind, dtype, shape, nbytes], ...]]
+STATE_BEGIN = 13
+STATE_READY = 14  # [STATE_READY, xfer_id] (joiner -> sponsor: send the chunks)
+STATE_ACK = 15  # [STATE_ACK, xfer_id, chunk index] (joiner -> sponsor: verified and stored)
+STATE_ABORT = 16  # [STATE_ABORT, xfer_id, reason] (either way: the transfer is over, failed)
 
 _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     CORE: (list,),
@@ -67,6 +77,10 @@ _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     NCCL_UID: (int, int, bytes),
     NCCL_DATA: (int, int, int, int, int, bytes),
     GPU_BATCH: (int, int, list),
+    STATE_BEGIN: (int, int, int, int, list),
+    STATE_READY: (int,),
+    STATE_ACK: (int, int),
+    STATE_ABORT: (int, str),
 }
 _MAX_INT = (1 << 63) - 1
 
@@ -97,4 +111,44 @@ def decode(data: bytes) -> list[Any]:
             raise ProtocolViolation("channel message flag is not a bool")
         if not isinstance(value, want):
             raise ProtocolViolation(f"channel message field of type {type(value).__name__}")
+    if msg[0] == STATE_BEGIN:
+        _check_state_parts(msg[5])
+    elif msg[0] == STATE_ABORT and len(msg[2]) > _MAX_REASON:
+        raise ProtocolViolation(f"state abort reason of {len(msg[2])} characters")
     return msg
+
+
+_MAX_REASON = 4096  # characters of a STATE_ABORT reason
+STATE_PART_KINDS = frozenset({"skeleton", "bytes", "numpy", "cuda"})
+"""Kinds of the parts of a state stream: the msgpack skeleton, then each out-of-band buffer."""
+MAX_STATE_PARTS = 4097  # the skeleton and up to MAX_ARRAYS buffers
+
+
+def _check_state_parts(parts: list[Any]) -> None:
+    """Validate a STATE_BEGIN manifest's parts: ``[kind, dtype, shape, nbytes]`` each, the first
+    the skeleton (uint8 of one dimension), nbytes exactly the shape's size in that dtype."""
+    from derecho_async.codec import DTYPES, MAX_NDIM
+
+    if not 1 <= len(parts) <= MAX_STATE_PARTS:
+        raise ProtocolViolation(f"state manifest of {len(parts)} parts")
+    for i, part in enumerate(parts):
+        if not (isinstance(part, list) and len(part) == 4):
+            raise ProtocolViolation("state part is not [kind, dtype, shape, nbytes]")
+        kind, dtype, shape, nbytes = part
+        if not isinstance(kind, str) or kind not in STATE_PART_KINDS or (
+            (kind == "skeleton") != (i == 0)
+        ):
+            raise ProtocolViolation(f"state part {i} of kind {kind!r}")
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise ProtocolViolation(f"state part {i} of dtype {dtype!r}")
+        if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(
+            type(n) is int and 0 <= n <= _MAX_INT for n in shape
+        ):
+            raise ProtocolViolation(f"state part {i} of shape {shape!r}")
+        if kind in ("skeleton", "bytes") and (dtype != "uint8" or len(shape) != 1):
+            raise ProtocolViolation(f"state part {i} of kind {kind} is not uint8 of one dimension")
+        size = DTYPES[dtype]
+        for n in shape:
+            size *= n
+        if type(nbytes) is not int or nbytes != size:
+            raise ProtocolViolation(f"state part {i}: {nbytes!r} bytes for {dtype}{shape}")
