@@ -379,7 +379,8 @@ class Group:
         self._batching = False
         # The last call delivered per subgroup (the version a p2p call queued now reads), and
         # the version of a state no call of which was delivered yet (a joiner's restored one).
-        self._last_delivered: dict[str, Delivered] = {}
+        # (versions only: an event would keep its payload, device arrays included, alive)
+        self._last_delivered: dict[str, tuple[int, int]] = {}
         self._base_version = (0, -1)
         # Backpressure (see _room): own calls waiting for room, in call order, and whether this
         # member stopped taking new messages because its handlers lag.
@@ -822,10 +823,11 @@ class Group:
         self._batching = True
         last = self._last_delivered
         if len(self._hosted) == 1:
-            last[events[-1][0]] = events[-1]
+            ev = events[-1]
+            last[ev[0]] = (ev[2], ev[3])
         else:
             for ev in events:
-                last[ev[0]] = ev
+                last[ev[0]] = (ev[2], ev[3])
         dispatch = _dispatch_calls
         if self._observer is not None:
             self._observer.delivered(self._me, events)
@@ -1029,8 +1031,7 @@ class Group:
         call. With ``check_p2p_reads`` a handler that changes the replica is undone and fails."""
         name = spec.name
         _spec, runner, actor, _methods = self._hosted[name]
-        last = self._last_delivered.get(name)
-        version = (last.view_id, last.seq) if last is not None else self._base_version
+        version = self._last_delivered.get(name, self._base_version)
         fn: Callable[..., object] = getattr(actor, method)
         if self.config.check_p2p_reads:
             fn = _read_only(actor, f"{name}.{method}", fn)

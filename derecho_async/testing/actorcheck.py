@@ -190,10 +190,14 @@ def check_actor_run(run: ActorRun) -> None:
             if version[0] <= v:
                 last = cid
         if last is None:
+            if m in unrestored:  # a joiner whose join failed: it holds no replica
+                return None
             return restored.get(m, initial)
         end = ends.get(m, {}).get(last)
         return end[2] if end is not None else None
 
+    unrestored = {m for m, evs in obs.views.items()
+                  if m in evs[0].joined and evs[0].view.view_id != 0 and m not in restored}
     after_view: dict[int, dict[int, StateKey]] = {}
     for v, ms in sorted(movers.items()):
         after_view[v] = {m: s for m in ms if (s := state_after(m, v)) is not None}
