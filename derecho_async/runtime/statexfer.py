@@ -217,6 +217,11 @@ def _build_chunk(parts: list[Any], stream: _Stream, index: int) -> tuple[Any, by
     return arr, hashlib.sha256(memoryview(arr)).digest()
 
 
+def _failure(fut: asyncio.Future[Any]) -> BaseException | None:
+    """Why an executor job failed (its exception, or a cancellation), None if it succeeded."""
+    return asyncio.CancelledError() if fut.cancelled() else fut.exception()
+
+
 def _restore_reason(name: str, what: str, exc: BaseException) -> str:
     return f"{name}.{what} raised {type(exc).__name__}: {exc}"
 
@@ -389,8 +394,8 @@ class StateTransfer:
                 fut: asyncio.Future[list[tuple[str, str, list[int], Any, object]]]) -> None:
         if out.phase != "freeze":
             return
-        exc = None if fut.cancelled() else fut.exception()
-        if exc is not None or fut.cancelled():
+        exc = _failure(fut)
+        if exc is not None:
             self._abort(out, f"copying the state at member {self.me} failed: {exc!r}")
             return
         frozen = fut.result()
@@ -439,8 +444,8 @@ class StateTransfer:
         out.building -= 1
         if out.phase != "stream":
             return
-        exc = None if fut.cancelled() else fut.exception()
-        if exc is not None or fut.cancelled():
+        exc = _failure(fut)
+        if exc is not None:
             self._abort(out, f"building chunk {index} at member {self.me} failed: {exc!r}")
             return
         arr, digest = fut.result()
@@ -604,8 +609,8 @@ class StateTransfer:
     def _stored(self, inc: _Incoming, index: int, fut: asyncio.Future[bool]) -> None:
         if inc.phase != "receiving":
             return
-        exc = None if fut.cancelled() else fut.exception()
-        if exc is not None or fut.cancelled():
+        exc = _failure(fut)
+        if exc is not None:
             self._fail(f"storing state chunk {index} failed here: {exc!r}")
             return
         stream = inc.stream
@@ -651,8 +656,8 @@ class StateTransfer:
     def _rebuilt(self, inc: _Incoming, fut: asyncio.Future[object]) -> None:
         if inc.phase != "finishing":
             return
-        exc = None if fut.cancelled() else fut.exception()
-        if exc is not None or fut.cancelled():
+        exc = _failure(fut)
+        if exc is not None:
             self._fail(f"the state from {inc.sponsor} could not be decoded: {exc!r}")
             return
         value = fut.result()

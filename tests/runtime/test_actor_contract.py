@@ -8,53 +8,11 @@ API alone: a join while handlers await, p2p calls during an awaiting handler, ha
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import Sequence
 
 import pytest
 
 import derecho_async as da
-
-_ids = itertools.count()
-
-
-def cfg(group: str, member: int, n: int = 3, **extra: object) -> da.Config:
-    fields: dict[str, object] = {
-        "group": group,
-        "member_id": member,
-        "initial_members": n,
-        "transport": "sim",
-        "heartbeat_ms": 5,
-        "suspect_after_ms": 500,
-    }
-    fields.update(extra)
-    return da.Config(**fields)  # type: ignore[arg-type]
-
-
-async def start(
-    actors: Sequence[type[da.Actor]], n: int = 3, **extra: object
-) -> tuple[str, list[da.Group]]:
-    name = f"ac{next(_ids)}"
-    groups = await asyncio.gather(
-        *(da.Group.join(cfg(name, i, n, **extra), actors=actors, timeout=10) for i in range(n))
-    )
-    return name, list(groups)
-
-
-async def close(groups: Sequence[da.Group]) -> None:
-    for g in groups:
-        await g.leave()
-
-
-async def settle(cond: object, timeout: float = 10.0) -> None:
-    """Wait until ``cond()`` holds (polling the loop)."""
-    assert callable(cond)
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.005)
-
+from tests.runtime.simgroups import cfg, close, settle, start
 
 # -- 1. a joiner gets the state after every handler of the calls before its view --------------
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import itertools
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -22,42 +21,7 @@ from derecho_async.runtime.observer import GroupObserver
 from derecho_async.runtime.statexfer import _Stream, decode_ticket, encode_ticket
 from derecho_async.testing.simnet import SimNetwork, crash_group
 from derecho_async.testing.vloop import run_virtual
-
-_ids = itertools.count()
-
-
-def cfg(group: str, member: int, n: int = 3, **extra: object) -> da.Config:
-    fields: dict[str, object] = {
-        "group": group,
-        "member_id": member,
-        "initial_members": n,
-        "transport": "sim",
-        "heartbeat_ms": 5,
-        "suspect_after_ms": 500,
-    }
-    fields.update(extra)
-    return da.Config(**fields)  # type: ignore[arg-type]
-
-
-async def start(actors: Sequence[type[da.Actor]], n: int = 3,
-                **extra: object) -> tuple[str, list[da.Group]]:
-    name = f"sx{next(_ids)}"
-    groups = await asyncio.gather(
-        *(da.Group.join(cfg(name, i, n, **extra), actors=actors, timeout=10) for i in range(n)))
-    return name, list(groups)
-
-
-async def close(groups: Sequence[da.Group]) -> None:
-    for g in groups:
-        await g.leave()
-
-
-async def settle(cond: Any, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.005)
+from tests.runtime.simgroups import cfg, close, group_name, settle, start
 
 
 class Arrays(da.Actor):
@@ -114,7 +78,7 @@ def same(a: Arrays, b: Arrays) -> bool:
 
 async def test_a_numpy_state_round_trips_in_many_small_chunks() -> None:
     rec = Recorder()
-    name = f"sx{next(_ids)}"
+    name = group_name()
     groups = list(await asyncio.gather(*(
         da.Group.join(cfg(name, i, state_chunk_kb=4), actors=[Arrays], timeout=10,
                       observer=rec if i == 0 else None) for i in range(3))))
