@@ -41,9 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -101,6 +103,24 @@ class Host(Protocol):
 
     def flush(self) -> None:
         """The events of one step were all reported: send what was batched (replies)."""
+
+
+async def _import_off_loop(module: str) -> None:
+    """Import ``module`` (if installed) in the loop's executor unless it is imported already.
+
+    The data planes, large calls and state transfer import numpy lazily, on the loop; the
+    first import can take seconds on a slow or emulated machine, and a member whose loop is
+    held that long misses heartbeats and is suspected. Done before the member is in a view,
+    the import holds nothing up.
+    """
+    if module in sys.modules:
+        return
+
+    def load() -> None:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+
+    await asyncio.get_running_loop().run_in_executor(None, load)
 
 
 class Driver:
@@ -216,6 +236,7 @@ class Driver:
         """Start the transport and the clock; begin bootstrap or joining."""
         self._loop = asyncio.get_running_loop()
         self.first_view = self._loop.create_future()
+        await _import_off_loop("numpy")
         self._start_gpu_plane()
         await self.transport.start(self)
         is_contact = self.member_id == self.contact

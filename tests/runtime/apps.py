@@ -112,6 +112,36 @@ async def large_call(config: da.Config) -> None:
         await asyncio.sleep(1.0)  # the others finish before anyone leaves
 
 
+def _slow_first_import(module: str, delay_s: float) -> None:
+    """Make this process's first ``import module`` take ``delay_s`` longer (as on a slow or
+    emulated machine, where importing numpy takes seconds): a finder that sleeps, then lets
+    the usual finders find it."""
+    import importlib.abc
+    import sys
+    import time
+
+    class Slow(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: object, target: object = None) -> None:
+            if name == module:
+                sys.meta_path.remove(self)
+                time.sleep(delay_s)
+            return None
+
+    sys.meta_path.insert(0, Slow())
+
+
+async def large_call_slow_numpy(config: da.Config) -> None:
+    """:func:`large_call` in a process where numpy was not imported yet and its first import
+    takes ``DA_TEST_IMPORT_DELAY_S`` seconds (a byte string over ``codec.LARGE_BYTES`` arrives
+    as a numpy array)."""
+    import os
+    import sys
+
+    assert "numpy" not in sys.modules, "numpy was imported before the group started"
+    _slow_first_import("numpy", float(os.environ["DA_TEST_IMPORT_DELAY_S"]))
+    await large_call(config)
+
+
 class BigState(da.Actor):
     """A state of ``DA_TEST_STATE_MB`` MiB of host bytes; ordered calls count."""
 
