@@ -204,16 +204,18 @@ class Driver:
             self.receivers[kind] = plane.receive
 
     def start_transfer(self, key: tuple[int, int, int], payload: object,
-                       targets: tuple[int, ...]) -> None:
-        """Move one large payload: the first plane that takes it, else host staging."""
+                       targets: tuple[int, ...]) -> object:
+        """Move one large payload: the first plane that takes it, else host staging. Returns
+        the plane that took it."""
         for plane in self.planes:
             try:
                 if plane.start(key, payload, targets):
-                    return
+                    return plane
             except Exception:  # the step must not fail (it would run again): next plane
                 log.exception("member %d: %s could not take %s", self.member_id,
                               type(plane).__name__, key)
         self.dataplane.start(key, payload, targets)
+        return self.dataplane
 
     def release_sent(self, key: tuple[int, int, int]) -> None:
         """Tell the planes that this member's payload ``key`` is no longer needed anywhere (a

@@ -11,16 +11,19 @@ sends that instead. Then, at the *sponsor*:
    is reached each ``actor.snapshot()`` runs, the ``{actor: value}`` map is encoded with its
    large byte strings and arrays out of band (:func:`codec.encode` with ``buffers``), the buffers
    that someone could still change (numpy arrays, views of writable memory) are copied in the
-   executor, device arrays are copied to host memory there (staged: the CUDA IPC plane is not
-   used for state), and only then are the holds released. Immutable ``bytes`` are not copied.
+   executor (a device array on the device where a GPU plane runs, else to host memory), and
+   only then are the holds released. Immutable ``bytes`` are not copied.
    A hold not reached within ``fence_timeout_s``, a ``snapshot()`` raising or a state that
    cannot be encoded aborts the transfer: the joiner is told why and its join fails; the
    sponsor logs an ERROR and stays.
 2. **Stream.** The *stream* is the msgpack skeleton followed by every buffer's bytes. A
    STATE_BEGIN manifest on the channel gives each part's kind, dtype, shape and size and the
-   chunk size (``state_chunk_kb``); once the joiner answers STATE_READY the chunks move on the
-   data planes (:meth:`Driver.start_transfer`: shm pool, tcp chain, host staging) as
-   ``OutOfBand([xfer_id, index, sha256], (uint8 chunk,))`` under keys whose msg_no carries
+   chunk size (``state_chunk_kb``); host parts share chunks, a device part has chunks of its
+   own. Once the joiner answers STATE_READY the chunks move on the data planes
+   (:meth:`Driver.start_transfer`: CUDA IPC for a device chunk, shm pool, tcp chain, host
+   staging) as ``OutOfBand([xfer_id, index, digest, how], (uint8 chunk,))``, the digest a
+   sha256 of a host chunk or, for a device chunk, a checksum computed on the GPU at both ends
+   (:func:`_checksum`: no copy to the host), under keys whose msg_no carries
    :data:`STATE_TAG`, which no core message number reaches; the driver routes their landings
    here. At most :data:`WINDOW` chunks are unacknowledged; the joiner acks each (STATE_ACK) once
    it verified its digest and stored it, and the sponsor then frees the chunk's plane buffers
@@ -31,8 +34,9 @@ sends that instead. Then, at the *sponsor*:
 At the *joiner*: state messages that arrive before the view carrying its ticket is installed
 are kept (a few, bounded). On that view a hold goes into every runner at once, so the calls of
 the new view wait for the restore. The joiner allocates only for a manifest of the sponsor and
-transfer id its ticket named, within :data:`MAX_STATE_BYTES`; checks every chunk's index, length
-and digest (off the loop) and copies it into place; then decodes the skeleton with the rebuilt
+transfer id its ticket named, within :data:`MAX_STATE_BYTES` (a device part in device memory
+where a GPU plane runs here); checks every chunk's index, length and digest (off the loop) and
+copies it into place; then decodes the skeleton with the rebuilt
 buffers (off the loop), calls each ``actor.restore(value)`` and releases the holds.
 :meth:`StateTransfer.restored` (which ``Group.start`` awaits) fails with :class:`GroupClosed`
 naming the reason when the sponsor departs, aborts, a digest does not match, nothing progresses
@@ -47,6 +51,8 @@ import functools
 import hashlib
 import itertools
 import logging
+import struct
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -129,24 +135,53 @@ def decode_ticket(data: bytes) -> int:
 
 
 class _Stream:
-    """Where the chunks of a stream of parts (skeleton, then buffers) fall."""
+    """Where the chunks of a stream of parts (skeleton, then buffers) fall. Consecutive host
+    parts share chunks; a device part (listed in ``alone``) has chunks of its own, so each of its
+    chunks is one slice of one device array and can move on a GPU plane."""
 
-    __slots__ = ("chunk", "count", "sizes", "starts", "total")
+    __slots__ = ("chunk", "count", "firsts", "runs", "sizes", "starts", "total")
 
-    def __init__(self, sizes: list[int], chunk: int) -> None:
+    def __init__(self, sizes: list[int], chunk: int, alone: frozenset[int] = frozenset()) -> None:
         self.sizes = sizes
         self.chunk = chunk
         self.starts = list(itertools.accumulate([0, *sizes[:-1]]))
         self.total = sum(sizes)
-        self.count = max(1, -(-self.total // chunk))
+        runs: list[tuple[int, int, int]] = []  # (first chunk index, stream offset, bytes)
+        count = 0
+
+        def close(lo: int, hi: int) -> None:
+            nonlocal count
+            if hi > lo:
+                runs.append((count, lo, hi - lo))
+                count += -(-(hi - lo) // chunk)
+
+        lo = 0  # where the open run of host parts begins
+        for part in sorted(alone):
+            if 0 <= part < len(sizes):
+                start = self.starts[part]
+                close(lo, start)
+                close(start, start + sizes[part])
+                lo = start + sizes[part]
+        close(lo, self.total)
+        if not runs:  # an empty stream: one empty chunk
+            runs.append((0, 0, 0))
+            count = 1
+        self.runs = runs
+        self.firsts = [r[0] for r in runs]
+        self.count = count
+
+    def _span(self, index: int) -> tuple[int, int]:
+        first, start, size = self.runs[bisect.bisect_right(self.firsts, index) - 1]
+        lo = start + (index - first) * self.chunk
+        return lo, min(self.chunk, start + size - lo)
 
     def length(self, index: int) -> int:
-        return min(self.chunk, self.total - index * self.chunk)
+        return self._span(index)[1]
 
     def pieces(self, index: int) -> list[tuple[int, int, int, int]]:
         """(part, offset in part, offset in chunk, bytes) of chunk ``index``."""
-        lo = index * self.chunk
-        hi = lo + self.length(index)
+        lo, n = self._span(index)
+        hi = lo + n
         out = []
         part = max(0, bisect.bisect_right(self.starts, lo) - 1)
         pos = lo
@@ -167,26 +202,32 @@ def _np() -> Any:
     return numpy
 
 
-def _freeze(buf: object) -> tuple[str, str, list[int], Any, object]:
-    """(kind, dtype, shape, flat little-endian uint8 view, value for decoding) of one buffer of
-    the encoded state, copied unless nobody can change it (a view of a ``bytes`` object). Runs
-    in the executor (device arrays are copied to host memory here)."""
+def _freeze(buf: object, on_device: bool) -> tuple[str, str, list[int], Any, object]:
+    """(kind, dtype, shape, flat uint8 view, value for decoding) of one buffer of the encoded
+    state, copied unless nobody can change it (a view of a ``bytes`` object). Runs in the
+    executor. A device array is copied on the device when ``on_device`` (a GPU plane moves its
+    chunks), else to host memory; host copies are little-endian."""
     np = _np()
-    if is_cupy_array(buf):
+    if is_cupy_array(buf) and on_device:
         import cupy
 
         c: Any = buf
-        host = cupy.asnumpy(cupy.ascontiguousarray(c))
+        dev = cupy.array(c, order="C", copy=True)  # the actor may change ``c`` once released
+        cupy.cuda.get_current_stream().synchronize()
+        return ("cuda", codec.numpy_dtype_name(dev.dtype), [int(n) for n in dev.shape],
+                dev.reshape(-1).view(cupy.uint8), buf)
+    if is_cupy_array(buf):
+        import cupy
+
+        host = cupy.asnumpy(cupy.ascontiguousarray(buf))
         kind = "cuda"
     elif isinstance(buf, np.ndarray):
         host = buf
         kind = "numpy"
     else:
-        from derecho_async.runtime.dataplane import array_info
+        from derecho_async.runtime.dataplane import _to_host_bytes, array_info
 
         info = array_info(buf)
-        from derecho_async.runtime.dataplane import _to_host_bytes
-
         host = np.frombuffer(_to_host_bytes(buf), np.dtype(info.dtype).newbyteorder("<"))
         host = host.reshape(info.shape)
         kind = "cuda" if info.is_gpu else "numpy"
@@ -203,18 +244,80 @@ def _freeze(buf: object) -> tuple[str, str, list[int], Any, object]:
     return kind, dtype, shape, flat, value
 
 
-def _build_chunk(parts: list[Any], stream: _Stream, index: int) -> tuple[Any, bytes]:
-    """In the executor: chunk ``index`` as a flat uint8 array and its sha256."""
+_SHA256 = 0  # how a chunk's digest was made: sha256 of host bytes
+_CHECKSUM = 1  # ... or _checksum, computed where the chunk lies (a device chunk on the GPU)
+_MIX = 2654435761
+_MASK64 = (1 << 64) - 1
+_CHECKSUM_TAG = 0x64615F7374617465  # marks the last word of a _checksum digest
+
+
+@functools.cache
+def _mix_kernel() -> Any:
+    import cupy
+
+    return cupy.ElementwiseKernel(
+        "uint8 x", "uint64 y, uint64 z",
+        "unsigned long long v = ((unsigned long long)x + 1ULL)"
+        " * ((unsigned long long)i * 2654435761ULL + 97ULL); y = v; z = v ^ (v >> 29);",
+        "derecho_async_state_mix")
+
+
+def _checksum(arr: Any) -> bytes:
+    """A 32-byte, position-sensitive checksum of a uint8 array (numpy or CuPy), computed where
+    the array lies, so a device chunk is checked without a copy to the host: the sums mod 2**64
+    of y_i = (x_i + 1)(i * 2654435761 + 97) and of y_i ^ (y_i >> 29), and the length. It is
+    not a cryptographic digest: it catches bytes torn, lost or misplaced by a copy."""
+    n = int(arr.shape[0])
+    if is_cupy_array(arr):
+        y, z = _mix_kernel()(arr)
+        s1, s2 = int(y.sum()), int(z.sum())
+    else:
+        np = _np()
+        s1 = s2 = 0
+        step = 1 << 20
+        for lo in range(0, n, step):
+            x = arr[lo:lo + step].astype(np.uint64)
+            i = np.arange(lo, lo + x.shape[0], dtype=np.uint64)
+            y = (x + np.uint64(1)) * (i * np.uint64(_MIX) + np.uint64(97))
+            s1 = (s1 + int(y.sum(dtype=np.uint64))) & _MASK64
+            s2 = (s2 + int((y ^ (y >> np.uint64(29))).sum(dtype=np.uint64))) & _MASK64
+    return struct.pack("<QQQQ", s1, s2, n, _CHECKSUM_TAG)
+
+
+def _build_chunk(parts: list[Any], stream: _Stream, index: int) -> tuple[Any, bytes, int]:
+    """In the executor: chunk ``index`` as a flat uint8 array (a slice of a device part stays on
+    the device), its digest and how the digest was made."""
     np = _np()
     pieces = stream.pieces(index)
     if len(pieces) == 1:
         part, off, _, n = pieces[0]
         arr = parts[part][off:off + n]
-    else:
+        if is_cupy_array(arr):
+            return arr, _checksum(arr), _CHECKSUM
+    else:  # host parts only (a device part has chunks of its own)
         arr = np.empty(stream.length(index), np.uint8)
         for part, off, at, n in pieces:
             arr[at:at + n] = parts[part][off:off + n]
-    return arr, hashlib.sha256(memoryview(arr)).digest()
+    return arr, hashlib.sha256(memoryview(arr)).digest(), _SHA256
+
+
+def _copy_into(dest: Any, off: int, src: Any, at: int, n: int) -> None:
+    """``dest[off:off + n] = src[at:at + n]`` between host and device arrays, either way."""
+    piece = src[at:at + n]
+    if is_cupy_array(dest):
+        if is_cupy_array(piece):
+            dest[off:off + n] = piece
+        else:
+            dest[off:off + n].set(piece)
+    elif is_cupy_array(piece):
+        dest[off:off + n] = piece.get()
+    else:
+        dest[off:off + n] = piece
+
+
+def _device_parts(manifest: list[list[Any]]) -> frozenset[int]:
+    """The parts of a manifest that are device arrays (each has chunks of its own)."""
+    return frozenset(i for i, p in enumerate(manifest) if p[0] == "cuda")
 
 
 def _failure(fut: asyncio.Future[Any]) -> BaseException | None:
@@ -244,6 +347,7 @@ class _Outgoing:
     building: int = 0
     inflight: dict[int, tuple[tuple[int, int, int], OutOfBand]] = field(default_factory=dict)
     acked: int = 0
+    by_gpu: set[int] = field(default_factory=set)  # chunks a GPU plane took (last sent)
     bytes_done: int = 0
     last_progress: float = 0.0
     last_log: float = 0.0
@@ -264,6 +368,7 @@ class _Incoming:
     stream: _Stream | None = None
     chunk_state: bytearray = field(default_factory=bytearray)
     done: int = 0
+    on_device: int = 0  # chunks that landed in device memory (moved by a GPU plane)
     bytes_done: int = 0
     last_progress: float = 0.0
     last_log: float = 0.0
@@ -384,8 +489,10 @@ class StateTransfer:
                              f"{MAX_DECODE_SIZE})")
             return
 
+        on_device = self._gpu_plane()
+
         def freeze() -> list[tuple[str, str, list[int], Any, object]]:
-            return [_freeze(b) for b in buffers]
+            return [_freeze(b, on_device) for b in buffers]
 
         fut = self._loop.run_in_executor(None, freeze)
         fut.add_done_callback(functools.partial(self._frozen, out, state, skeleton))
@@ -406,7 +513,8 @@ class StateTransfer:
         for kind, dtype, shape, flat, _value in frozen:
             manifest.append([kind, dtype, shape, int(flat.nbytes)])
             out.parts.append(flat)
-        out.stream = stream = _Stream([int(p.nbytes) for p in out.parts], self.chunk_bytes)
+        out.stream = stream = _Stream([int(p.nbytes) for p in out.parts], self.chunk_bytes,
+                                      _device_parts(manifest))
         if self.observer is not None:
             try:
                 seen = codec.decode(skeleton, buffers=[f[4] for f in frozen])
@@ -421,6 +529,10 @@ class StateTransfer:
                  len(manifest), stream.count, stream.chunk)
         self._send(out.joiner, env.encode(env.STATE_BEGIN, out.xfer_id, out.view_id,
                                           stream.chunk, stream.total, manifest))
+
+    def _gpu_plane(self) -> bool:
+        """Whether a GPU plane runs here (device parts of a state then stay on the device)."""
+        return self.driver.gpuplane is not None or self.driver.ncclplane is not None
 
     def _send(self, to: int, frame: bytes) -> None:
         try:
@@ -440,7 +552,8 @@ class StateTransfer:
             fut = loop.run_in_executor(None, _build_chunk, out.parts, stream, index)
             fut.add_done_callback(functools.partial(self._built, out, index))
 
-    def _built(self, out: _Outgoing, index: int, fut: asyncio.Future[tuple[Any, bytes]]) -> None:
+    def _built(self, out: _Outgoing, index: int,
+               fut: asyncio.Future[tuple[Any, bytes, int]]) -> None:
         out.building -= 1
         if out.phase != "stream":
             return
@@ -448,10 +561,10 @@ class StateTransfer:
         if exc is not None:
             self._abort(out, f"building chunk {index} at member {self.me} failed: {exc!r}")
             return
-        arr, digest = fut.result()
+        arr, digest, how = fut.result()
         if self.chunk_hook is not None:
             arr = self.chunk_hook(index, arr)
-        header = msgpack.packb([out.xfer_id, index, digest], use_bin_type=True)
+        header = msgpack.packb([out.xfer_id, index, digest, how], use_bin_type=True)
         payload = OutOfBand(header, (arr,))
         self._ship(out, index, payload)
 
@@ -460,7 +573,11 @@ class StateTransfer:
         view_id = view.view_id if view is not None else out.view_id
         key = (view_id, self.me, chunk_msg_no(out.xfer_id, index))
         out.inflight[index] = (key, payload)
-        self.driver.start_transfer(key, payload, (out.joiner,))
+        plane = self.driver.start_transfer(key, payload, (out.joiner,))
+        if plane is not None and plane in (self.driver.gpuplane, self.driver.ncclplane):
+            out.by_gpu.add(index)
+        else:
+            out.by_gpu.discard(index)
 
     def _on_ack(self, sender: int, out: _Outgoing, index: int) -> None:
         entry = out.inflight.pop(index, None)
@@ -475,8 +592,9 @@ class StateTransfer:
             out.phase = "done"
             del self._outgoing[out.xfer_id]
             took = self._now() - out.started
-            log.info("member %d: state transfer %d to %d done: %d bytes in %.2f s",
-                     self.me, out.xfer_id, out.joiner, out.stream.total, took)
+            log.info("member %d: state transfer %d to %d done: %d bytes in %.2f s (%d of %d "
+                     "chunks moved by a GPU plane)", self.me, out.xfer_id, out.joiner,
+                     out.stream.total, took, len(out.by_gpu), out.stream.count)
             return
         self._pump(out)
 
@@ -537,18 +655,20 @@ class StateTransfer:
         sizes = [int(p[3]) for p in manifest]
         if not _MIN_CHUNK <= chunk <= _MAX_CHUNK or sum(sizes) != total or (
             total > MAX_STATE_BYTES
-        ) or -(-total // chunk) >= 1 << _INDEX_BITS:
+        ) or -(-total // chunk) + len(sizes) >= 1 << _INDEX_BITS:
             self._fail(f"state manifest from {sender} out of bounds: chunk {chunk}, total "
                        f"{total}, parts {len(sizes)}")
             return
         np = _np()
-        try:
-            inc.parts = [(str(p[0]), str(p[1]), list(p[2]), np.empty(int(p[3]), np.uint8))
-                         for p in manifest]
-        except MemoryError as exc:
+        cupy: Any = sys.modules.get("cupy") if self._gpu_plane() else None
+        try:  # a device part lands on the device where a GPU plane runs here
+            inc.parts = [(str(p[0]), str(p[1]), list(p[2]),
+                          cupy.empty(int(p[3]), cupy.uint8) if p[0] == "cuda" and cupy is not None
+                          else np.empty(int(p[3]), np.uint8)) for p in manifest]
+        except Exception as exc:  # MemoryError, CuPy's OutOfMemoryError
             self._fail(f"no memory here for a state of {total} bytes: {exc!r}")
             return
-        inc.stream = _Stream(sizes, chunk)
+        inc.stream = _Stream(sizes, chunk, _device_parts(manifest))
         inc.chunk_state = bytearray(inc.stream.count)
         inc.phase = "receiving"
         inc.last_progress = self._now()
@@ -568,7 +688,7 @@ class StateTransfer:
         stream = inc.stream
         assert stream is not None
         np = _np()
-        arr = payload.arrays[0] if isinstance(payload, OutOfBand) and len(
+        arr: Any = payload.arrays[0] if isinstance(payload, OutOfBand) and len(
             payload.arrays) == 1 else None
         header: object = None
         if isinstance(payload, OutOfBand):
@@ -579,11 +699,12 @@ class StateTransfer:
                 header = None
         if not (
             index < stream.count
-            and isinstance(arr, np.ndarray) and arr.dtype == np.uint8 and arr.ndim == 1
+            and (isinstance(arr, np.ndarray) or is_cupy_array(arr))
+            and arr.dtype == np.uint8 and arr.ndim == 1
             and arr.shape[0] == stream.length(index)
-            and isinstance(header, list) and len(header) == 3 and header[0] == xfer_id
+            and isinstance(header, list) and len(header) == 4 and header[0] == xfer_id
             and header[1] == index and isinstance(header[2], bytes)
-            and len(header[2]) == _DIGEST
+            and len(header[2]) == _DIGEST and header[3] in (_SHA256, _CHECKSUM)
         ):
             self._fail(f"a malformed state chunk {index} from {src}")
             return
@@ -592,15 +713,25 @@ class StateTransfer:
                 self._send(src, env.encode(env.STATE_ACK, xfer_id, index))
             return
         inc.chunk_state[index] = 1
-        digest = header[2]
+        inc.on_device += is_cupy_array(arr)
+        digest, how = header[2], header[3]
         pieces = stream.pieces(index)
         dests = [p[3] for p in inc.parts]
 
         def store() -> bool:
-            if hashlib.sha256(memoryview(arr)).digest() != digest:
+            if how == _CHECKSUM:
+                if _checksum(arr) != digest:
+                    return False
+            elif hashlib.sha256(memoryview(
+                    arr.get() if is_cupy_array(arr) else arr)).digest() != digest:
                 return False
             for part, off, at, n in pieces:
-                dests[part][off:off + n] = arr[at:at + n]
+                _copy_into(dests[part], off, arr, at, n)
+            if is_cupy_array(arr) or any(is_cupy_array(dests[p[0]]) for p in pieces):
+                import cupy
+
+                # done before the landed region can go back to the plane's pool
+                cupy.cuda.get_current_stream().synchronize()
             return True
 
         fut = self._loop.run_in_executor(None, store)
@@ -635,6 +766,9 @@ class StateTransfer:
             np = _np()
             buffers: list[object] = []
             for kind, dtype, shape, dest in parts[1:]:
+                if is_cupy_array(dest):  # landed on the device: a view, no copy
+                    buffers.append(dest.view(np.dtype(dtype)).reshape(shape))
+                    continue
                 le = np.dtype(dtype).newbyteorder("<")
                 host = dest.view(le).reshape(shape).astype(np.dtype(dtype), copy=False)
                 if kind == "cuda":
@@ -676,8 +810,9 @@ class StateTransfer:
         total = stream.total if stream is not None else 0
         took = self._now() - inc.started
         log.info("member %d: state transfer %d from %d restored: %d bytes in %.2f s "
-                 "(%.1f MiB/s)", self.me, inc.xfer_id, inc.sponsor, total, took,
-                 total / (1 << 20) / max(took, 1e-9))
+                 "(%.1f MiB/s; %d of %d chunks landed in device memory)", self.me, inc.xfer_id,
+                 inc.sponsor, total, took, total / (1 << 20) / max(took, 1e-9), inc.on_device,
+                 stream.count if stream is not None else 0)
         if self.observer is not None:
             self.observer.restored(self.me, inc.view_id, value)
         self._release_holds(inc)

@@ -630,3 +630,108 @@ async def nccl_killed_mid_transfer(config: da.Config) -> None:
             "nccl": group.nccl_stats(),
         })
         await asyncio.sleep(0.5)
+
+
+class DeviceState(da.Actor):
+    """A replicated state of one CuPy array (``DA_GPU_STATE_MB`` MiB); ordered calls count."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.calls = 0
+
+    @da.ordered
+    def touch(self) -> int:
+        self.calls += 1
+        return self.calls
+
+    @da.p2p
+    def digest(self) -> str:
+        return _device_digest(self.value)
+
+    def snapshot(self) -> object:
+        return [self.calls, self.value]
+
+    def restore(self, state: Any) -> None:
+        self.calls, self.value = state
+
+
+def _device_digest(value: Any) -> str:
+    import cupy
+
+    flat = value.ravel().view(cupy.uint64)
+    return f"{type(value).__name__}-{int(flat.sum()):x}-{int((flat ^ (flat >> 7)).sum()):x}"
+
+
+async def device_state_join(config: da.Config) -> None:
+    """Members 0 and 1 found the group and each builds the same device state; member 2 joins
+    once they are ready and gets it by state transfer (device chunks over the CUDA IPC plane),
+    while member 0 keeps making ordered calls. Every member reports its state's digest and
+    what its state-transfer log said of the chunks (moved by a GPU plane, landed on the
+    device)."""
+    import logging
+    import re
+
+    import cupy
+
+    out = os.environ["DA_GPU_OUT"]
+    size = int(os.environ["DA_GPU_STATE_MB"]) << 20
+    me = config.member_id
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, rec: logging.LogRecord) -> None:
+            lines.append(rec.getMessage())
+
+    xfer_log = logging.getLogger("derecho_async.statexfer")
+    xfer_log.addHandler(Keep())
+    xfer_log.setLevel(logging.INFO)
+    if me == 2:
+        while not os.path.exists(f"{out}/ready"):
+            await asyncio.sleep(0.02)
+        group = await da.Group.join(config, actors=[DeviceState], timeout=120)
+    else:
+        group = await da.Group.join(config, actors=[DeviceState], timeout=120)
+        state = group.local(DeviceState)
+        arr = cupy.arange(size // 4, dtype=cupy.uint32)
+        arr *= 2654435761
+        cupy.cuda.Device().synchronize()
+        state.value = arr  # type: ignore[attr-defined]
+        await group.subgroup(DeviceState).touch()
+        if me == 0:
+            await _wait_pools(group, (1,))
+            with open(f"{out}/ready", "w") as f:
+                f.write("1")
+    try:
+        handle = group.subgroup(DeviceState)
+        while len(group.view.members) < 3:
+            if me == 0:
+                await handle.touch()
+            await asyncio.sleep(0.01)
+        await handle.touch()
+        if me == 0:  # the sponsor: until its transfer is done
+            deadline = asyncio.get_running_loop().time() + 60
+            while not any("done:" in ln for ln in lines):
+                assert asyncio.get_running_loop().time() < deadline, lines
+                await asyncio.sleep(0.05)
+        local = group.local(DeviceState)
+
+        def counts(pattern: str) -> list[int] | None:
+            for ln in lines:
+                found = re.search(pattern, ln)
+                if found:
+                    return [int(found[1]), int(found[2])]
+            return None
+
+        record = {
+            "me": me, "digest": _device_digest(local.value),  # type: ignore[attr-defined]
+            "is_cupy": isinstance(local.value, cupy.ndarray),  # type: ignore[attr-defined]
+            "views": [v.view_id for v in group.history],
+            "by_gpu": counts(r"(\d+) of (\d+) chunks moved by a GPU plane"),
+            "on_device": counts(r"(\d+) of (\d+) chunks landed in device memory"),
+        }
+        _write(out, me, record)
+        while len([n for n in os.listdir(out) if n.startswith("member")]) < 3:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+    finally:
+        await group.leave()

@@ -210,3 +210,25 @@ def test_members_that_cannot_stage_or_rebuild_host_staged_arrays_leave_and_the_o
     # member 3 delivered a prefix of the survivors' sequence before it left (which message was
     # its third rebuild depends on whether member 1's departure made member 0 re-send one)
     assert r3["seen"] == r0["seen"][: len(r3["seen"])] and 1 <= len(r3["seen"]) <= 2, r3
+
+
+def test_a_device_state_joins_over_the_cuda_ipc_plane(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A joiner's CuPy state travels device to device in chunks (the CUDA IPC plane), checked
+    by the GPU checksum, and arrives as a CuPy array equal to the founders'."""
+    need_cupy()
+    from tests.gpu import gpu_apps
+
+    monkeypatch.setenv("DA_GPU_OUT", str(tmp_path))
+    monkeypatch.setenv("DA_GPU_STATE_MB", "256")
+    codes = da.launch_local(3, gpu_apps.device_state_join, group=f"gpustate{os.getpid()}",
+                            timeout=180, initial_members=2, gpu_plane="ipc",
+                            state_chunk_kb=8192)
+    assert codes == [0, 0, 0]
+    results = [json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(3)]
+    assert len({r["digest"] for r in results}) == 1, results
+    assert all(r["is_cupy"] for r in results)
+    # 256 MiB in 8 MiB chunks: 32 of the array, one of the skeleton (host)
+    assert results[0]["by_gpu"] == [32, 33], results[0]  # the sponsor sent them by CUDA IPC
+    assert results[2]["on_device"] == [32, 33], results[2]

@@ -18,7 +18,7 @@ import pytest
 import derecho_async as da
 from derecho_async.runtime import envelope as env
 from derecho_async.runtime.observer import GroupObserver
-from derecho_async.runtime.statexfer import _Stream, decode_ticket, encode_ticket
+from derecho_async.runtime.statexfer import _checksum, _Stream, decode_ticket, encode_ticket
 from derecho_async.testing.simnet import SimNetwork, crash_group
 from derecho_async.testing.vloop import run_virtual
 from tests.runtime.simgroups import cfg, close, group_name, settle, start
@@ -219,20 +219,39 @@ def test_the_envelope_rejects_malformed_manifests() -> None:
 
 def test_chunks_cover_the_stream_exactly() -> None:
     rng = random.Random(5)
-    for _ in range(200):
+    for _ in range(400):
         sizes = [rng.randrange(0, 50) for _ in range(rng.randrange(1, 6))]
         chunk = rng.randrange(1, 40)
-        s = _Stream(sizes, chunk)
+        alone = frozenset(p for p in range(len(sizes)) if rng.random() < 0.3)
+        s = _Stream(sizes, chunk, alone)
         seen = [0] * sum(sizes)
         for i in range(s.count):
             total = 0
-            for part, off, at, n in s.pieces(i):
+            pieces = s.pieces(i)
+            for part, off, at, n in pieces:
                 assert at == total and off >= 0 and off + n <= sizes[part] and n > 0
                 for k in range(n):
                     seen[s.starts[part] + off + k] += 1
                 total += n
-            assert total == s.length(i)
+            assert total == s.length(i) <= chunk
+            if any(p in alone for p, *_ in pieces):  # a device part's chunk is its own slice
+                assert len(pieces) == 1
         assert all(c == 1 for c in seen)
+        assert s.count <= max(1, -(-sum(sizes) // chunk) + 2 * len(alone))
+
+
+def test_the_checksum_of_a_chunk_sees_every_byte_and_its_place() -> None:
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, (3 << 20) + 17, dtype=np.uint8)
+    base = _checksum(data)
+    assert len(base) == 32 and _checksum(data.copy()) == base
+    flipped = data.copy()
+    flipped[(2 << 20) + 5] ^= 1
+    swapped = data.copy()
+    swapped[[10, 11]] = swapped[[11, 10]] if data[10] != data[11] else (0, 1)
+    zeros = np.zeros(1000, np.uint8)
+    assert len({base, _checksum(flipped), _checksum(swapped), _checksum(data[:-1]),
+                _checksum(zeros), _checksum(zeros[:-1])}) == 6
 
 
 # -- the sponsor crashes mid-transfer (SimNetwork, virtual time) ------------------------------
@@ -342,3 +361,13 @@ async def test_a_cupy_state_arrives_as_a_cupy_array() -> None:
         assert bool((got == gs[0].local(Device).x).all())  # type: ignore[attr-defined]
     finally:
         await close(gs)
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs CuPy and a GPU")
+def test_the_device_checksum_equals_the_host_checksum() -> None:
+    import cupy
+
+    rng = np.random.default_rng(4)
+    for n in (0, 1, 4095, (5 << 20) + 3):
+        host = rng.integers(0, 256, n, dtype=np.uint8)
+        assert _checksum(cupy.asarray(host)) == _checksum(host)
