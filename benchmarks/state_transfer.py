@@ -21,8 +21,10 @@ import argparse
 import asyncio
 import hashlib
 import json
+import logging
 import multiprocessing
 import os
+import re
 import resource
 import sys
 import tempfile
@@ -59,7 +61,23 @@ def _digest(value: Any) -> str:
     import cupy
 
     flat = value.ravel().view(cupy.uint64)
-    return f"{int(flat.sum()):x}-{int((flat ^ (flat >> 7)).sum()):x}-{value.nbytes}"
+    s1 = s2 = 0
+    step = 32 << 20  # elements per slice: the temporaries stay small beside the state
+    for lo in range(0, flat.size, step):
+        part = flat[lo:lo + step]
+        s1 += int(part.sum())
+        s2 += int((part ^ (part >> 7)).sum())
+    return f"{s1 & (2**64 - 1):x}-{s2 & (2**64 - 1):x}-{value.nbytes}"
+
+
+def _device_state(size: int) -> Any:
+    """``size`` bytes of a CuPy uint32 array, made on the GPU (synchronized)."""
+    import cupy
+
+    arr = cupy.arange(size // 4, dtype=cupy.uint32)
+    arr *= 2654435761
+    cupy.cuda.get_current_stream().synchronize()
+    return arr
 
 
 def _pattern_bytes(size: int) -> bytes:
@@ -89,48 +107,70 @@ async def bench_member(config: da.Config) -> None:
     founders = config.initial_members
     me = config.member_id
     report: dict[str, Any] = {"member": me}
-    if me == founders:  # the joiner
-        while not (out / "ready").exists():
-            await asyncio.sleep(0.05)
-        began = time.monotonic()
-        group = await da.Group.join(config, actors=[Weights], timeout=600)
-        report["join_s"] = time.monotonic() - began
-    else:
-        group = await da.Group.join(config, actors=[Weights], timeout=120)
-        state = group.local(Weights)
-        if device:
-            import cupy
+    logging.basicConfig(stream=sys.stderr,
+                        format=f"%(asctime)s member {me} %(name)s %(levelname)s: %(message)s")
+    said: list[str] = []  # what state transfer logged here (the sponsor: how chunks moved)
 
-            arr = cupy.arange(size // 4, dtype=cupy.uint32)
-            arr *= 2654435761
-            cupy.cuda.Device().synchronize()
-            state.value = arr  # type: ignore[attr-defined]
-        else:
-            loop = asyncio.get_running_loop()  # built off the loop: heartbeats go on
-            state.value = await loop.run_in_executor(  # type: ignore[attr-defined]
-                None, _pattern_bytes, size)
-        await group.subgroup(Weights).touch()
-        report["rss_with_state_mb"] = _peak_rss_mb()
-        if me == 0:
-            (out / "ready").write_text("1")
-    try:
-        loop = asyncio.get_running_loop()
-        worst = 0.0
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    xfer_log = logging.getLogger("derecho_async.statexfer")
+    xfer_log.addHandler(Keep())
+    xfer_log.setLevel(logging.INFO)
+    loop = asyncio.get_running_loop()
+    worst = 0.0
+    gaps_on = True
+
+    async def ticker() -> None:  # this member's worst loop gap until the joiner is in
+        nonlocal worst
         last = loop.time()
-        calls = 0
-        while len(group.view.members) <= founders:  # founders: calls and loop gaps meanwhile
-            if me == 0:
-                await group.subgroup(Weights).touch()
-                calls += 1
+        while gaps_on:
             await asyncio.sleep(0.01)
             now = loop.time()
             worst = max(worst, now - last - 0.01)
             last = now
+
+    if me == founders:  # the joiner
+        while not (out / "ready").exists():
+            await asyncio.sleep(0.05)
+        ticking = asyncio.ensure_future(ticker())
+        began = time.monotonic()
+        group = await da.Group.join(config, actors=[Weights], timeout=600)
+        report["join_s"] = time.monotonic() - began
+        (out / "joined").write_text("1")
+    else:
+        group = await da.Group.join(config, actors=[Weights], timeout=120)
+        state = group.local(Weights)  # built off the loop: heartbeats go on
+        build = _device_state if device else _pattern_bytes
+        state.value = await loop.run_in_executor(None, build, size)  # type: ignore[attr-defined]
         await group.subgroup(Weights).touch()
+        report["rss_with_state_mb"] = _peak_rss_mb()
+        ticking = asyncio.ensure_future(ticker())
+        if me == 0:
+            (out / "ready").write_text("1")
+    try:
+        calls = 0
+        while not (out / "joined").exists():  # founders: calls and loop gaps meanwhile
+            if me == 0:
+                await group.subgroup(Weights).touch()
+                calls += 1
+            await asyncio.sleep(0.01)
+        gaps_on = False
+        await ticking
+        await group.subgroup(Weights).touch()
+        if me == 0:  # the sponsor: until it logged its transfer done
+            deadline = loop.time() + 120
+            while not any(" done: " in line for line in said) and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+        moved = [line for line in said if "chunks moved by" in line]
+        if moved:
+            found = re.search(r"(\d+) of (\d+) chunks moved by a GPU plane", moved[0])
+            report["chunks_by_gpu"] = [int(found[1]), int(found[2])] if found else None
         value = group.local(Weights).value  # type: ignore[attr-defined]
         report.update(
             views=[v.view_id for v in group.history],
-            digest=_digest(value),
+            digest=await loop.run_in_executor(None, _digest, value),
             peak_rss_mb=_peak_rss_mb(),
             worst_loop_gap_s=round(worst, 4),
             calls_during_transfer=calls,
@@ -197,11 +237,12 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=3, help="founding members")
     parser.add_argument("--chunk-kb", type=int, default=32768, help="Config.state_chunk_kb")
     parser.add_argument("--device", action="store_true", help="a CuPy array state (GPU)")
+    parser.add_argument("--log-level", default="WARNING", help="Config.log_level of the members")
     parser.add_argument("--out", type=Path, default=None, help="keep the member reports here")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="state-transfer-"))
     out.mkdir(parents=True, exist_ok=True)
-    for stale in [*out.glob("m*.json"), out / "ready"]:
+    for stale in [*out.glob("m*.json"), out / "ready", out / "joined"]:
         stale.unlink(missing_ok=True)
     size = args.mb << 20
     os.environ.update(DA_BENCH_OUT=str(out), DA_BENCH_MB=str(args.mb),
@@ -209,7 +250,8 @@ def main() -> None:
     began = time.monotonic()
     codes = da.launch_local(args.members + 1, bench_member, timeout=900,
                             initial_members=args.members, state_chunk_kb=args.chunk_kb,
-                            gpu_plane="ipc" if args.device else "auto")
+                            gpu_plane="ipc" if args.device else "auto",
+                            log_level=args.log_level)
     wall = time.monotonic() - began
     reports = {int(p.stem[1:]): json.loads(p.read_text()) for p in out.glob("m*.json")}
     if codes != [0] * (args.members + 1) or len(reports) != args.members + 1:
@@ -221,12 +263,17 @@ def main() -> None:
     kind = "CuPy array (CUDA IPC plane)" if args.device else "host bytes (shm)"
     print(f"state {args.mb} MiB of {kind}, {args.members} founders + 1 joiner, "
           f"chunks of {args.chunk_kb} KiB, {os.cpu_count()} cores")
-    print(f"  joiner: join {joiner['join_s']:.2f} s, peak RSS {joiner['peak_rss_mb']} MiB")
+    print(f"  joiner: join {joiner['join_s']:.2f} s, peak RSS {joiner['peak_rss_mb']} MiB, "
+          f"worst loop gap during the join {joiner['worst_loop_gap_s']} s, "
+          f"views {joiner['views']}")
     for m in range(args.members):
         r = reports[m]
         print(f"  member {m}: peak RSS {r['peak_rss_mb']} MiB (with its state, before the join:"
               f" {r['rss_with_state_mb']} MiB), worst loop gap {r['worst_loop_gap_s']} s, "
               f"views {r['views']}")
+    if "chunks_by_gpu" in reports[0]:
+        by_gpu = reports[0]["chunks_by_gpu"]
+        print(f"  chunks moved by a GPU plane (sponsor): {by_gpu[0]} of {by_gpu[1]}")
     print(f"  ordered calls made by member 0 during the transfer: "
           f"{reports[0]['calls_during_transfer']}")
     print(f"  same state everywhere: {len(digests) == 1}")
