@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from derecho_async.launch import free_ports
+from derecho_async.transport import registry
 
 __all__ = ["main"]
 
@@ -93,14 +94,15 @@ class _Run:
             "heartbeat_ms": heartbeat_ms,
             "suspect_after_ms": suspect_after_ms,
         }
-        if transport in ("tcp", "rdma"):
+        networked = registry.kind(transport).networked
+        if networked:
             ports = free_ports(members)
             base["peers"] = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
             base["secret"] = secrets.token_hex(16)
         self.base = base
         for i in range(members):
             fields = dict(base, member_id=i)
-            if transport in ("tcp", "rdma"):
+            if networked:
                 fields["listen"] = base["peers"][i]
             p = self.ctx.Process(
                 target=_child,
@@ -177,9 +179,7 @@ class _Run:
             if p.is_alive():
                 p.kill()
             p.join()
-        from derecho_async.transport.shm import ShmTransport
-
-        ShmTransport.cleanup_group(self.group)
+        registry.kind(self.base["transport"]).clean(self.group)
 
 
 
@@ -398,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def common(p: argparse.ArgumentParser, members: int, messages: int) -> None:
         p.add_argument("--members", type=int, default=members)
-        p.add_argument("--transport", choices=["shm", "tcp", "rdma"], default="shm")
+        p.add_argument("--transport", default="shm", choices=[
+            n for n in registry.names() if not registry.kind(n).in_process])
         p.add_argument("--messages", type=_count, default=messages, help="appends per sender")
         p.add_argument("--size", type=_count, default=1024, help="message size in bytes")
         p.add_argument("--depth", type=_count, default=32, help="outstanding calls per sender")

@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Self
 
 from derecho_async.errors import ConfigError
+from derecho_async.transport import registry
 
 __all__ = [
     "ENV_PREFIX",
     "ENV_RESERVED",
     "LOG_LEVELS",
     "QUEUE_FULL_ACTIONS",
-    "TRANSPORTS",
     "Config",
     "parse_hostport",
 ]
@@ -61,8 +61,6 @@ ENV_RESERVED: Final = frozenset(
 """Variables with :data:`ENV_PREFIX` that are not settings (test switches); ``from_env`` skips
 them instead of rejecting them as unknown keys."""
 
-TRANSPORTS: Final = ("shm", "tcp", "rdma", "sim")
-"""The values of :attr:`Config.transport`."""
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 """The values of :attr:`Config.log_level` (given in any case, stored upper-case)."""
 QUEUE_FULL_ACTIONS: Final = ("wait", "error")
@@ -80,7 +78,7 @@ _EXPECTED: Final[dict[str, str]] = {
     "group": "a group name of 1-64 characters from [A-Za-z0-9_.-]",
     "member_id": "an integer member id, 0 <= id < 2**63",
     "initial_members": "an integer from 1 to 64",
-    "transport": "one of: " + ", ".join(TRANSPORTS),
+    "transport": "one of: " + ", ".join(registry.names()),
     "contact": f"None or {_HOSTPORT_FORM} with a port from 1 to 65535",
     "listen": f"{_HOSTPORT_FORM} with a port from 0 to 65535 (0: any free port)",
     "peers": f"a mapping of member id (0 <= id < 2**63) to {_HOSTPORT_FORM}, port 1-65535",
@@ -309,8 +307,9 @@ class Config:
             raise ConfigError("member_id", _EXPECTED["member_id"], self.member_id)
         if not _is_int(self.initial_members) or not 1 <= self.initial_members <= 64:
             raise ConfigError("initial_members", _EXPECTED["initial_members"], self.initial_members)
-        if self.transport not in TRANSPORTS:
-            raise ConfigError("transport", _EXPECTED["transport"], self.transport)
+        if self.transport not in registry.names():  # (transports registered since included)
+            raise ConfigError("transport", "one of: " + ", ".join(registry.names()),
+                              self.transport)
         if self.contact is not None:
             parse_hostport(self.contact, "contact", allow_port_zero=False)
         parse_hostport(self.listen, "listen")
@@ -319,9 +318,10 @@ class Config:
             not isinstance(self.secret, str) or len(self.secret) < _MIN_SECRET
         ):
             raise ConfigError("secret", _EXPECTED["secret"], "<hidden>")
-        if self.transport in ("tcp", "rdma") and self.secret is None:
+        if registry.kind(self.transport).networked and self.secret is None:
             raise ConfigError(
-                "secret", _EXPECTED["secret"] + " (required when transport is 'tcp' or 'rdma')", None
+                "secret", _EXPECTED["secret"] + " (required when transport is 'tcp' or 'rdma'"
+                " or another networked transport)", None
             )
         for name in ("tls_cert", "tls_key", "tls_ca", "rdma_device"):
             value = getattr(self, name)

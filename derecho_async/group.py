@@ -10,8 +10,8 @@ the delivering view answered; members that leave or fail first are reported as
 :class:`MemberFailed`. A *one-way* call (``handle.method.cast(...)``) travels the same way under
 the wire name ``<Actor>.<method>.cast``: members run it in the same order and reply to nobody;
 the caller's future completes with the call's version when the caller itself delivers it
-(delivery implies stability). A p2p call goes to one member over the channel and runs there at
-once.
+(delivery implies stability). A p2p call goes to one member over the channel and runs on the
+actor's runner there, between ordered handlers (after those already queued).
 """
 
 from __future__ import annotations
@@ -20,17 +20,16 @@ import asyncio
 import functools
 import itertools
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import CoroutineType, TracebackType
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, Self
+from typing import Any, Final, NamedTuple, Self
 
 from derecho_async import codec, hotpath
 from derecho_async.actor import Actor, ActorSpec, actor_spec
-from derecho_async.config import Config, parse_hostport
+from derecho_async.config import Config
 from derecho_async.core import (
     Delivered,
     Evicted,
@@ -60,10 +59,8 @@ from derecho_async.runtime.driver import Driver
 from derecho_async.runtime.observer import GroupObserver
 from derecho_async.runtime.runner import SerialRunner
 from derecho_async.runtime.statexfer import StateTransfer
-from derecho_async.transport.base import GROUP_MESSAGE_LIMIT, Transport
-
-if TYPE_CHECKING:
-    from derecho_async.transport.loopback import LoopbackFabric
+from derecho_async.transport import registry
+from derecho_async.transport.base import Transport
 
 __all__ = ["Group", "HandlerError", "Replies", "SubgroupHandle", "Versioned"]
 
@@ -152,60 +149,8 @@ class _PendingCall:
 
 
 def _make_transport(config: Config) -> Transport:
-    if config.transport == "shm":
-        from derecho_async.transport.shm import ShmTransport
-
-        spin = config.spin_us
-        if spin is None:
-            spin = 200.0 if (os.cpu_count() or 1) >= 8 else 0.0
-        return ShmTransport(config.group, config.member_id, spin_us=spin,
-                            max_message=GROUP_MESSAGE_LIMIT)
-    if config.transport == "tcp":
-        import ssl
-
-        from derecho_async.transport.tcp import TcpTransport
-
-        assert config.secret is not None  # Config guarantees it for tcp
-        server_ctx = client_ctx = None
-        if config.tls_cert:
-            server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=config.tls_ca)
-            server_ctx.load_cert_chain(config.tls_cert, config.tls_key)
-            client_ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.tls_ca)
-            client_ctx.check_hostname = False
-        peers = {m: parse_hostport(a, "peers") for m, a in config.peers.items()}
-        return TcpTransport(
-            config.member_id,
-            parse_hostport(config.listen, "listen"),
-            secret=config.secret.encode(),
-            peers=peers,
-            ssl_server=server_ctx,
-            ssl_client=client_ctx,
-            max_frame=GROUP_MESSAGE_LIMIT,
-        )
-    if config.transport == "rdma":
-        from derecho_async.transport.rdma import RdmaTransport
-
-        assert config.secret is not None  # Config requires it for rdma (its channel is tcp)
-        return RdmaTransport(
-            config.member_id,
-            parse_hostport(config.listen, "listen"),
-            secret=config.secret.encode(),
-            peers={m: parse_hostport(a, "peers") for m, a in config.peers.items()},
-            device=config.rdma_device,
-            port=config.rdma_port,
-            gid_index=config.rdma_gid_index,
-            max_frame=GROUP_MESSAGE_LIMIT,  # large messages take tcp while a link is not paired
-        )
-    if config.transport == "sim":
-        from derecho_async.transport.loopback import LoopbackFabric
-
-        fabric = _FABRICS.setdefault(config.group, LoopbackFabric())
-        return fabric.transport(config.member_id)
-    raise UsageError(f"transport {config.transport!r} is not available in this build")
-
-
-_FABRICS: dict[str, LoopbackFabric] = {}
-"""In-process fabrics of ``transport="sim"`` groups, by group name."""
+    """The transport ``config.transport`` names (see :mod:`.transport.registry`)."""
+    return registry.kind(config.transport).build(config)
 
 
 class _OrderedMethod:

@@ -87,8 +87,7 @@ def launch_local(
             p.kill()
             p.join()
         codes.append(p.exitcode if p.exitcode is not None else -1)
-    if fields["transport"] == "shm":
-        from derecho_async.transport.shm import ShmTransport
+    from derecho_async.transport import registry
 
-        ShmTransport.cleanup_group(str(fields["group"]))
+    registry.kind(str(fields["transport"])).clean(str(fields["group"]))
     return codes

@@ -54,7 +54,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -71,7 +71,10 @@ from derecho_async.runtime.dataplane import (
     write_flat,
 )
 
-__all__ = ["ChainPlane", "chain_order"]
+if TYPE_CHECKING:
+    from derecho_async.transport.registry import PlaneWiring
+
+__all__ = ["ChainPlane", "chain_order", "for_transport"]
 
 log = logging.getLogger("derecho_async.dataplane")
 
@@ -376,3 +379,15 @@ class ChainPlane:
         for task in self._pumps:
             task.cancel()
         self._pumps.clear()
+
+
+def for_transport(wiring: PlaneWiring) -> ChainPlane | None:
+    """The bulk plane of a tcp transport (see ``transport.registry``); None for another kind
+    of transport object (host staging then moves its payloads)."""
+    from derecho_async.transport.tcp import TcpTransport
+
+    t = wiring.transport
+    if not isinstance(t, TcpTransport):
+        return None
+    return ChainPlane(wiring.member_id, t.send, wiring.landed, flushed=t.flushed,
+                      staging_failed=wiring.staging_failed)

@@ -12,10 +12,11 @@ that lands messages takes the scheduled step at once (:meth:`Driver.step_now`). 
 from a timer that ticks the core every heartbeat period; an idle group therefore costs a
 heartbeat per period and nothing else (no busy polling).
 
-Bootstrap: the *contact* (the lowest configured member id) collects join requests until
+Bootstrap: the *contact* (member 0) collects join requests until
 ``initial_members`` members are known, then forms view 0 and welcomes them; every other member
 starts as a joiner whose core retries its join request. A member joining a running group takes
-the same path and is admitted by the leader with a state snapshot.
+the same path and is admitted by the leader with a state-transfer ticket (the state follows,
+streamed: :mod:`.statexfer`).
 
 Large payloads and arrays move on a data plane; landing them reports ``data_landed`` to the
 core, which counts them received only then. Routing happens in one place:
@@ -23,9 +24,10 @@ core, which counts them received only then. Routing happens in one place:
 order, and the first whose ``start`` returns True owns it; the host-staging plane
 (:mod:`.dataplane`: one DATA frame per receiver on the channel) takes whatever none took (device
 arrays; every payload on transports without a bulk plane: rdma, loopback). Frames arrive by
-envelope kind: :attr:`Driver.receivers` maps each kind to its plane. The bulk planes are chosen
-by transport: shm gets :mod:`.shmplane` (written once into the sender's shared pool, copied out
-by each receiver), tcp gets :mod:`.chainplane` (a pipelined chain multicast in blocks). Device
+envelope kind: :attr:`Driver.receivers` maps each kind to its plane. The bulk plane is the one
+the transport's kind names (:mod:`derecho_async.transport.registry`): shm gets :mod:`.shmplane`
+(written once into the sender's shared pool, copied out by each receiver), tcp gets
+:mod:`.chainplane` (a pipelined chain multicast in blocks). Device
 arrays between members of one host go first to the CUDA IPC plane (:mod:`.gpuplane`) when it is
 on (``gpu_plane``), for peers that announced a pool; with ``gpu_plane="nccl"`` they go first to
 the NCCL plane (:mod:`.ncclplane`: per-sender communicators), then CUDA IPC over shm. A plane
@@ -72,7 +74,9 @@ from derecho_async.core.effects import Event
 from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import HostStagingPlane, Plane
+from derecho_async.transport import registry
 from derecho_async.transport.base import Transport
+from derecho_async.transport.registry import PlaneWiring
 
 if TYPE_CHECKING:
     from derecho_async.runtime.gpuplane import IpcPlane
@@ -167,6 +171,8 @@ class Driver:
         self.receivers: dict[int, Callable[[int, list[Any], bytes], None]] = {
             env.DATA: self._staging_receive
         }
+        #: what the transport's kind provides (see :mod:`..transport.registry`)
+        self.transport_kind = registry.kind(config.transport)
         self._bulk_planes_for(transport)
         self.gpuplane: IpcPlane | None = None
         self.ncclplane: NcclPlane | None = None
@@ -174,22 +180,9 @@ class Driver:
         self.statexfer: StateTransfer | None = None
 
     def _bulk_planes_for(self, transport: Transport) -> None:
-        from derecho_async.transport.shm import ShmTransport
-        from derecho_async.transport.tcp import TcpTransport
-
-        plane: Plane | None = None
-        if isinstance(transport, ShmTransport):
-            from derecho_async.runtime.shmplane import ShmPlane
-
-            plane = ShmPlane(transport.group, self.member_id, transport.send, self._data_landed,
-                             failed=self._landing_failed, staging_failed=self._staging_failed)
-        elif isinstance(transport, TcpTransport):
-            from derecho_async.runtime.chainplane import ChainPlane
-
-            plane = ChainPlane(
-                self.member_id, transport.send, self._data_landed, flushed=transport.flushed,
-                staging_failed=self._staging_failed,
-            )
+        plane = self.transport_kind.build_bulk_plane(PlaneWiring(
+            self.member_id, transport, self._data_landed, self._landing_failed,
+            self._staging_failed))
         if plane is not None:
             self.add_plane(plane)
 
@@ -253,12 +246,13 @@ class Driver:
 
     def _start_gpu_plane(self) -> None:
         mode = self.config.gpu_plane
-        if mode == "host" or (mode == "auto" and self.config.transport != "shm"):
+        one_host = self.transport_kind.one_host
+        if mode == "host" or (mode == "auto" and not one_host):
             return
         from derecho_async.runtime.gpuplane import gpu_available
         from derecho_async.runtime.ncclplane import nccl_unavailable, select_gpu_planes
 
-        planes = select_gpu_planes(mode, self.config.transport, gpu_available, nccl_unavailable)
+        planes = select_gpu_planes(mode, one_host, gpu_available, nccl_unavailable)
         if "ipc" in planes:
             self._start_ipc_plane()
         if "nccl" in planes:

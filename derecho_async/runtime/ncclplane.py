@@ -141,14 +141,15 @@ _FRAME_MARGIN = 1024  # room under GROUP_MESSAGE_LIMIT for a transport's own hea
 
 
 # -- plane selection (pure) --------------------------------------------------------------------
-def select_gpu_planes(mode: str, transport: str, gpu: Callable[[], bool],
+def select_gpu_planes(mode: str, one_host: bool, gpu: Callable[[], bool],
                       nccl: Callable[[], str | None]) -> tuple[str, ...]:
     """The GPU planes a member runs, in the order the driver tries them.
 
-    ``mode`` is :attr:`Config.gpu_plane`; ``gpu()`` says whether CuPy sees a device and
-    ``nccl()`` why NCCL cannot be used here (None: it can); each is called only when needed.
-    "host": none. "ipc": CUDA IPC. "auto": CUDA IPC over shm when there is a device (as before
-    NCCL existed: the IPC path is unchanged). "nccl": NCCL, then CUDA IPC over shm for what
+    ``mode`` is :attr:`Config.gpu_plane`; ``one_host`` says whether the transport keeps every
+    member on one host (shm); ``gpu()`` says whether CuPy sees a device and ``nccl()`` why NCCL
+    cannot be used here (None: it can); each is called only when needed.
+    "host": none. "ipc": CUDA IPC. "auto": CUDA IPC on one host when there is a device (as
+    before NCCL existed: the IPC path is unchanged). "nccl": NCCL, then CUDA IPC on one host for what
     NCCL does not take (members sharing a GPU, communicators not up yet). A mode asked for
     explicitly that cannot run raises :class:`UsageError`.
     """
@@ -161,12 +162,12 @@ def select_gpu_planes(mode: str, transport: str, gpu: Callable[[], bool],
                 f"gpu_plane='nccl' needs CuPy with NCCL (cupy.cuda.nccl, 2.4 or later) and a "
                 f"CUDA device on this member: {why}"
             )
-        return ("nccl", "ipc") if transport == "shm" else ("nccl",)
+        return ("nccl", "ipc") if one_host else ("nccl",)
     if mode == "ipc":
         if not gpu():
             raise UsageError("gpu_plane='ipc' needs CuPy and a CUDA device on this member")
         return ("ipc",)
-    return ("ipc",) if transport == "shm" and gpu() else ()
+    return ("ipc",) if one_host and gpu() else ()
 
 
 def nccl_unavailable() -> str | None:

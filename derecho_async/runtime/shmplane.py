@@ -46,7 +46,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from derecho_async.core.effects import Evicted, Left, Partitioned, ViewInstalled
 from derecho_async.errors import ProtocolViolation
@@ -64,7 +64,10 @@ from derecho_async.runtime.dataplane import (
 from derecho_async.transport import shmpool
 from derecho_async.transport.shmpool import BadPoolSegment, PoolSegment
 
-__all__ = ["HostPool", "ShmPlane"]
+if TYPE_CHECKING:
+    from derecho_async.transport.registry import PlaneWiring
+
+__all__ = ["HostPool", "ShmPlane", "for_transport"]
 
 log = logging.getLogger("derecho_async.dataplane")
 
@@ -471,3 +474,15 @@ class ShmPlane:
         self._peers.clear()
         self._doomed.clear()
         self.pool.close()
+
+
+def for_transport(wiring: PlaneWiring) -> ShmPlane | None:
+    """The bulk plane of an shm transport (see ``transport.registry``); None for another kind
+    of transport object (host staging then moves its payloads)."""
+    from derecho_async.transport.shm import ShmTransport
+
+    t = wiring.transport
+    if not isinstance(t, ShmTransport):
+        return None
+    return ShmPlane(t.group, wiring.member_id, t.send, wiring.landed, failed=wiring.failed,
+                    staging_failed=wiring.staging_failed)

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from derecho_async.errors import UsageError
 from derecho_async.transport.base import Transport, TransportHandler, check_member_id, log
 
-__all__ = ["LoopbackFabric", "LoopbackTransport"]
+if TYPE_CHECKING:
+    from derecho_async.config import Config
+
+__all__ = ["LoopbackFabric", "LoopbackTransport", "fabric_of", "from_config", "use_fabric"]
 
 
 class LoopbackFabric:
@@ -143,3 +147,26 @@ class _Bound:
     def __call__(self) -> None:
         if not self.target._closed:
             self.action(self.target)
+
+
+_FABRICS: dict[str, LoopbackFabric] = {}
+"""In-process fabrics of ``transport="sim"`` groups, by group name."""
+
+
+def fabric_of(group: str) -> LoopbackFabric:
+    """The in-process fabric of the ``transport="sim"`` group ``group`` (made on first use)."""
+    return _FABRICS.setdefault(group, LoopbackFabric())
+
+
+def use_fabric(group: str, fabric: LoopbackFabric | None) -> None:
+    """Connect the ``transport="sim"`` members of ``group`` through ``fabric`` (a fabric of a
+    test's own making); None forgets the group's fabric."""
+    if fabric is None:
+        _FABRICS.pop(group, None)
+    else:
+        _FABRICS[group] = fabric
+
+
+def from_config(config: Config) -> LoopbackTransport:
+    """The ``sim`` transport of the member ``config`` describes (see ``transport.registry``)."""
+    return fabric_of(config.group).transport(config.member_id)

@@ -104,20 +104,24 @@ import struct
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack  # type: ignore[import-untyped]
 
 from derecho_async.errors import ConfigError, UsageError
 from derecho_async.transport import verbs
 from derecho_async.transport.base import (
+    GROUP_MESSAGE_LIMIT,
     Transport,
     TransportHandler,
     log,
 )
 from derecho_async.transport.tcp import TcpTransport
 
-__all__ = ["ConnectInfo", "RdmaTransport"]
+if TYPE_CHECKING:
+    from derecho_async.config import Config
+
+__all__ = ["ConnectInfo", "RdmaTransport", "from_config"]
 
 # -- wire formats ------------------------------------------------------------------------------
 
@@ -2036,3 +2040,20 @@ class RdmaTransport(Transport):
         if link is not None and link.ep is not None:
             self._fail(link.ep, reason, report=False, tell=False)
         self._report_failure(member, reason)
+
+
+def from_config(config: Config) -> RdmaTransport:
+    """The rdma transport of the member ``config`` describes (see ``transport.registry``)."""
+    from derecho_async.config import parse_hostport
+
+    assert config.secret is not None  # Config requires it (the channel is authenticated tcp)
+    return RdmaTransport(
+        config.member_id,
+        parse_hostport(config.listen, "listen"),
+        secret=config.secret.encode(),
+        peers={m: parse_hostport(a, "peers") for m, a in config.peers.items()},
+        device=config.rdma_device,
+        port=config.rdma_port,
+        gid_index=config.rdma_gid_index,
+        max_frame=GROUP_MESSAGE_LIMIT,  # large messages take tcp while a link is not paired
+    )

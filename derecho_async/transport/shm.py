@@ -64,17 +64,22 @@ import struct
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from derecho_async import hotpath
 from derecho_async.errors import ConfigError, UsageError
 from derecho_async.transport.base import (
+    GROUP_MESSAGE_LIMIT,
     Transport,
     TransportHandler,
     check_member_id,
     log,
 )
 
-__all__ = ["ShmTransport"]
+if TYPE_CHECKING:
+    from derecho_async.config import Config
+
+__all__ = ["ShmTransport", "cleanup_group", "from_config"]
 
 SHM_DIR = "/dev/shm"
 _PREFIX = "derecho_async."
@@ -970,3 +975,19 @@ class ShmTransport(Transport):
                 self._consumer_closed(link)
         delay = self._SWEEP_MIN if busy else min(self._sweep_interval * 2, self._SWEEP_MAX)
         self._schedule_sweep(delay)
+
+
+def from_config(config: Config) -> ShmTransport:
+    """The shm transport of the member ``config`` describes (see ``transport.registry``): it
+    spins ``spin_us`` before sleeping, by default only where there are 8 cores or more."""
+    spin = config.spin_us
+    if spin is None:
+        spin = 200.0 if (os.cpu_count() or 1) >= 8 else 0.0
+    return ShmTransport(config.group, config.member_id, spin_us=spin,
+                        max_message=GROUP_MESSAGE_LIMIT)
+
+
+def cleanup_group(group: str) -> None:
+    """Unlink what dead members of ``group`` left in shared memory (see
+    :meth:`ShmTransport.cleanup_group`)."""
+    ShmTransport.cleanup_group(group)

@@ -51,19 +51,23 @@ import ssl
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack  # type: ignore[import-untyped]
 
 from derecho_async.errors import ConfigError, ProtocolViolation, UsageError
 from derecho_async.transport.base import (
+    GROUP_MESSAGE_LIMIT,
     Transport,
     TransportHandler,
     check_member_id,
     log,
 )
 
-__all__ = ["TcpTransport"]
+if TYPE_CHECKING:
+    from derecho_async.config import Config
+
+__all__ = ["TcpTransport", "from_config"]
 
 PROTOCOL = "derecho_async/tcp/1"
 FRAME = struct.Struct("<IIQQQ")  # type, flags, view_id, offset, length
@@ -827,3 +831,26 @@ def _tune(writer: asyncio.StreamWriter) -> None:
             pass
     with contextlib.suppress(AttributeError, NotImplementedError, ValueError):
         writer.transport.set_write_buffer_limits(high=0)
+
+
+def from_config(config: Config) -> TcpTransport:
+    """The tcp transport of the member ``config`` describes (see ``transport.registry``),
+    with TLS where ``tls_cert`` is set."""
+    from derecho_async.config import parse_hostport
+
+    assert config.secret is not None  # Config requires it for a networked transport
+    server_ctx = client_ctx = None
+    if config.tls_cert:
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=config.tls_ca)
+        server_ctx.load_cert_chain(config.tls_cert, config.tls_key)
+        client_ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.tls_ca)
+        client_ctx.check_hostname = False
+    return TcpTransport(
+        config.member_id,
+        parse_hostport(config.listen, "listen"),
+        secret=config.secret.encode(),
+        peers={m: parse_hostport(a, "peers") for m, a in config.peers.items()},
+        ssl_server=server_ctx,
+        ssl_client=client_ctx,
+        max_frame=GROUP_MESSAGE_LIMIT,
+    )

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import pytest
 
 import derecho_async as da
-from derecho_async import group as group_module
+from derecho_async.transport import loopback
 from derecho_async.transport.loopback import LoopbackFabric, LoopbackTransport
 
 _ids = itertools.count()
@@ -411,7 +411,7 @@ class _FabricReplacing(LoopbackFabric):
 async def _items_group(fabric: LoopbackFabric) -> AsyncIterator[list[da.Group]]:
     """Three members of an ``_Items`` group on ``fabric``."""
     name = f"g{next(_ids)}"
-    group_module._FABRICS[name] = fabric
+    loopback.use_fabric(name, fabric)
     gs = list(await asyncio.gather(
         *(da.Group.join(cfg(name, i), actors=[_Items], timeout=10) for i in range(3))
     ))
@@ -421,7 +421,7 @@ async def _items_group(fabric: LoopbackFabric) -> AsyncIterator[list[da.Group]]:
         for g in gs:
             with contextlib.suppress(Exception):
                 await g.leave()
-        group_module._FABRICS.pop(name, None)
+        loopback.use_fabric(name, None)
 
 
 async def _stream_until_member_2_is_out(gs: list[da.Group]) -> None:

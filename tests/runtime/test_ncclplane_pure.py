@@ -51,21 +51,20 @@ def _never() -> NoReturn:
 
 
 def test_selection_by_mode_probes_only_what_it_needs() -> None:
-    assert select_gpu_planes("host", "shm", _never, _never) == ()
-    assert select_gpu_planes("auto", "tcp", lambda: True, _never) == ()
-    assert select_gpu_planes("auto", "shm", lambda: True, _never) == ("ipc",)
-    assert select_gpu_planes("auto", "shm", lambda: False, _never) == ()
-    assert select_gpu_planes("ipc", "tcp", lambda: True, _never) == ("ipc",)
-    assert select_gpu_planes("nccl", "shm", _never, lambda: None) == ("nccl", "ipc")
-    assert select_gpu_planes("nccl", "tcp", _never, lambda: None) == ("nccl",)
-    assert select_gpu_planes("nccl", "rdma", _never, lambda: None) == ("nccl",)
+    assert select_gpu_planes("host", True, _never, _never) == ()
+    assert select_gpu_planes("auto", False, lambda: True, _never) == ()
+    assert select_gpu_planes("auto", True, lambda: True, _never) == ("ipc",)
+    assert select_gpu_planes("auto", True, lambda: False, _never) == ()
+    assert select_gpu_planes("ipc", False, lambda: True, _never) == ("ipc",)
+    assert select_gpu_planes("nccl", True, _never, lambda: None) == ("nccl", "ipc")
+    assert select_gpu_planes("nccl", False, _never, lambda: None) == ("nccl",)
 
 
 def test_nccl_or_ipc_asked_for_without_what_they_need_is_a_clear_error() -> None:
     with pytest.raises(UsageError, match=r"gpu_plane='nccl' needs CuPy with NCCL.*no libnccl"):
-        select_gpu_planes("nccl", "shm", _never, lambda: "no libnccl")
+        select_gpu_planes("nccl", True, _never, lambda: "no libnccl")
     with pytest.raises(UsageError, match="gpu_plane='ipc' needs CuPy and a CUDA device"):
-        select_gpu_planes("ipc", "shm", lambda: False, _never)
+        select_gpu_planes("ipc", True, lambda: False, _never)
 
 
 def test_config_accepts_nccl() -> None:
