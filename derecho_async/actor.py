@@ -3,7 +3,7 @@
 Theory of operation: an actor class declares its replicated methods with decorators. ``@ordered``
 methods are invoked by an ordered multicast to the actor's subgroup and run at every member, one
 at a time, in delivery order; ``@p2p`` methods are read-only calls to one chosen member,
-unordered. The decorators only mark the functions; :func:`actor_methods` collects the marks once
+unordered. The decorators only mark the functions; :func:`actor_spec` collects the marks once
 per class into an :class:`ActorSpec` (name, ordered and p2p method tables) that the group uses
 to dispatch calls by name. Method names travel on the wire as ``"<Actor>.<method>"``.
 """

@@ -2,8 +2,9 @@
 
 A :class:`Ready` lists the pushes to perform (in order: a link delivers them in the order
 issued), channel messages to send, data-plane transfers to start, and the ordered *events* the
-application sees (deliveries, installed views, suspicions, errors). The driver carries all of it
-out, events in list order, then calls ``Member.advance(ready)``.
+application sees (deliveries, installed views, suspicions, errors). The driver takes it, calls
+``Member.advance(ready)`` (what the core adds meanwhile belongs to the next Ready), then carries
+it all out, events in list order.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class Send:
     """Send ``message`` to member ``to`` on the reliable channel.
 
     When ``attach_state`` is set the message is a :class:`Welcome` whose ``state`` the driver
-    fills with the application's snapshot, taken after every earlier event of the same Ready.
+    fills with a state-transfer ticket, made after every earlier event of the same Ready (the
+    state itself streams after the fence; see ``runtime.statexfer``).
     """
 
     to: int
@@ -154,7 +156,7 @@ Event = Delivered | ViewInstalled | Suspected | Partitioned | Evicted | Left | S
 
 @dataclass(slots=True)
 class Ready:
-    """Everything the driver must carry out before calling ``advance``."""
+    """Everything the driver must carry out (it calls ``advance`` when it takes it)."""
 
     pushes: list[Push] = field(default_factory=list)
     sends: list[Send] = field(default_factory=list)

@@ -4,7 +4,7 @@ Theory of operation, in the style of a raft ``RawNode``: the driver feeds the me
 (:meth:`Member.tick`), remote row writes (:meth:`Member.receive_push`), channel messages
 (:meth:`Member.receive_message`), landed large payloads (:meth:`Member.data_landed`) and the
 application's sends (:meth:`Member.submit`); then calls :meth:`Member.poll` to let the protocol
-react, takes :meth:`Member.ready` and carries it out, and calls :meth:`Member.advance`. The member
+react, takes :meth:`Member.ready`, calls :meth:`Member.advance` and carries it out. The member
 never performs I/O; all its output is data in the :class:`Ready`.
 
 Within a view the member runs ordered multicast (:mod:`.multicast`) for each shard it belongs to
@@ -339,7 +339,8 @@ class Member:
         return self._ready
 
     def advance(self, ready: Ready) -> None:
-        """The driver carried out ``ready``."""
+        """The driver took ``ready`` (it carries it out next; what is added from now on goes into
+        a new Ready)."""
         if ready is self._ready:
             self._ready = Ready()
 

@@ -25,7 +25,8 @@ class JoinRequest:
 
 @dataclass(frozen=True, slots=True)
 class Welcome:
-    """Admits a joiner: view ``view_id`` with ``members`` (rank order) and the state snapshot."""
+    """Admits a joiner: view ``view_id`` with ``members`` (rank order) and its ``state`` (a
+    state-transfer ticket from the driver)."""
 
     view_id: int
     members: tuple[int, ...]

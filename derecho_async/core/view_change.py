@@ -30,7 +30,8 @@ proposer's rank + 1):
 7. **Ragged trim and install.** A member that sees a commit in any row (its leader's, or the
    echo of a member that saw it first) echoes it (proposal and commit), delivers every message below the proposal's trim in seq order, and installs the next
    view: survivors in their old order, then joiners. It re-sends its own undelivered messages
-   first; the new view's rank 0 sends each joiner a Welcome carrying the state snapshot.
+   first; the new view's rank 0 sends each joiner a Welcome carrying its state (the driver puts
+   a state-transfer ticket there; the snapshot streams after the fence).
 
 Why it is safe: ballots rise with the leader's rank and a member follows only its current leader,
 so rule 3 is Paxos' promise and rule 4 its choice of value; a commit needs every member of a
