@@ -354,13 +354,13 @@ def cmd_member(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from derecho_async.transport.shm import _PREFIX, SHM_DIR
+    from derecho_async.transport.shmfiles import PREFIX, SHM_DIR
 
     groups: dict[str, list[tuple[str, int]]] = {}
     for name in sorted(os.listdir(SHM_DIR)):
-        if not name.startswith(_PREFIX):
+        if not name.startswith(PREFIX):
             continue
-        group = name[len(_PREFIX):].split(".", 1)[0]
+        group = name[len(PREFIX):].split(".", 1)[0]
         try:
             size = os.stat(os.path.join(SHM_DIR, name)).st_size
         except FileNotFoundError:  # removed while we looked

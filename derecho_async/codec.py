@@ -76,10 +76,12 @@ __all__ = [
     "MAX_DECODE_SIZE",
     "MAX_DEPTH",
     "MAX_NDIM",
+    "TYPESTRS",
     "decode",
     "decode_call",
     "encode",
     "encode_call",
+    "pack",
 ]
 
 MAX_DEPTH: Final = 64
@@ -127,7 +129,7 @@ _INT_MIN: Final = -(1 << 63)
 _INT_MAX: Final = (1 << 64) - 1
 
 # __cuda_array_interface__ / __array_interface__ typestr → dtype name (little-endian or no order).
-_TYPESTRS: Final[dict[str, str]] = {
+TYPESTRS: Final[dict[str, str]] = {
     "|b1": "bool",
     "|i1": "int8",
     "|u1": "uint8",
@@ -277,7 +279,7 @@ class _Encoder:
                 e.path.append(f"[{i}]")
                 raise
         if isinstance(obj, tuple):
-            return msgpack.ExtType(_EXT_TUPLE, _pack(items))
+            return msgpack.ExtType(_EXT_TUPLE, pack(items))
         return items
 
     def key(self, k: object, depth: int) -> object:
@@ -290,7 +292,7 @@ class _Encoder:
         if isinstance(k, tuple):
             if depth >= MAX_DEPTH:
                 raise _EncodeFailure(ValueError, f"dict key nested deeper than {MAX_DEPTH} levels")
-            return msgpack.ExtType(_EXT_TUPLE, _pack([self.key(part, depth + 1) for part in k]))
+            return msgpack.ExtType(_EXT_TUPLE, pack([self.key(part, depth + 1) for part in k]))
         raise _EncodeFailure(
             TypeError,
             f"dict key of type {type(k).__name__} is not allowed; keys must be {_KEY_TYPES_TEXT}",
@@ -340,7 +342,7 @@ class _Encoder:
             self.buffers.append(view)
             self.buffer_ids[id(obj)] = index
         n = memoryview(obj).nbytes
-        return msgpack.ExtType(_EXT_BUFREF, _pack([index, "uint8", [n], "bytes"]))
+        return msgpack.ExtType(_EXT_BUFREF, pack([index, "uint8", [n], "bytes"]))
 
     def device_reference(self, obj: object, np: Any) -> object:
         """A device or DLPack array: only by reference (out of band)."""
@@ -361,7 +363,7 @@ class _Encoder:
         key = (arr.dtype, arr.shape)
         head = _ARRAY_HEADS.get(key)
         if head is None:  # checked once per dtype and shape (a cached one passed)
-            head = _pack(self.dtype_name(arr.dtype)) + _pack(_check_shape(arr.shape))
+            head = pack(self.dtype_name(arr.dtype)) + pack(_check_shape(arr.shape))
             if len(_ARRAY_HEADS) < _ARRAY_HEADS_MAX:
                 _ARRAY_HEADS[key] = head
         if arr.flags.c_contiguous and arr.dtype.str[0] in _LITTLE_OR_NONE:
@@ -378,7 +380,7 @@ class _Encoder:
     def npscalar(self, value: numpy.generic[Any], np: Any) -> object:
         name = self.dtype_name(value.dtype)
         raw = np.asarray(value).astype(value.dtype.newbyteorder("<")).tobytes()
-        return msgpack.ExtType(_EXT_NPSCALAR, _pack(name) + raw)
+        return msgpack.ExtType(_EXT_NPSCALAR, pack(name) + raw)
 
     @staticmethod
     def dtype_name(dtype: numpy.dtype[Any]) -> str:
@@ -411,7 +413,7 @@ class _Encoder:
                 name, shape, kind = _buffer_meta(obj, np)
             except ValueError as e:
                 raise _EncodeFailure(TypeError, str(e)) from None
-            record = msgpack.ExtType(_EXT_BUFREF, _pack([index, name, shape, kind]))
+            record = msgpack.ExtType(_EXT_BUFREF, pack([index, name, shape, kind]))
             if key is not None and len(_REF_RECORDS) < _REF_RECORDS_MAX:
                 _REF_RECORDS[key] = record
         if fresh:
@@ -444,7 +446,7 @@ def numpy_dtype_name(dtype: Any) -> str:
 
 def _typestr_name(obj: object, typestr: object) -> str:
     """The dtype name of a device array's typestr, or ValueError if it may not travel."""
-    name = _TYPESTRS.get(typestr) if isinstance(typestr, str) else None
+    name = TYPESTRS.get(typestr) if isinstance(typestr, str) else None
     if name is None:
         raise ValueError(
             f"cannot send {type(obj).__name__} of typestr {typestr!r}; "
@@ -498,7 +500,8 @@ def _buffer_meta(obj: object, np: Any) -> tuple[str, list[int], str]:
 _packers = threading.local()
 
 
-def _pack(obj: object) -> bytes:
+def pack(obj: object) -> bytes:
+    """msgpack bytes of ``obj`` (bin type for bytes), by a Packer reused per thread."""
     # One Packer per thread, reused: msgpack.packb builds a new one (and its buffer) per call,
     # which costs as much as packing a 1 KB call. A Packer resets itself after a failed pack.
     try:
@@ -544,10 +547,10 @@ def encode(obj: object, buffers: list[object] | None = None) -> bytes:
     if (obj is None or type(obj) in _PLAIN_TYPES) and not (
         buffers is not None and type(obj) is bytes and len(obj) > LARGE_BYTES
     ):  # nothing to walk or check (a common result)
-        return _pack(obj)
+        return pack(obj)
     if type(obj) is int and _INT_MIN <= obj <= _INT_MAX:  # a count, an index: no walk either
-        return _pack(obj)
-    return _pack(_encode_root(obj, "obj", _Encoder(buffers)))
+        return pack(obj)
+    return pack(_encode_root(obj, "obj", _Encoder(buffers)))
 
 
 def encode_call(
@@ -595,7 +598,7 @@ def encode_call(
             ):
                 break
         else:  # nothing to walk or check (a tuple packs as a list)
-            return _pack([method, args, kwargs])
+            return pack([method, args, kwargs])
         if buffers is not None and not buffers:
             device_call = _device_call(method, args, buffers)
             if device_call is not None:
@@ -631,7 +634,7 @@ def _encode_call_walked(
             named[name] = encoder.value(v, 0)
         except _EncodeFailure as e:
             raise e.build(f"kwargs[{name!r}]") from None
-    return _pack([method, items, named])
+    return pack([method, items, named])
 
 
 def _device_call(method: str, args: tuple[object, ...], buffers: list[object]) -> bytes | None:
@@ -1127,7 +1130,7 @@ def _buffer_matches(buf: object, name: str, shape: tuple[int, ...]) -> bool:
     anything else through :func:`_buffer_meta`."""
     if is_cupy_array(buf):
         c: Any = buf
-        return bool(c.shape == shape and _TYPESTRS.get(c.dtype.str) == name)
+        return bool(c.shape == shape and TYPESTRS.get(c.dtype.str) == name)
     np = _numpy_module()
     if np is not None and type(buf) is np.ndarray:
         n: Any = buf

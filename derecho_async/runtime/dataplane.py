@@ -37,7 +37,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async.codec import _TYPESTRS, DTYPES, is_cupy_array, numpy_dtype_name
+from derecho_async.codec import DTYPES, TYPESTRS, is_cupy_array, numpy_dtype_name
 from derecho_async.errors import ProtocolViolation
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "flat_layout",
     "flat_meta",
     "read_flat",
+    "to_host_bytes",
     "write_flat",
 ]
 
@@ -121,7 +122,7 @@ def array_info(arr: object) -> ArrayInfo:
     each time), and ``str(numpy dtype)`` takes microseconds where the typestr lookup takes 0.1."""
     if is_cupy_array(arr):
         c: Any = arr
-        info: ArrayInfo = _new_info(ArrayInfo, ("cupy", _TYPESTRS.get(c.dtype.str) or str(c.dtype),
+        info: ArrayInfo = _new_info(ArrayInfo, ("cupy", TYPESTRS.get(c.dtype.str) or str(c.dtype),
                                                 c.shape, int(c.nbytes), True))
         return info
     cls = type(arr)
@@ -137,7 +138,7 @@ def array_info(arr: object) -> ArrayInfo:
     if hasattr(arr, "__cuda_array_interface__"):
         a: Any = arr
         cai = a.__cuda_array_interface__
-        dtype = _TYPESTRS.get(cai.get("typestr")) or str(a.dtype)
+        dtype = TYPESTRS.get(cai.get("typestr")) or str(a.dtype)
         return ArrayInfo("cupy" if mod == "cupy" else "cuda", dtype, tuple(cai["shape"]),
                          int(a.nbytes), True)
     if hasattr(arr, "__array_interface__"):
@@ -147,7 +148,7 @@ def array_info(arr: object) -> ArrayInfo:
     raise TypeError(f"{type(arr).__name__} is not an array the data plane can move")
 
 
-def _to_host_bytes(arr: object) -> bytes:
+def to_host_bytes(arr: object) -> bytes:
     """The array's elements as C-ordered little-endian bytes (a device-to-host copy for GPUs)."""
     info = array_info(arr)
     a: Any = arr
@@ -212,10 +213,10 @@ class HostStagingPlane:
     def start(self, key: tuple[int, int, int], payload: object, targets: tuple[int, ...]) -> None:
         """Ship ``payload`` (bytes or :class:`OutOfBand`) for data key ``key`` to ``targets``."""
         if isinstance(payload, OutOfBand) and any(info.is_gpu for info in payload.infos()):
-            self._off_loop(key, lambda: self._pack(payload), "staging", self._staging_failed,
+            self._off_loop(key, lambda: self.pack(payload), "staging", self._staging_failed,
                            lambda body: self._ship(key, body, targets))
         else:
-            self._ship(key, self._pack(payload), targets)
+            self._ship(key, self.pack(payload), targets)
 
     def _ship(self, key: tuple[int, int, int], body: bytes, targets: tuple[int, ...]) -> None:
         frame = self._encode_frame(key, body)
@@ -223,11 +224,11 @@ class HostStagingPlane:
             self._send(dst, frame)
 
     @staticmethod
-    def _pack(payload: object) -> bytes:
+    def pack(payload: object) -> bytes:
         if isinstance(payload, OutOfBand):
             arrays = []
             for a, info in zip(payload.arrays, payload.infos(), strict=True):
-                arrays.append([info.lib, info.dtype, list(info.shape), _to_host_bytes(a)])
+                arrays.append([info.lib, info.dtype, list(info.shape), to_host_bytes(a)])
             body = [_CALL, payload.call, arrays]
         else:
             body = [_PLAIN, bytes(memoryview(payload))]  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async.codec import _pack  # a reused Packer per thread (msgpack, bin type)
+from derecho_async.codec import pack  # a reused Packer per thread (msgpack, bin type)
 from derecho_async.errors import ProtocolViolation
 
 __all__ = [
@@ -87,7 +87,7 @@ _MAX_INT = (1 << 63) - 1
 
 def encode(kind: int, *fields: object) -> bytes:
     """Pack one channel message."""
-    return _pack([kind, *fields])
+    return pack([kind, *fields])
 
 
 def decode(data: bytes) -> list[Any]:

@@ -225,10 +225,10 @@ def _freeze(buf: object, on_device: bool) -> tuple[str, str, list[int], Any, obj
         host = buf
         kind = "numpy"
     else:
-        from derecho_async.runtime.dataplane import _to_host_bytes, array_info
+        from derecho_async.runtime.dataplane import array_info, to_host_bytes
 
         info = array_info(buf)
-        host = np.frombuffer(_to_host_bytes(buf), np.dtype(info.dtype).newbyteorder("<"))
+        host = np.frombuffer(to_host_bytes(buf), np.dtype(info.dtype).newbyteorder("<"))
         host = host.reshape(info.shape)
         kind = "cuda" if info.is_gpu else "numpy"
     dtype = codec.numpy_dtype_name(host.dtype)

@@ -57,7 +57,6 @@ import errno
 import logging
 import mmap
 import os
-import re
 import socket
 import stat
 import struct
@@ -75,15 +74,22 @@ from derecho_async.transport.base import (
     check_member_id,
     log,
 )
+from derecho_async.transport.shmfiles import (
+    PREFIX,
+    SHM_DIR,
+    BadSegment,
+    check_group,
+    create_segment,
+    group_files,
+    map_segment,
+    unlink_file,
+)
 
 if TYPE_CHECKING:
     from derecho_async.config import Config
 
-__all__ = ["ShmTransport", "cleanup_group", "from_config"]
+__all__ = ["ShmTransport", "cleanup_group", "from_config", "is_alive"]
 
-SHM_DIR = "/dev/shm"
-_PREFIX = "derecho_async."
-_GROUP_RE = re.compile(r"[A-Za-z0-9_-]{1,48}")
 _MAGIC = int.from_bytes(b"DAshmRg1", "little")
 _VERSION = 1
 _HDR = 4096  # header bytes before the data area
@@ -119,52 +125,19 @@ def _record_size(payload: bytes | memoryview) -> int:
     return _REC_HEADER + ((len(payload) + 7) & ~7)
 
 
-def _check_group(group: object) -> str:
-    if not isinstance(group, str) or not _GROUP_RE.fullmatch(group):
-        raise ConfigError("group", "1-48 characters from [A-Za-z0-9_-]", group)
-    return group
-
-
 def _seg_path(group: str, sender: int, receiver: int) -> str:
-    return os.path.join(SHM_DIR, f"{_PREFIX}{group}.{sender}.{receiver}")
+    return os.path.join(SHM_DIR, f"{PREFIX}{group}.{sender}.{receiver}")
 
 
 def _doorbell_name(group: str, member: int) -> str:
     return f"\0dasync/{os.getuid()}/{group}/{member}"
 
 
-def _group_files(group: str) -> Iterator[tuple[str, str, str]]:
-    """(path, owner, rest) of every ``<prefix><group>.<owner>.<rest>`` file, owner a member id
-    in digits (the rest is for the caller to check)."""
-    prefix = f"{_PREFIX}{group}."
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return
-    for name in names:
-        if not name.startswith(prefix):
-            continue
-        parts = name[len(prefix) :].split(".")
-        if len(parts) == 2 and parts[0].isdigit() and len(parts[0]) <= 19:
-            yield os.path.join(SHM_DIR, name), parts[0], parts[1]
-
-
 def _group_segments(group: str) -> Iterator[tuple[str, int, int]]:
     """(path, sender, receiver) of every ring segment file of ``group``."""
-    for path, sender, receiver in _group_files(group):
+    for path, sender, receiver in group_files(group):
         if receiver.isdigit() and len(receiver) <= 19:
             yield path, int(sender), int(receiver)
-
-
-def _unlink(path: str) -> bool:
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        log.warning("could not unlink %s: %s", path, exc)
-        return False
 
 
 def _read_word(path: str, index: int) -> int | None:
@@ -183,7 +156,7 @@ def _read_word(path: str, index: int) -> int | None:
         os.close(fd)
 
 
-def _is_alive(probe: socket.socket, group: str, member: int) -> bool:
+def is_alive(probe: socket.socket, group: str, member: int) -> bool:
     """Whether a process holds ``member``'s doorbell (conservative: unsure means alive)."""
     try:
         probe.sendto(_DG.pack(_D_PING, 0, 0, 0), _doorbell_name(group, member))
@@ -217,58 +190,8 @@ class _Ring:
             log.warning("could not unmap %s: buffers still exported", self.path)
 
 
-def _open_segment(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-
-
-def _create_segment(path: str, size: int, flags: int = mmap.MAP_SHARED) -> mmap.mmap:
-    """Create the private file ``path`` of ``size`` bytes and map it (shm rings, pool segments).
-
-    A file already there is a leftover of an earlier incarnation of its only writer: the caller
-    holds that writer's doorbell, so nobody else can be writing into it; it is replaced.
-    """
-    try:
-        fd = _open_segment(path, os.O_CREAT | os.O_EXCL)
-    except FileExistsError:
-        _unlink(path)
-        fd = _open_segment(path, os.O_CREAT | os.O_EXCL)
-    try:
-        os.fchmod(fd, 0o600)
-        os.ftruncate(fd, size)
-        mm = mmap.mmap(fd, size, flags=flags)
-    except BaseException:
-        os.close(fd)
-        _unlink(path)
-        raise
-    os.close(fd)
-    return mm
-
-
-def _map_segment(path: str, min_size: int, max_size: int, flags: int = mmap.MAP_SHARED
-                 ) -> mmap.mmap:
-    """Map an existing segment file, after checking it is a private regular file of this user
-    of ``min_size`` to ``max_size`` bytes (``_BadSegment`` otherwise; mapping errors pass)."""
-    try:
-        fd = _open_segment(path, 0)
-    except OSError as exc:
-        raise _BadSegment(f"cannot open {path}: {exc}") from exc
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
-            raise _BadSegment(f"{path} is not a private file of this user")
-        if not min_size <= st.st_size <= max_size:
-            raise _BadSegment(f"{path} has a bad size {st.st_size}")
-        return mmap.mmap(fd, st.st_size, flags=flags)
-    finally:
-        os.close(fd)
-
-
-class _BadSegment(Exception):
-    pass
-
-
 def _create_ring(path: str, sender: int, receiver: int, capacity: int, inc: int) -> _Ring:
-    ring = _Ring(path, _create_segment(path, _HDR + capacity), capacity)
+    ring = _Ring(path, create_segment(path, _HDR + capacity), capacity)
     w = ring.words
     w[_W_VERSION] = _VERSION
     w[_W_SENDER] = sender
@@ -283,7 +206,7 @@ def _create_ring(path: str, sender: int, receiver: int, capacity: int, inc: int)
 
 def _attach_ring(path: str, sender: int, receiver: int) -> _Ring:
     """Map an existing ring for reading, validating ownership and the whole header."""
-    mm = _map_segment(path, _HDR + _MIN_RING, _HDR + _MAX_RING)
+    mm = map_segment(path, _HDR + _MIN_RING, _HDR + _MAX_RING)
     size = len(mm)
     ring = _Ring(path, mm, size - _HDR)
     w = ring.words
@@ -296,7 +219,7 @@ def _attach_ring(path: str, sender: int, receiver: int) -> _Ring:
         problem = f"header capacity {w[_W_CAPACITY]} does not match size {size}"
     if problem is not None:
         ring.close()
-        raise _BadSegment(f"{path}: {problem}")
+        raise BadSegment(f"{path}: {problem}")
     return ring
 
 
@@ -354,7 +277,7 @@ class ShmTransport(Transport):
         self._spin_s = float(spin_us) / 1e6
         self._last_arrival = 0.0
         self._dense = False  # the last two arrivals came within 5 spin windows
-        self.group = _check_group(group)
+        self.group = check_group(group)
         if isinstance(ring_bytes, bool) or not isinstance(ring_bytes, int):
             raise ConfigError("ring_bytes", "an int from 64 KiB to 1 GiB", ring_bytes)
         if not _MIN_RING <= ring_bytes <= _MAX_RING:
@@ -416,18 +339,18 @@ class ShmTransport(Transport):
         notify: set[int] = set()
         for path, s, r in _group_segments(self.group):
             if s == me:  # my outgoing ring from an earlier incarnation
-                _unlink(path)
+                unlink_file(path)
                 notify.add(r)
             elif r == me:
-                if not _is_alive(self._sock, self.group, s):
-                    _unlink(path)
+                if not is_alive(self._sock, self.group, s):
+                    unlink_file(path)
                 elif _read_word(path, _W_CINC) == 0:
                     keep.append(s)  # a live producer wrote to me before I started
                 else:  # it was written to my earlier incarnation
-                    _unlink(path)
+                    unlink_file(path)
                     notify.add(s)
             elif self._stale(self.group, path, s, r, self._sock):
-                _unlink(path)
+                unlink_file(path)
         for peer in notify:
             if peer != me:
                 self._doorbell(peer, _D_RESTART, count_refusal=False)
@@ -435,9 +358,9 @@ class ShmTransport(Transport):
 
     @staticmethod
     def _stale(group: str, path: str, s: int, r: int, probe: socket.socket) -> bool:
-        if not _is_alive(probe, group, s):
+        if not is_alive(probe, group, s):
             return True
-        return not _is_alive(probe, group, r) and (_read_word(path, _W_CINC) or 0) != 0
+        return not is_alive(probe, group, r) and (_read_word(path, _W_CINC) or 0) != 0
 
     @staticmethod
     def cleanup_group(group: str) -> int:
@@ -446,12 +369,12 @@ class ShmTransport(Transport):
         A segment is stale when its producer is dead, or its consumer attached and is dead.
         With every member of the group gone this removes all of the group's segments.
         """
-        _check_group(group)
+        check_group(group)
         removed = 0
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
             probe.setblocking(False)
             for path, s, r in list(_group_segments(group)):
-                if ShmTransport._stale(group, path, s, r, probe) and _unlink(path):
+                if ShmTransport._stale(group, path, s, r, probe) and unlink_file(path):
                     removed += 1
         from derecho_async.transport.shmpool import cleanup_pool  # data-plane pool segments
 
@@ -460,7 +383,7 @@ class ShmTransport(Transport):
     @staticmethod
     def segments(group: str) -> list[str]:
         """Paths of the shared-memory segments of ``group`` that exist now (for tests, tools)."""
-        _check_group(group)
+        check_group(group)
         from derecho_async.transport.shmpool import pool_segments  # data-plane pool segments
 
         paths = [p for p, _, _ in _group_segments(group)]
@@ -485,7 +408,7 @@ class ShmTransport(Transport):
             self._drop_in(inl)
         for path, s, r in list(_group_segments(self.group)):
             if self.member_id in (s, r):
-                _unlink(path)
+                unlink_file(path)
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -771,7 +694,7 @@ class ShmTransport(Transport):
         path = _seg_path(self.group, sender, self.member_id)
         try:
             ring = _attach_ring(path, sender, self.member_id)
-        except _BadSegment as exc:
+        except BadSegment as exc:
             log.warning(
                 "member %d: cannot attach ring from member %d: %s", self.member_id, sender, exc
             )
@@ -869,8 +792,8 @@ class ShmTransport(Transport):
                 if self._in.get(peer) is not inl:
                     return True  # dropped meanwhile (closed, restarted, broken)
             if error is not None:
-                raise _BadSegment(error)
-        except _BadSegment as exc:
+                raise BadSegment(error)
+        except BadSegment as exc:
             self._broken(inl, str(exc))
             return True
         inl.tail = tail
@@ -883,17 +806,17 @@ class ShmTransport(Transport):
     def _message_part(self, inl: _InLink, total: int, off: int, chunk: bytes) -> None:
         if off == 0:
             if inl.parts is not None:
-                raise _BadSegment("a new message started before the previous one was complete")
+                raise BadSegment("a new message started before the previous one was complete")
             if total > self.max_message:
-                raise _BadSegment(
+                raise BadSegment(
                     f"message of {total} bytes exceeds max_message={self.max_message}"
                 )
             inl.parts, inl.total, inl.got = [], total, 0
         elif inl.parts is None or off != inl.got or total != inl.total:
-            raise _BadSegment(f"message fragment at {off} out of order (have {inl.got})")
+            raise BadSegment(f"message fragment at {off} out of order (have {inl.got})")
         assert inl.parts is not None
         if len(chunk) > inl.total - inl.got or (not chunk and inl.total):
-            raise _BadSegment(f"message fragment of {len(chunk)} bytes does not fit the message")
+            raise BadSegment(f"message fragment of {len(chunk)} bytes does not fit the message")
         inl.parts.append(chunk)
         inl.got += len(chunk)
         if inl.got == inl.total:
@@ -913,7 +836,7 @@ class ShmTransport(Transport):
         inl.ring.words[_W_CCLOSED] = 1
         # unlink only if the file is still this ring (not a newer incarnation's)
         if unlink and _read_word(inl.ring.path, _W_PINC) == inl.inc:
-            _unlink(inl.ring.path)
+            unlink_file(inl.ring.path)
         inl.ring.close()
 
     def _drop_out(self, link: _OutLink, *, unlink: bool = True) -> None:
@@ -927,7 +850,7 @@ class ShmTransport(Transport):
                 fut.set_result(None)
         link.waiters.clear()
         if unlink and _read_word(link.ring.path, _W_PINC) == self._inc:
-            _unlink(link.ring.path)
+            unlink_file(link.ring.path)
         link.ring.close()
 
     def _fail_out(self, link: _OutLink, reason: str) -> None:

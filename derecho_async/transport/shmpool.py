@@ -28,16 +28,16 @@ import os
 import socket
 from collections.abc import Iterator
 
-from derecho_async.transport.shm import (
-    _PREFIX,
+from derecho_async.transport.shm import is_alive
+from derecho_async.transport.shmfiles import (
+    PREFIX,
     SHM_DIR,
-    _BadSegment,
-    _check_group,
-    _create_segment,
-    _group_files,
-    _is_alive,
-    _map_segment,
-    _unlink,
+    BadSegment,
+    check_group,
+    create_segment,
+    group_files,
+    map_segment,
+    unlink_file,
 )
 
 __all__ = [
@@ -70,12 +70,12 @@ class BadPoolSegment(Exception):
 
 
 def pool_path(group: str, owner: int, index: int) -> str:
-    return os.path.join(SHM_DIR, f"{_PREFIX}{group}.{owner}.pool{index}")
+    return os.path.join(SHM_DIR, f"{PREFIX}{group}.{owner}.pool{index}")
 
 
 def pool_segments(group: str) -> Iterator[tuple[str, int, int]]:
     """(path, owner, index) of every pool segment file of ``group``."""
-    for path, owner, rest in _group_files(group):
+    for path, owner, rest in group_files(group):
         idx = rest.removeprefix("pool")
         if idx != rest and idx.isdigit() and len(idx) <= 6:
             yield path, int(owner), int(idx)
@@ -102,13 +102,13 @@ class PoolSegment:
 
 def create_pool_segment(group: str, owner: int, index: int, capacity: int) -> PoolSegment:
     """Create (replacing a leftover of an earlier incarnation) and map segment ``index``."""
-    _check_group(group)
+    check_group(group)
     if not MIN_CAPACITY <= capacity <= MAX_CAPACITY or not 0 <= index < MAX_SEGMENTS:
         raise ValueError(f"pool segment {index} of {capacity} bytes")
     path = pool_path(group, owner, index)
     # only the live holder of the owner's doorbell creates its segments: a file there is a leftover
     flags = _MAP_FLAGS if capacity <= _POPULATE_MAX else mmap.MAP_SHARED
-    mm = _create_segment(path, HDR + capacity, flags)
+    mm = create_segment(path, HDR + capacity, flags)
     gen = int.from_bytes(os.urandom(8), "little") >> 1
     words = memoryview(mm)[:HDR].cast("Q")
     words[_W_OWNER] = owner
@@ -125,8 +125,8 @@ def attach_pool_segment(group: str, owner: int, index: int) -> PoolSegment:
         raise BadPoolSegment(f"segment index {index} out of range")
     path = pool_path(group, owner, index)
     try:
-        mm = _map_segment(path, HDR + MIN_CAPACITY, HDR + MAX_CAPACITY, _MAP_FLAGS)
-    except _BadSegment as exc:
+        mm = map_segment(path, HDR + MIN_CAPACITY, HDR + MAX_CAPACITY, _MAP_FLAGS)
+    except BadSegment as exc:
         raise BadPoolSegment(str(exc)) from exc
     except (OSError, ValueError) as exc:
         raise BadPoolSegment(f"cannot map {path}: {exc}") from exc
@@ -143,7 +143,7 @@ def attach_pool_segment(group: str, owner: int, index: int) -> PoolSegment:
 def cleanup_pool(group: str, owners: set[int] | None = None) -> int:
     """Unlink the pool segments of ``group`` whose owner is dead (of ``owners`` only, if
     given); returns how many were removed."""
-    _check_group(group)
+    check_group(group)
     removed = 0
     alive: dict[int, bool] = {}
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
@@ -152,19 +152,19 @@ def cleanup_pool(group: str, owners: set[int] | None = None) -> int:
             if owners is not None and owner not in owners:
                 continue
             if owner not in alive:
-                alive[owner] = _is_alive(probe, group, owner)
-            if not alive[owner] and _unlink(path):
+                alive[owner] = is_alive(probe, group, owner)
+            if not alive[owner] and unlink_file(path):
                 removed += 1
     return removed
 
 
 def unlink_pool_segment(path: str) -> None:
     """Remove one pool file (its owner dropping it)."""
-    _unlink(path)
+    unlink_file(path)
 
 
 def unlink_own_pool(group: str, owner: int) -> None:
     """Remove every pool file of ``owner`` (the owner itself, at start or close)."""
     for path, o, _ in list(pool_segments(group)):
         if o == owner:
-            _unlink(path)
+            unlink_file(path)

@@ -302,7 +302,7 @@ async def staging_fails(config: da.Config) -> None:
                 def no_staging(payload: Any) -> bytes:
                     raise MemoryError("injected: no host memory to stage the arrays")
 
-                staging._pack = no_staging  # type: ignore[method-assign]
+                staging.pack = no_staging  # type: ignore[method-assign]
                 x = cupy.full((4096,), 99.0, dtype=cupy.float32)
                 call = asyncio.ensure_future(chk.put(x, "from-1", 99.0))
             else:

@@ -91,15 +91,15 @@ def test_status_lists_a_groups_shared_memory_segments(capsys: pytest.CaptureFixt
     from multiprocessing import shared_memory
 
     from derecho_async.cli import main
-    from derecho_async.transport.shm import _PREFIX
+    from derecho_async.transport.shmfiles import PREFIX
 
     group = f"statustest{os.getpid()}"
-    seg = shared_memory.SharedMemory(name=f"{_PREFIX}{group}.0.1", create=True, size=8192)
+    seg = shared_memory.SharedMemory(name=f"{PREFIX}{group}.0.1", create=True, size=8192)
     try:
         assert main(["status"]) == 0
         out = capsys.readouterr().out
         assert f"group {group}: 1 segments" in out
-        assert f"{_PREFIX}{group}.0.1" in out
+        assert f"{PREFIX}{group}.0.1" in out
     finally:
         seg.close()
         seg.unlink()

@@ -157,7 +157,7 @@ def test_a_valid_frame_lands_a_rebuilt_call() -> None:
     landed: list[object] = []
     plane = HostStagingPlane(lambda to, b: None, lambda k, p: landed.append(p), lambda k, b: b)
     arr = np.arange(6, dtype=np.float64).reshape(2, 3)
-    body = HostStagingPlane._pack(OutOfBand(b"call", (arr,)))
+    body = HostStagingPlane.pack(OutOfBand(b"call", (arr,)))
     plane.receive((0, 1, 2), body)
     (got,) = landed
     assert isinstance(got, OutOfBand) and got.call == b"call"

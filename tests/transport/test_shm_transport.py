@@ -13,7 +13,7 @@ from transport_support import Recorder, new_group
 from derecho_async._hotpath_pure import _RING as _HEADER
 from derecho_async._hotpath_pure import _ring_write as ring_write
 from derecho_async.errors import ConfigError, UsageError
-from derecho_async.transport import ShmTransport
+from derecho_async.transport import ShmTransport, shmfiles
 from derecho_async.transport import shm as shm_mod
 
 LOGGER = "derecho_async.transport"
@@ -52,7 +52,7 @@ class FakeProducer:
     def close(self) -> None:
         self.ring.close()
         self.sock.close()
-        shm_mod._unlink(self.ring.path)
+        shmfiles.unlink_file(self.ring.path)
 
 
 R_PUSH, R_MSG = shm_mod._R_PUSH, shm_mod._R_MSG
