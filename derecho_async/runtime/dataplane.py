@@ -7,8 +7,8 @@ call carries a reference (dtype, shape, kind) for each, and the arrays ride besi
 orders the descriptor like any message and counts it received at a member only once a plane
 has landed its payload there.
 
-Planes (:class:`Plane`) are chosen per payload by the driver (``Driver.start_transfer``): the
-bulk host planes, :mod:`.shmplane` (shm) and :mod:`.chainplane` (tcp), take plain bytes and calls
+Planes (:class:`~derecho_async.runtime.plane.Plane`) are chosen per payload by the driver
+(``Driver.start_transfer``): the bulk host planes, :mod:`.shmplane` (shm) and :mod:`.chainplane` (tcp), take plain bytes and calls
 whose arrays are host numpy arrays; this module holds what they share: the *flat layout* of a
 host payload (:func:`flat_meta`, :func:`flat_layout`, :func:`write_flat`, :func:`read_flat`: the
 call, then each array little-endian on a 64-byte boundary, described by a small validated meta)
@@ -33,7 +33,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -47,7 +47,6 @@ __all__ = [
     "FlatLayout",
     "HostStagingPlane",
     "OutOfBand",
-    "Plane",
     "RecvBuffers",
     "array_info",
     "copy_flat",
@@ -541,30 +540,3 @@ def _numpy() -> Any:
     except ImportError:
         return None
     return numpy
-
-
-class Plane(Protocol):
-    """A data plane the driver routes payloads to (see :mod:`derecho_async.runtime.driver`).
-
-    ``kinds`` are the envelope kinds it receives. ``start`` ships a payload for data key ``key``
-    (view_id, sender, msg_no) to ``targets`` and returns True, or returns False at once, doing
-    nothing, when it does not move that payload (the driver offers it to the next plane).
-    ``receive`` takes one of its frames, decoded (``raw`` is the encoded frame, for relaying),
-    and calls the driver's ``landed(key, payload)`` once the payload is complete here; it raises
-    :class:`ProtocolViolation` for a bad frame. ``on_own_delivered`` is told when this member
-    delivered its own message ``key`` (stable: it landed everywhere); ``on_event`` sees every
-    other core event in order (view installs, leaving); ``close`` releases what it holds.
-    """
-
-    kinds: tuple[int, ...]
-
-    def start(self, key: tuple[int, int, int], payload: object, targets: tuple[int, ...]) -> bool:
-        ...
-
-    def receive(self, sender: int, msg: list[Any], raw: bytes) -> None: ...
-
-    def on_own_delivered(self, key: tuple[int, int, int]) -> None: ...
-
-    def on_event(self, event: object) -> None: ...
-
-    def close(self) -> None: ...

@@ -73,7 +73,8 @@ from derecho_async.core import (
 from derecho_async.core.effects import Event
 from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
-from derecho_async.runtime.dataplane import HostStagingPlane, Plane
+from derecho_async.runtime.dataplane import HostStagingPlane
+from derecho_async.runtime.plane import Plane
 from derecho_async.transport import registry
 from derecho_async.transport.base import Transport
 from derecho_async.transport.registry import PlaneWiring

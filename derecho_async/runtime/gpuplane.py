@@ -659,7 +659,7 @@ class _Outgoing:
 class IpcPlane:
     """Moves device arrays between members of one host through pooled CUDA IPC buffers.
 
-    A :class:`~derecho_async.runtime.dataplane.Plane` for the driver: it takes payloads with
+    A :class:`~derecho_async.runtime.plane.Plane` for the driver: it takes payloads with
     device arrays bound for peers that announced a pool. ``send(dst, frame)`` puts its frames
     on the reliable channel (the descriptors made in one turn of the loop go together);
     ``landed(key, payload)`` reports a message whose bytes are all here, ``failed(key, exc)`` one

@@ -399,7 +399,7 @@ class _Sent:
 class NcclPlane:
     """Moves device arrays to the ranks of per-sender NCCL communicators (module docstring).
 
-    A :class:`~derecho_async.runtime.dataplane.Plane`. ``shards_of(members)`` lists a view's
+    A :class:`~derecho_async.runtime.plane.Plane`. ``shards_of(members)`` lists a view's
     shards as (members, senders); ``send(dst, frame)`` puts a frame on the reliable channel;
     ``landed(key, payload)`` reports a message whose arrays are all here; ``suspect(member,
     why)`` reports a member whose communicator failed (the driver's ``on_failure``); ``failed(key,

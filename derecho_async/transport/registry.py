@@ -25,7 +25,7 @@ from derecho_async.errors import UsageError
 
 if TYPE_CHECKING:
     from derecho_async.config import Config
-    from derecho_async.runtime.dataplane import Plane
+    from derecho_async.runtime.plane import Plane
     from derecho_async.transport.base import Transport
 
 __all__ = ["PlaneWiring", "TransportKind", "kind", "names", "register", "unregister"]
