@@ -7,6 +7,8 @@ import asyncio
 import itertools
 import json
 import pathlib
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
@@ -18,6 +20,17 @@ from tests.runtime import apps
 _ids = itertools.count()
 
 
+def _run_large_call(app: Callable[[da.Config], Coroutine[Any, Any, None]], mb: int,
+                    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Run ``app`` (a :func:`apps.large_call` variant) in 3 member processes with an ``mb``
+    MiB call; every member must exit 0; their reports."""
+    monkeypatch.setenv("DA_TEST_OUT", str(tmp_path))
+    monkeypatch.setenv("DA_TEST_CALL_MB", str(mb))
+    codes = da.launch_local(3, app, timeout=120, heartbeat_ms=50, suspect_after_ms=500)
+    assert codes == [0, 0, 0]
+    return [json.loads((tmp_path / f"m{m}.json").read_text()) for m in range(3)]
+
+
 @pytest.mark.skipif(
     hotpath.IMPLEMENTATION == "pure",
     reason="the pure twin's bytes_copy holds the GIL by design (it is the reference, not the "
@@ -26,13 +39,7 @@ _ids = itertools.count()
 def test_a_large_call_is_delivered_without_stalling_any_members_loop(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DA_TEST_OUT", str(tmp_path))
-    monkeypatch.setenv("DA_TEST_CALL_MB", "384")
-    codes = da.launch_local(3, apps.large_call, timeout=120, heartbeat_ms=50,
-                            suspect_after_ms=500)
-    assert codes == [0, 0, 0]
-    reports = [json.loads((tmp_path / f"m{m}.json").read_text()) for m in range(3)]
-    for r in reports:
+    for r in _run_large_call(apps.large_call, 384, tmp_path, monkeypatch):
         assert r["sizes"] == [384 << 20]
         assert r["views"] == [0]  # nobody was suspected or removed
         # heartbeats go on: no stretch the loop could not run anywhere near a suspicion timeout
@@ -46,14 +53,8 @@ def test_a_slow_first_import_of_numpy_stalls_no_members_loop(
     that first imported it on its event loop, to rebuild a large call's byte string or a state
     transfer's parts, missed heartbeats and was suspected: the group lost members. numpy is
     imported off the loop before a member joins a view."""
-    monkeypatch.setenv("DA_TEST_OUT", str(tmp_path))
-    monkeypatch.setenv("DA_TEST_CALL_MB", "2")
     monkeypatch.setenv("DA_TEST_IMPORT_DELAY_S", "1.5")
-    codes = da.launch_local(3, apps.large_call_slow_numpy, timeout=120, heartbeat_ms=50,
-                            suspect_after_ms=500)
-    assert codes == [0, 0, 0]
-    reports = [json.loads((tmp_path / f"m{m}.json").read_text()) for m in range(3)]
-    for r in reports:
+    for r in _run_large_call(apps.large_call_slow_numpy, 2, tmp_path, monkeypatch):
         assert r["sizes"] == [2 << 20]
         assert r["views"] == [0], r  # nobody was suspected or removed
         assert r["worst_gap_s"] < 0.25, r
