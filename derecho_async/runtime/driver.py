@@ -80,7 +80,7 @@ from derecho_async.transport.base import Transport
 from derecho_async.transport.registry import PlaneWiring
 
 if TYPE_CHECKING:
-    from derecho_async.runtime.gpuplane import IpcPlane
+    from derecho_async.runtime.gpu.ipc import IpcPlane
     from derecho_async.runtime.ncclplane import NcclPlane
     from derecho_async.runtime.statexfer import StateTransfer
 
@@ -250,7 +250,7 @@ class Driver:
         one_host = self.transport_kind.one_host
         if mode == "host" or (mode == "auto" and not one_host):
             return
-        from derecho_async.runtime.gpuplane import gpu_available
+        from derecho_async.runtime.gpu.selection import gpu_available
         from derecho_async.runtime.ncclplane import nccl_unavailable, select_gpu_planes
 
         planes = select_gpu_planes(mode, one_host, gpu_available, nccl_unavailable)
@@ -279,7 +279,7 @@ class Driver:
                  self.member_id, self.ncclplane.device)
 
     def _start_ipc_plane(self) -> None:
-        from derecho_async.runtime.gpuplane import IpcPlane
+        from derecho_async.runtime.gpu.ipc import IpcPlane
 
         self.gpuplane = IpcPlane(
             self.member_id,

@@ -48,7 +48,7 @@ rank whose communicator is still being handed to its loop only by a hair: it wai
 Sending (``start``): a payload with device arrays whose targets are exactly the other ranks of
 one of this member's ready communicators, all on this plane's device. The plane sends each target
 a descriptor (the encoded call, and per array lib, dtype, shape, byte count; host arrays of the
-same call inline: :class:`~.gpuplane.Descriptor` in broadcast mode), makes the communicator's
+same call inline: :class:`~.gpu.descriptor.Descriptor` in broadcast mode), makes the communicator's
 stream wait for the application's current stream (an event: the arrays' producers come first),
 and enqueues one in-place ``ncclBroadcast`` (bytes, root = itself) per non-empty array. Arrays
 are sent where they lie, without a copy (leave them unchanged until the call's replies are in,
@@ -56,11 +56,11 @@ as for every plane); the plane keeps them alive until this member delivered the 
 it landed everywhere) and its own broadcasts completed.
 
 Receiving: the descriptor is validated (sequence number, array count, dtypes, shapes, byte
-counts, at most :data:`~.gpuplane.MAX_BROADCAST_BYTES`; never pickle), then a CuPy array is
+counts, at most :data:`~.gpu.descriptor.MAX_BROADCAST_BYTES`; never pickle), then a CuPy array is
 allocated per device array on this member's device (under the application's current stream,
 which the communicator's stream then waits on: CuPy's pool may hand out memory whose last use
 is still queued there) and the matching broadcast is enqueued. Completion is noticed as the IPC
-plane notices its copies (:class:`~.gpuplane.Completions`: polled while busy, a waiter thread
+plane notices its copies (:class:`~.gpu.completions.Completions`: polled while busy, a waiter thread
 when idle; the loop never waits on the GPU); then the message lands as CuPy arrays (torch
 tensors through DLPack when the sender sent torch), and only then does the core count it
 received.
@@ -102,12 +102,11 @@ from derecho_async.core import ViewInstalled
 from derecho_async.errors import ProtocolViolation, UsageError
 from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import OutOfBand
-from derecho_async.runtime.gpuplane import (
+from derecho_async.runtime.gpu.completions import Completions, Lane
+from derecho_async.runtime.gpu.descriptor import (
     BROADCAST,
     ArraySpec,
-    Completions,
     Descriptor,
-    Lane,
     as_lib,
     inline_array,
 )
@@ -407,7 +406,7 @@ class NcclPlane:
     ``setup_s``: how long to wait for a root's unique id (``Config.nccl_setup_s``); ``stall_s``:
     how long a receiver's oldest broadcast may make no progress, plus its size at 100 MB/s,
     before its communicator fails (``Config.nccl_stall_s``); ``busy_poll_us`` and
-    ``poll_interval_us`` go to its :class:`~derecho_async.runtime.gpuplane.Completions`
+    ``poll_interval_us`` go to its :class:`~derecho_async.runtime.gpu.completions.Completions`
     (``Config.gpu_busy_poll_us``, ``Config.gpu_poll_interval_us``).
     """
 

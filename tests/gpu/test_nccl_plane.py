@@ -22,7 +22,7 @@ from derecho_async.core import View, ViewInstalled
 from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import OutOfBand
-from derecho_async.runtime.gpuplane import BROADCAST, ArraySpec, Descriptor
+from derecho_async.runtime.gpu.descriptor import BROADCAST, ArraySpec, Descriptor
 
 pytestmark = pytest.mark.gpu
 

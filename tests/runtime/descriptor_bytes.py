@@ -1,8 +1,8 @@
 """Device descriptors built by hand, unchecked, as a hostile or broken sender could send them.
 
 The runtime's :meth:`Descriptor.encode` refuses what it cannot represent; this helper writes any
-field value into the wire format (``gpuplane.Descriptor``'s docstring, with the plane's own field
-layouts and code tables) so the decoder's checks can be tested one by one.
+field value into the wire format (``gpu.descriptor.Descriptor``'s docstring, with the module's
+own field layouts and code tables) so the decoder's checks can be tested one by one.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from derecho_async.runtime.gpuplane import (
+from derecho_async.runtime.gpu.descriptor import (
     _DESC_HEAD,
     _DESC_MAGIC,
     _DTYPE_NAMES,

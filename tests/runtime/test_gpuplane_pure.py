@@ -17,16 +17,10 @@ import derecho_async as da
 from derecho_async.core import Layout
 from derecho_async.errors import ConfigError, ProtocolViolation
 from derecho_async.runtime.driver import Driver, Host
-from derecho_async.runtime.gpuplane import (
-    ALIGN,
-    ArraySpec,
-    Completions,
-    Descriptor,
-    IpcPlane,
-    Lane,
-    PoolAnnouncement,
-    RangeAllocator,
-)
+from derecho_async.runtime.gpu.completions import Completions, Lane
+from derecho_async.runtime.gpu.descriptor import ArraySpec, Descriptor
+from derecho_async.runtime.gpu.ipc import IpcPlane
+from derecho_async.runtime.gpu.pool import ALIGN, PoolAnnouncement, RangeAllocator
 from derecho_async.transport.loopback import LoopbackFabric
 from tests.runtime.descriptor_bytes import raw_descriptor as _raw
 
@@ -90,13 +84,13 @@ def test_a_large_byte_string_in_a_device_call_rides_inline_and_decodes_as_bytes(
     read-only uint8 view among them too, and the receiver's copy decodes as bytes."""
     from derecho_async import codec
     from derecho_async.runtime.dataplane import array_info
-    from derecho_async.runtime.gpuplane import _inline_spec, inline_array
+    from derecho_async.runtime.gpu.descriptor import inline_array, inline_spec
 
     blob = bytes(range(256)) * ((codec.LARGE_BYTES >> 8) + 1)
     buffers: list[object] = []
     call = codec.encode_call("W.put", (blob,), {}, buffers)
     (view,) = buffers
-    spec = _inline_spec(view, array_info(view))
+    spec = inline_spec(view, array_info(view))
     d = Descriptor(call, 2, (spec,))
     got = Descriptor.decode(d.encode(), ANN)
     (arrived,) = [inline_array(s) for s in got.arrays]
@@ -187,7 +181,7 @@ def test_gpu_plane_settings_are_validated() -> None:
 
 
 async def test_ipc_plane_asked_for_without_a_gpu_is_a_clear_error() -> None:
-    from derecho_async.runtime.gpuplane import gpu_available
+    from derecho_async.runtime.gpu.selection import gpu_available
 
     if gpu_available():
         pytest.skip("this machine has a GPU")
@@ -200,7 +194,7 @@ async def test_ipc_plane_asked_for_without_a_gpu_is_a_clear_error() -> None:
 
 def test_descriptor_batches_round_trip_and_are_validated() -> None:
     from derecho_async.runtime import envelope as env
-    from derecho_async.runtime.gpuplane import IpcPlane
+    from derecho_async.runtime.gpu.ipc import IpcPlane
 
     one = IpcPlane._frames([((4, 1, 7), b"d7")])
     assert [env.decode(f) for f in one] == [[env.GPU_DATA, 4, 1, 7, b"d7"]]
@@ -329,7 +323,7 @@ async def test_completions_poll_a_stream_of_work_at_most_once_per_configured_int
 def test_the_driver_gives_the_ipc_plane_the_configured_polling(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    made = _recording_plane(monkeypatch, "derecho_async.runtime.gpuplane.IpcPlane")
+    made = _recording_plane(monkeypatch, "derecho_async.runtime.gpu.ipc.IpcPlane")
     driver = _driver(da.Config(group="g", member_id=0, gpu_busy_poll_us=0,
                                gpu_poll_interval_us=40))
     driver._start_ipc_plane()

@@ -19,7 +19,7 @@ import derecho_async as da
 from derecho_async.core import Layout, SubgroupSpec
 from derecho_async.errors import ProtocolViolation, UsageError
 from derecho_async.runtime import envelope as env
-from derecho_async.runtime.gpuplane import (
+from derecho_async.runtime.gpu.descriptor import (
     BROADCAST,
     MAX_BROADCAST_BYTES,
     ArraySpec,
