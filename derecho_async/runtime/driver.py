@@ -81,7 +81,7 @@ from derecho_async.transport.registry import PlaneWiring
 
 if TYPE_CHECKING:
     from derecho_async.runtime.gpu.ipc import IpcPlane
-    from derecho_async.runtime.ncclplane import NcclPlane
+    from derecho_async.runtime.gpu.nccl import NcclPlane
     from derecho_async.runtime.statexfer import StateTransfer
 
 _STATE_TAG = 1 << 62  # statexfer.STATE_TAG: data keys of state chunks (never a core msg_no)
@@ -250,8 +250,11 @@ class Driver:
         one_host = self.transport_kind.one_host
         if mode == "host" or (mode == "auto" and not one_host):
             return
-        from derecho_async.runtime.gpu.selection import gpu_available
-        from derecho_async.runtime.ncclplane import nccl_unavailable, select_gpu_planes
+        from derecho_async.runtime.gpu.selection import (
+            gpu_available,
+            nccl_unavailable,
+            select_gpu_planes,
+        )
 
         planes = select_gpu_planes(mode, one_host, gpu_available, nccl_unavailable)
         if "ipc" in planes:
@@ -260,7 +263,7 @@ class Driver:
             self._start_nccl_plane()
 
     def _start_nccl_plane(self) -> None:
-        from derecho_async.runtime.ncclplane import NcclPlane
+        from derecho_async.runtime.gpu.nccl import NcclPlane
 
         layout = self.core_config.layout
 

@@ -34,7 +34,7 @@ def _need_nccl(gpus: int = 1) -> int:
         count = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as exc:  # ImportError, CUDA driver errors
         pytest.skip(f"CuPy with a CUDA device is needed: {exc}")
-    from derecho_async.runtime.ncclplane import nccl_unavailable
+    from derecho_async.runtime.gpu.selection import nccl_unavailable
 
     why = nccl_unavailable()
     if why is not None:
@@ -89,7 +89,7 @@ async def test_one_rank_communicator_broadcasts_and_is_aborted_at_the_next_view(
     import numpy
     import torch
 
-    from derecho_async.runtime.ncclplane import NcclPlane
+    from derecho_async.runtime.gpu.nccl import NcclPlane
 
     probe = _Probe()
     plane = NcclPlane(0, lambda members: [(members, members)], probe.send, probe.land,
@@ -146,7 +146,7 @@ async def test_a_rank_that_never_joins_costs_a_parked_thread_not_a_hang() -> Non
     _need_nccl()
     import cupy
 
-    from derecho_async.runtime.ncclplane import NcclPlane
+    from derecho_async.runtime.gpu.nccl import NcclPlane
 
     probe = _Probe()
     plane = NcclPlane(0, lambda members: [(members, members)], probe.send, probe.land,

@@ -25,18 +25,18 @@ from derecho_async.runtime.gpu.descriptor import (
     ArraySpec,
     Descriptor,
 )
-from derecho_async.runtime.ncclplane import (
+from derecho_async.runtime.gpu.nccl_plan import (
     UID_BYTES,
     Comm,
     CommSpec,
     EarlyUids,
     ViewComms,
     communicator_plan,
-    select_gpu_planes,
     uid_from_frame,
     uid_to_bytes,
     uid_to_tuple,
 )
+from derecho_async.runtime.gpu.selection import select_gpu_planes
 from tests.runtime.descriptor_bytes import raw_descriptor
 
 
@@ -72,7 +72,7 @@ def test_config_accepts_nccl() -> None:
 
 
 async def test_nccl_plane_asked_for_without_nccl_is_a_clear_error() -> None:
-    from derecho_async.runtime.ncclplane import nccl_unavailable
+    from derecho_async.runtime.gpu.selection import nccl_unavailable
 
     why = nccl_unavailable()
     if why is None:
@@ -337,7 +337,7 @@ def test_the_driver_gives_the_nccl_plane_the_configured_limits(
         def __init__(self, *args: object, **kwargs: Any) -> None:
             made.append(kwargs)
 
-    monkeypatch.setattr("derecho_async.runtime.ncclplane.NcclPlane", Recorder)
+    monkeypatch.setattr("derecho_async.runtime.gpu.nccl.NcclPlane", Recorder)
 
     def start(config: da.Config) -> dict[str, Any]:
         driver = Driver(config, LoopbackFabric().transport(0), Layout(), cast(Host, object()))

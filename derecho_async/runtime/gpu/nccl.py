@@ -1,108 +1,32 @@
 """The NCCL data plane: device arrays between members on different GPUs, by NCCL broadcasts.
 
-Theory of operation (DESIGN.md §4.3, §6; issue 4 item 4). NCCL runs collectives on a
-*communicator*: a fixed set of ranks, each a process driving one GPU, that must all issue the
-same collectives in the same order, or the kernels wait for one another for good. This plane
-therefore makes, per installed view, **one communicator per sender per shard** (RDMC's
-one-group-per-sender idea): its ranks are the shard's members in view order, and its root is
-that sender. Shards with the same members share the sender's communicator. Which communicators
-exist is a pure function of the layout and the view (:func:`communicator_plan`), so every member
-computes the same plan, and a communicator is named on the wire by (root, index among the
-root's communicators).
-
-Agreeing on the order. Only the root ever starts a broadcast on its communicator, and it sends
-each rank a descriptor frame on the reliable channel in the order it enqueues the broadcasts; the
-channel is FIFO per pair, so each rank issues the matching broadcasts in exactly the root's order.
-Every descriptor carries the broadcast's sequence number in its communicator, checked on arrival
-(:class:`Comm`): a gap or a repeat is a protocol violation, never a silent desynchronisation.
-Senders never wait on one another: every communicator has its own non-blocking stream on every
-rank. That last point relies on the GPU having room to run the kernels of several communicators
-at once (one block per NCCL channel each): NCCL's documentation warns that concurrently running
-communicators may deadlock when their kernels cannot all be resident. With a few senders per
-shard on a modern GPU they fit; a group with very many concurrent senders per GPU should keep
-``NCCL_MAX_NCHANNELS`` small or use the host plane.
-
-Setup. On ``ViewInstalled`` a member starts one *setup thread* for the view. The thread first
-makes a unique id (``ncclGetUniqueId``) for each communicator it roots and hands it to the loop,
-which sends it to the other ranks (an ``NCCL_UID`` frame: view, index, exactly 128 bytes; early
-frames for a view not yet installed here are held, a bounded number). Then it joins the
-communicators it belongs to, one after the other, in one order every member shares (by the
-root's rank in the view, then index): ``NcclCommunicator(nranks, uid, rank)`` blocks until every
-rank has joined, and since every member joins in the same global order, nobody can wait on a
-rank that waits on it (the usual lock-ordering argument). Each join is followed, on the same
-thread, by two warm-up broadcasts that the thread waits for: NCCL (2.22 and later) may connect
-ranks lazily on a communicator's first collectives, blocking the caller until every rank has
-issued them, and on the event loop a root's first broadcast would then wait for receivers that
-wait for its descriptor. The event loop never blocks: the communicator and its stream are
-handed to the loop when both are up. A unique id that has not arrived within the
-setup timeout (``Config.nccl_setup_s``, 60 s) marks that communicator failed here. A join
-that never returns (a rank died before joining: cupy's blocking ``ncclCommInitRank`` cannot be
-cancelled) leaves that daemon thread parked; the next view gets a fresh thread, so the leak is
-one thread per such view. Messages offered before the sender's own communicator is up go to the
-next plane (``start`` returns False: the CUDA IPC plane over shm, else host staging), so a group
-is never slower to start than without NCCL; the receivers then simply get those through the
-other plane. Once the root's join returned, every rank has joined, so a descriptor can reach a
-rank whose communicator is still being handed to its loop only by a hair: it waits in order in
-:attr:`Comm.waiting` until then.
-
-Sending (``start``): a payload with device arrays whose targets are exactly the other ranks of
-one of this member's ready communicators, all on this plane's device. The plane sends each target
-a descriptor (the encoded call, and per array lib, dtype, shape, byte count; host arrays of the
-same call inline: :class:`~.gpu.descriptor.Descriptor` in broadcast mode), makes the communicator's
-stream wait for the application's current stream (an event: the arrays' producers come first),
-and enqueues one in-place ``ncclBroadcast`` (bytes, root = itself) per non-empty array. Arrays
-are sent where they lie, without a copy (leave them unchanged until the call's replies are in,
-as for every plane); the plane keeps them alive until this member delivered the message (stable:
-it landed everywhere) and its own broadcasts completed.
-
-Receiving: the descriptor is validated (sequence number, array count, dtypes, shapes, byte
-counts, at most :data:`~.gpu.descriptor.MAX_BROADCAST_BYTES`; never pickle), then a CuPy array is
-allocated per device array on this member's device (under the application's current stream,
-which the communicator's stream then waits on: CuPy's pool may hand out memory whose last use
-is still queued there) and the matching broadcast is enqueued. Completion is noticed as the IPC
-plane notices its copies (:class:`~.gpu.completions.Completions`: polled while busy, a waiter thread
-when idle; the loop never waits on the GPU); then the message lands as CuPy arrays (torch
-tensors through DLPack when the sender sent torch), and only then does the core count it
-received.
-
-Failures. When a view is installed, every communicator of the previous view is *aborted*
-(``ncclCommAbort``, on a daemon thread: it can take a while): this ends kernels stuck waiting for
-a dead rank, which is how a peer killed mid-transfer becomes a view change and not a hang (the
-core's failure detector suspects the dead member by heartbeats; its ragged trim decides which of
-the old view's messages count, all or nothing). The old view's in-flight receives are dropped and
-their buffers (and the sends' arrays) freed once the aborted stream has drained. A NCCL error
-while enqueueing a receive, or an asynchronous communicator error (``ncclCommGetAsyncError``,
-checked every half second while broadcasts are in flight), aborts that communicator here and
-reports its root as failed to the core (a protocol violation: the root's messages can no longer
-land here), so it too becomes a view change. An error on the root's own side aborts its
-communicator and sends later messages through the next plane; its messages in flight then land
-nowhere and stall the group until a view change (the other ranks see the error too, or the real
-culprit is suspected by heartbeats).
-
-NCCL refuses two ranks on one GPU (``ncclInvalidUsage``), so members sharing a GPU never get a
-working communicator: their joins fail, and their messages take the next plane. Everything that
-does not need CuPy (frames, the plan, the ordering and view bookkeeping, plane selection) is pure
-and tested on the CPU (``tests/runtime/test_ncclplane_pure.py``).
+Theory of operation (DESIGN.md §6.7). Per view, each sender roots a communicator per shard
+(:mod:`.nccl_plan`); only the root starts broadcasts on it, and it sends each rank a descriptor
+on the FIFO channel in the order it enqueues them, so every rank issues the same broadcasts in
+the same order and senders never wait on one another (a stream per communicator). A setup
+thread per view makes unique ids and joins the communicators in one order every member shares;
+the event loop never blocks on NCCL nor on the GPU. Until the sender's communicator is up,
+``start`` declines and the next plane takes the message. A view install aborts the old view's
+communicators, so a rank killed mid-broadcast costs a view change, not a hang; NCCL errors and
+stalled receives abort the communicator and report its root.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import math
 import platform
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from derecho_async.core import ViewInstalled
-from derecho_async.errors import ProtocolViolation, UsageError
+from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import OutOfBand
-from derecho_async.runtime.gpu.completions import Completions, Lane
+from derecho_async.runtime.gpu.completions import Completions
 from derecho_async.runtime.gpu.descriptor import (
     BROADCAST,
     ArraySpec,
@@ -110,283 +34,29 @@ from derecho_async.runtime.gpu.descriptor import (
     as_lib,
     inline_array,
 )
+from derecho_async.runtime.gpu.nccl_plan import (
+    STALL_FLOOR_BPS,
+    Comm,
+    CommSpec,
+    EarlyUids,
+    ViewComms,
+    communicator_plan,
+    uid_from_frame,
+    uid_to_bytes,
+    uid_to_tuple,
+)
 from derecho_async.transport.base import GROUP_MESSAGE_LIMIT
 
-__all__ = [
-    "UID_BYTES",
-    "Comm",
-    "CommSpec",
-    "EarlyUids",
-    "NcclPlane",
-    "ViewComms",
-    "communicator_plan",
-    "nccl_unavailable",
-    "select_gpu_planes",
-    "uid_from_frame",
-    "uid_to_bytes",
-    "uid_to_tuple",
-]
+__all__ = ["NcclPlane"]
 
 log = logging.getLogger("derecho_async.ncclplane")
 
-UID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
-_MAX_EARLY_UIDS = 4096  # unique-id frames held for views not yet installed here
 _ASYNC_CHECK_S = 0.5  # how often communicators with broadcasts in flight are checked for errors
 _WARM_UP_BYTES = 4 << 20  # the second warm-up broadcast (see NcclPlane._warm_up)
-_STALL_FLOOR_BPS = 100e6  # the stall limit grows by a broadcast's bytes at this rate
-_STALL_GAP_S = 5.0  # watchdog checks further apart than this (a blocked loop) restart its clock
 _BROADCAST_PIECE = 1 << 30  # bytes per ncclBroadcast call (see NcclPlane._enqueue)
 _FRAME_MARGIN = 1024  # room under GROUP_MESSAGE_LIMIT for a transport's own header (rdma's)
 
 
-# -- plane selection (pure) --------------------------------------------------------------------
-def select_gpu_planes(mode: str, one_host: bool, gpu: Callable[[], bool],
-                      nccl: Callable[[], str | None]) -> tuple[str, ...]:
-    """The GPU planes a member runs, in the order the driver tries them.
-
-    ``mode`` is :attr:`Config.gpu_plane`; ``one_host`` says whether the transport keeps every
-    member on one host (shm); ``gpu()`` says whether CuPy sees a device and ``nccl()`` why NCCL
-    cannot be used here (None: it can); each is called only when needed.
-    "host": none. "ipc": CUDA IPC. "auto": CUDA IPC on one host when there is a device (as
-    before NCCL existed: the IPC path is unchanged). "nccl": NCCL, then CUDA IPC on one host for what
-    NCCL does not take (members sharing a GPU, communicators not up yet). A mode asked for
-    explicitly that cannot run raises :class:`UsageError`.
-    """
-    if mode == "host":
-        return ()
-    if mode == "nccl":
-        why = nccl()
-        if why is not None:
-            raise UsageError(
-                f"gpu_plane='nccl' needs CuPy with NCCL (cupy.cuda.nccl, 2.4 or later) and a "
-                f"CUDA device on this member: {why}"
-            )
-        return ("nccl", "ipc") if one_host else ("nccl",)
-    if mode == "ipc":
-        if not gpu():
-            raise UsageError("gpu_plane='ipc' needs CuPy and a CUDA device on this member")
-        return ("ipc",)
-    return ("ipc",) if one_host and gpu() else ()
-
-
-def nccl_unavailable() -> str | None:
-    """Why NCCL cannot be used here (no CuPy, no device, no NCCL, NCCL too old), or None."""
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device"
-        from cupy.cuda import nccl
-
-        if not getattr(nccl, "available", True):
-            return "CuPy was built or installed without NCCL"
-        version = int(nccl.get_version())
-    except Exception as exc:  # ImportError, CUDA driver errors, a missing libnccl
-        return repr(exc)
-    if version < 2400:
-        return f"NCCL {version} has no ncclCommAbort (2.4 or later is needed)"
-    return None
-
-
-# -- unique ids (pure) -------------------------------------------------------------------------
-def uid_to_bytes(uid: Sequence[int]) -> bytes:
-    """``cupy.cuda.nccl.get_unique_id()``'s id (bytes, or a tuple of C chars signed or not) as
-    128 bytes."""
-    if len(uid) != UID_BYTES or not all(type(b) is int and -128 <= b <= 255 for b in uid):
-        raise ValueError(f"a NCCL unique id is {UID_BYTES} chars")
-    return bytes(b & 0xFF for b in uid)
-
-
-def uid_to_tuple(raw: bytes, signed: bool) -> tuple[int, ...]:
-    """128 bytes as the tuple ``NcclCommunicator`` takes: chars in -128..127 where C's ``char``
-    is signed (x86), 0..255 where it is not (arm64, ppc64le)."""
-    return tuple(b - 256 if signed and b > 127 else b for b in raw)
-
-
-def uid_from_frame(raw: object) -> bytes:
-    """Validate a unique id from an ``NCCL_UID`` frame: exactly :data:`UID_BYTES` bytes."""
-    if not isinstance(raw, bytes) or len(raw) != UID_BYTES:
-        size = len(raw) if isinstance(raw, bytes) else type(raw).__name__
-        raise ProtocolViolation(f"NCCL unique id of {size} bytes, not {UID_BYTES}")
-    return raw
-
-
-# -- the plan and the bookkeeping (pure) -------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class CommSpec:
-    """One communicator of a view: rooted at ``root``, its ``index``-th; ranks in ``members``."""
-
-    root: int
-    index: int
-    members: tuple[int, ...]
-
-    @property
-    def root_rank(self) -> int:
-        return self.members.index(self.root)
-
-
-def communicator_plan(shards: Iterable[tuple[Sequence[int], Sequence[int]]],
-                      min_ranks: int = 2) -> dict[int, tuple[CommSpec, ...]]:
-    """Root -> its communicators, for shards given as (members in view order, senders).
-
-    One communicator per sender per distinct member list; none with fewer than ``min_ranks``
-    ranks (a communicator of one rank moves nothing; tests on a one-GPU machine pass 1 to
-    exercise setup, broadcast and abort). Deterministic: every member computes the same plan.
-    """
-    plan: dict[int, list[CommSpec]] = {}
-    seen: set[tuple[int, tuple[int, ...]]] = set()
-    for members, senders in shards:
-        ranks = tuple(members)
-        if len(ranks) < min_ranks:
-            continue
-        for s in senders:
-            if (s, ranks) in seen or s not in ranks:
-                continue
-            seen.add((s, ranks))
-            mine = plan.setdefault(s, [])
-            mine.append(CommSpec(s, len(mine), ranks))
-    return {s: tuple(specs) for s, specs in plan.items()}
-
-
-@dataclass(slots=True, eq=False, kw_only=True)
-class Comm(Lane):
-    """This member's side of one communicator: its state, handle, stream (as a :class:`Lane`)
-    and the ordering bookkeeping of its broadcasts."""
-
-    spec: CommSpec
-    rank: int
-    state: str = "setup"  # setup | ready | failed | aborted
-    why: str = ""  # what failed
-    handle: Any = None  # the NcclCommunicator, once ready
-    next_send: int = 0  # the root's next broadcast sequence number
-    next_recv: int = 0  # the sequence number the next descriptor must carry
-    # descriptors that arrived before the communicator was up, in order
-    waiting: collections.deque[tuple[tuple[int, int, int], Descriptor]] = field(
-        default_factory=collections.deque)
-
-    # the oldest broadcast in flight when last checked, since when it has been the oldest, and
-    # when the watchdog last looked
-    oldest: object = None
-    oldest_since: float = 0.0
-    checked: float = -math.inf
-
-    def stalled(self, now: float, limit_s: float, bytes_per_s: float = _STALL_FLOOR_BPS,
-                gap_s: float = _STALL_GAP_S) -> bool:
-        """True when the same broadcast has been the oldest in flight for ``limit_s`` seconds
-        plus its bytes at ``bytes_per_s`` (checked at ``now``, monotonic): no broadcast of this
-        communicator completed since. Completed work must have been polled off ``inflight``
-        first. A check more than ``gap_s`` after the previous one restarts the clock: a loop
-        that was blocked saw no progress it could have seen."""
-        head = self.inflight[0] if self.inflight else None
-        late = now - self.checked > gap_s
-        self.checked = now
-        if head is not self.oldest or late:
-            self.oldest, self.oldest_since = head, now
-            return False
-        if head is None:
-            return False
-        nbytes = sum(n for _, n in head[2])  # the regions it writes (see NcclPlane._receive)
-        return now - self.oldest_since >= limit_s + nbytes / bytes_per_s
-
-    def take_send(self) -> int:
-        """The sequence number of the root's next broadcast."""
-        seq = self.next_send
-        self.next_send += 1
-        return seq
-
-    def take_recv(self, seq: int) -> None:
-        """Check that descriptor ``seq`` is the next one of this communicator (the root issues
-        in order and the channel is FIFO: anything else would desynchronise the ranks)."""
-        if seq != self.next_recv:
-            raise ProtocolViolation(
-                f"broadcast {seq} of member {self.spec.root}'s communicator {self.spec.index} "
-                f"arrived where {self.next_recv} was due"
-            )
-        self.next_recv += 1
-
-
-class ViewComms:
-    """The communicators of one view at one member (pure bookkeeping; the plane adds threads)."""
-
-    def __init__(self, view_id: int, members: tuple[int, ...],
-                 plan: dict[int, tuple[CommSpec, ...]], me: int) -> None:
-        self.view_id = view_id
-        self.members = members
-        self.plan = plan
-        self.me = me
-        rank_in_view = {m: i for i, m in enumerate(members)}
-        #: every communicator this member belongs to, in the order all members join them
-        self.order: tuple[CommSpec, ...] = tuple(sorted(
-            (spec for specs in plan.values() for spec in specs if me in spec.members),
-            key=lambda spec: (rank_in_view.get(spec.root, len(members)), spec.index),
-        ))
-        self.comms: dict[tuple[int, int], Comm] = {
-            (spec.root, spec.index): Comm(spec=spec, rank=spec.members.index(me))
-            for spec in self.order
-        }
-        # the setup thread and the loop share these (under ``cond``)
-        self.cond = threading.Condition()
-        self.uids: dict[tuple[int, int], bytes] = {}
-        self.joining: dict[tuple[int, int], Any] = {}  # joined, still warming up
-        self.cancelled = False
-
-    def comm_for_uid(self, sender: int, index: int) -> Comm:
-        """The communicator an ``NCCL_UID`` frame from ``sender`` names (it must be its root
-        and this member one of its ranks)."""
-        comm = self.comms.get((sender, index))
-        if comm is None:
-            raise ProtocolViolation(
-                f"member {sender} sent a unique id for communicator {index} of view "
-                f"{self.view_id}, which it does not root or this member is not in"
-            )
-        return comm
-
-    def comm_for_data(self, sender: int, index: int) -> Comm:
-        """The communicator an ``NCCL_DATA`` frame from ``sender`` names."""
-        comm = self.comms.get((sender, index))
-        if comm is None:
-            raise ProtocolViolation(
-                f"device data from member {sender} on communicator {index} of view "
-                f"{self.view_id}, which it does not root or this member is not in"
-            )
-        return comm
-
-    def sending_comm(self, targets: Iterable[int]) -> Comm | None:
-        """This member's communicator whose other ranks are exactly ``targets``, if any."""
-        want = {self.me, *targets}
-        for spec in self.plan.get(self.me, ()):
-            if len(spec.members) == len(want) and want.issuperset(spec.members):
-                return self.comms[(self.me, spec.index)]
-        return None
-
-
-class EarlyUids:
-    """``NCCL_UID`` frames for views not installed here yet (bounded; older views dropped)."""
-
-    def __init__(self, limit: int = _MAX_EARLY_UIDS) -> None:
-        self.limit = limit
-        self._held: dict[int, list[tuple[int, int, bytes]]] = {}
-        self._count = 0
-
-    def hold(self, view_id: int, sender: int, index: int, uid: bytes) -> None:
-        if self._count >= self.limit:
-            raise ProtocolViolation(f"more than {self.limit} NCCL unique ids for future views")
-        self._held.setdefault(view_id, []).append((sender, index, uid))
-        self._count += 1
-
-    def take(self, view_id: int) -> list[tuple[int, int, bytes]]:
-        """The frames held for ``view_id``; those of older views are dropped."""
-        out = self._held.pop(view_id, [])
-        for v in [v for v in self._held if v < view_id]:
-            del self._held[v]
-        self._count = sum(len(x) for x in self._held.values())
-        return out
-
-    def __len__(self) -> int:
-        return self._count
-
-
-# -- the plane (needs CuPy with NCCL and a device) ---------------------------------------------
 @dataclass(slots=True)
 class _Sent:
     arrays: tuple[Any, ...]  # kept alive until delivered and broadcast
@@ -396,7 +66,7 @@ class _Sent:
 
 
 class NcclPlane:
-    """Moves device arrays to the ranks of per-sender NCCL communicators (module docstring).
+    """Moves device arrays to the ranks of per-sender NCCL communicators (DESIGN.md §6.7).
 
     A :class:`~derecho_async.runtime.plane.Plane`. ``shards_of(members)`` lists a view's
     shards as (members, senders); ``send(dst, frame)`` puts a frame on the reliable channel;
@@ -406,7 +76,7 @@ class NcclPlane:
     ``setup_s``: how long to wait for a root's unique id (``Config.nccl_setup_s``); ``stall_s``:
     how long a receiver's oldest broadcast may make no progress, plus its size at 100 MB/s,
     before its communicator fails (``Config.nccl_stall_s``); ``busy_poll_us`` and
-    ``poll_interval_us`` go to its :class:`~derecho_async.runtime.gpu.completions.Completions`
+    ``poll_interval_us`` go to its :class:`~.completions.Completions`
     (``Config.gpu_busy_poll_us``, ``Config.gpu_poll_interval_us``).
     """
 
@@ -628,7 +298,7 @@ class NcclPlane:
 
     def _setup(self, vs: ViewComms, loop: asyncio.AbstractEventLoop) -> None:
         """The view's setup thread: make this member's unique ids, then join its communicators
-        in the shared order, each followed by its warm-up (see the module docstring)."""
+        in the shared order, each followed by its warm-up (DESIGN.md §6.7)."""
         self._cp.cuda.Device(self.device).use()
         for spec in vs.plan.get(self.member_id, ()):
             try:
@@ -920,7 +590,7 @@ class NcclPlane:
             # receiver gives up on it, which reports the root and becomes a view change.
             if comm.spec.root != self.member_id and comm.stalled(now, self._stall_s):
                 self._fail(comm, f"no broadcast completed in {self._stall_s:.0f} s plus its "
-                                 f"size at {_STALL_FLOOR_BPS / 1e6:.0f} MB/s")
+                                 f"size at {STALL_FLOOR_BPS / 1e6:.0f} MB/s")
         if any(c.inflight for c in vs.comms.values()):
             self._arm_check()
 
