@@ -18,7 +18,8 @@ import pytest
 import derecho_async as da
 from derecho_async.runtime import envelope as env
 from derecho_async.runtime.observer import GroupObserver
-from derecho_async.runtime.statexfer import _checksum, _Stream, decode_ticket, encode_ticket
+from derecho_async.runtime.statexfer import decode_ticket, encode_ticket
+from derecho_async.runtime.statexfer.chunks import Stream, checksum
 from derecho_async.testing.simnet import SimNetwork, crash_group
 from derecho_async.testing.vloop import run_virtual
 from tests.runtime.simgroups import cfg, close, group_name, settle, start
@@ -108,7 +109,7 @@ async def test_a_numpy_state_round_trips_in_many_small_chunks() -> None:
         assert np.array_equal(st["w"], sg["w"]) and st["blob"] == sg["blob"]
         assert st["meta"] == sg["meta"]
         xfer = groups[0]._xfer
-        assert xfer is not None and not xfer._outgoing  # done and freed
+        assert xfer is not None and not xfer.sponsor.transfers  # done and freed
     finally:
         await close(groups)
 
@@ -223,7 +224,7 @@ def test_chunks_cover_the_stream_exactly() -> None:
         sizes = [rng.randrange(0, 50) for _ in range(rng.randrange(1, 6))]
         chunk = rng.randrange(1, 40)
         alone = frozenset(p for p in range(len(sizes)) if rng.random() < 0.3)
-        s = _Stream(sizes, chunk, alone)
+        s = Stream(sizes, chunk, alone)
         seen = [0] * sum(sizes)
         for i in range(s.count):
             total = 0
@@ -243,15 +244,15 @@ def test_chunks_cover_the_stream_exactly() -> None:
 def test_the_checksum_of_a_chunk_sees_every_byte_and_its_place() -> None:
     rng = np.random.default_rng(3)
     data = rng.integers(0, 256, (3 << 20) + 17, dtype=np.uint8)
-    base = _checksum(data)
-    assert len(base) == 32 and _checksum(data.copy()) == base
+    base = checksum(data)
+    assert len(base) == 32 and checksum(data.copy()) == base
     flipped = data.copy()
     flipped[(2 << 20) + 5] ^= 1
     swapped = data.copy()
     swapped[[10, 11]] = swapped[[11, 10]] if data[10] != data[11] else (0, 1)
     zeros = np.zeros(1000, np.uint8)
-    assert len({base, _checksum(flipped), _checksum(swapped), _checksum(data[:-1]),
-                _checksum(zeros), _checksum(zeros[:-1])}) == 6
+    assert len({base, checksum(flipped), checksum(swapped), checksum(data[:-1]),
+                checksum(zeros), checksum(zeros[:-1])}) == 6
 
 
 # -- the sponsor crashes mid-transfer (SimNetwork, virtual time) ------------------------------
@@ -289,7 +290,7 @@ async def sponsor_crash_scenario(seed: int) -> tuple[str, list[tuple[int, ...]]]
     joining = asyncio.ensure_future(joiner.start(timeout=10.0))
 
     def received() -> int:
-        inc = joiner._xfer._incoming if joiner._xfer is not None else None
+        inc = joiner._xfer.joiner.incoming if joiner._xfer is not None else None
         return inc.done if inc is not None else 0
 
     while received() < 20:
@@ -364,10 +365,10 @@ async def test_a_cupy_state_arrives_as_a_cupy_array() -> None:
 
 
 @pytest.mark.skipif(not _gpu(), reason="needs CuPy and a GPU")
-def test_the_device_checksum_equals_the_host_checksum() -> None:
+def test_the_device_checksum_equals_the_hostchecksum() -> None:
     import cupy
 
     rng = np.random.default_rng(4)
     for n in (0, 1, 4095, (5 << 20) + 3):
         host = rng.integers(0, 256, n, dtype=np.uint8)
-        assert _checksum(cupy.asarray(host)) == _checksum(host)
+        assert checksum(cupy.asarray(host)) == checksum(host)

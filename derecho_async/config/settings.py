@@ -1,0 +1,301 @@
+"""The settings of a group member: :class:`Config`, whose fields are the table of keys.
+
+Theory of operation: every key is one field below, with its type, default, form (range or
+choices) and one-line doc; :data:`KEYS` reads them back (:mod:`.keys`). ``__post_init__`` checks
+each key in field order against its form, stores the normalised value (numbers as floats, log
+levels upper-case, peers read-only), then applies the rules that relate keys (:data:`RULES`).
+A Config that exists is valid, so nothing downstream re-checks settings. Unknown and missing
+keys are ConfigErrors too: a small ``__new__`` checks the keyword names first. The file and
+environment sources are in :mod:`.sources`. See docs/DESIGN.md §7.10.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Self
+
+from derecho_async.config import sources
+from derecho_async.config.forms import (
+    Choice,
+    Flag,
+    HostPort,
+    Int,
+    Number,
+    PeerTable,
+    Secret,
+    Text,
+)
+from derecho_async.config.keys import REQUIRED, Key, key, table
+from derecho_async.errors import ConfigError
+from derecho_async.transport import registry
+
+__all__ = ["KEYS", "LOG_LEVELS", "QUEUE_FULL_ACTIONS", "RULES", "Config"]
+
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""The values of :attr:`Config.log_level` (given in any case, stored upper-case)."""
+QUEUE_FULL_ACTIONS: Final = ("wait", "error")
+"""The values of :attr:`Config.when_queue_full`."""
+
+_DAY_S: Final = 86400.0
+_SECONDS: Final = Number(0.0, _DAY_S, "seconds", low_open=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """Settings of one group member. Construct with keywords; every field is validated.
+
+    Invalid values raise :class:`~derecho_async.errors.ConfigError` naming the key and the
+    expected form; so do unknown keys. Instances are immutable and hashable: derive variants
+    with :meth:`replace`. Load from files and the environment with :meth:`from_toml`,
+    :meth:`from_env` and :meth:`load`. Each field's form and doc: :data:`KEYS`.
+    """
+
+    # -- the group and this member
+    group: str = field(metadata=key(
+        Text("a group name of 1-64 characters from [A-Za-z0-9_.-]",
+             "1-64 of `A-Za-z0-9_.-`", re.compile(r"[A-Za-z0-9_.-]{1,64}")),
+        "group name"))
+    member_id: int = field(metadata=key(
+        Int(0, (1 << 63) - 1), "this member's id, unique in the group"))
+    initial_members: int = field(default=1, metadata=key(
+        Int(1, 64), "members that form view 0 together (the contact waits for them)"))
+    # -- how members reach each other
+    transport: str = field(default="shm", metadata=key(
+        Choice(registry.names),  # (transports registered at run time included)
+        "`shm` (one host), `tcp` (several hosts), `rdma` (pyverbs; see below), `sim` "
+        "(in-process)"))
+    peers: Mapping[int, str] = field(default_factory=dict, metadata=key(
+        PeerTable(),
+        "tcp: the addresses of the initial members; the contact is the lowest id"))
+    contact: str | None = field(default=None, metadata=key(
+        HostPort(allow_port_zero=False),
+        "tcp: a member to join through; unset: start, or wait for `peers`"))
+    listen: str = field(default="127.0.0.1:0", metadata=key(
+        HostPort(allow_port_zero=True), "tcp: this member's address (port 0: any free port)"))
+    secret: str | None = field(default=None, repr=False, metadata=key(
+        Secret(16), "tcp, rdma: shared secret (required); a member without it is refused"))
+    tls_cert: str | None = field(default=None, metadata=key(
+        Text("the path of a PEM certificate file", "a path"),
+        "tcp: this member's PEM certificate (optional TLS; set with `tls_key`)"))
+    tls_key: str | None = field(default=None, metadata=key(
+        Text("the path of a PEM private key file", "a path"),
+        "tcp: this member's PEM private key (set with `tls_cert`)"))
+    tls_ca: str | None = field(default=None, metadata=key(
+        Text("the path of a PEM CA bundle", "a path"),
+        "tcp: the PEM CA bundle peers' certificates are checked against"))
+    # -- failure detection
+    heartbeat_ms: float = field(default=50.0, metadata=key(
+        Number(0.0, 60_000.0, "milliseconds", low_open=True), "heartbeat period"))
+    suspect_after_ms: float = field(default=500.0, metadata=key(
+        Number(0.0, 3_600_000.0, "milliseconds", low_open=True, above="heartbeat_ms"),
+        "silence after which a member is suspected and removed"))
+    # -- ordered multicast
+    window: int = field(default=64, metadata=key(
+        Int(1, 65536),
+        "slots per sender (flow control; small messages sent together share a slot)"))
+    # Receivers start on a batch while the sender writes the next: with a whole window written
+    # in one go, sender and receivers take turns instead of overlapping. That needs a core per
+    # member; where members share few cores the extra steps only cost.
+    send_batch: int | None = field(default=None, metadata=key(
+        Int(0, 65536),
+        "messages a sender writes per protocol step (0: a whole window): receivers start on "
+        "one batch while the sender writes the next, when members have cores of their own; "
+        "auto = 8 on 8+ cores, else 0", shown="auto"))
+    max_payload: int = field(default=8192, metadata=key(
+        Int(64, 1 << 20, multiple=8),
+        "bytes that fit a slot; larger messages travel on the data plane"))
+    partition_safety: bool = field(default=True, metadata=key(
+        Flag(), "a minority wedges instead of forming a view"))
+    # -- device arrays
+    gpu_plane: str = field(default="auto", metadata=key(
+        Choice(("auto", "ipc", "nccl", "host")),
+        "device arrays: `ipc` (pooled CUDA IPC on one host), `nccl` (NCCL broadcasts on "
+        "per-sender communicators, members on different GPUs; then ipc over shm), `host` "
+        "(staged through host memory); `auto` = ipc over shm when CuPy sees a GPU"))
+    gpu_pool_mb: int = field(default=256, metadata=key(
+        Int(1, 1 << 20, "MiB"),
+        "size of each segment of the CUDA IPC device pool (it grows by segments)"))
+    # Dense traffic: the last two arrivals within five such spans; an idle group's heartbeats
+    # never spin.
+    spin_us: float | None = field(default=None, metadata=key(
+        Number(0.0, 1e6, "microseconds"),
+        "shm: µs a member keeps polling its rings after the last arrival before sleeping on "
+        "its doorbell, in dense traffic only (lower latency, a busy core meanwhile; an idle "
+        "group never spins); auto = 200 on 8+ cores, else 0", shown="auto"))
+    gpu_busy_poll_us: float = field(default=2000.0, metadata=key(
+        Number(0.0, 1e6, "microseconds"),
+        "µs the CUDA IPC (and NCCL) plane keeps polling its copy events after the last "
+        "completion before its waiter thread takes over (0: never poll)"))
+    # Never longer than gpu_busy_poll_us; a lone batch is polled at every turn.
+    gpu_poll_interval_us: float = field(default=80.0, metadata=key(
+        Number(0.0, 1e5, "microseconds"),
+        "while more than one batch of copies is in flight, the least µs between two polls "
+        "(0: every turn of the loop)"))
+    nccl_setup_s: float = field(default=60.0, metadata=key(
+        _SECONDS, "seconds a member waits for a root's NCCL unique id"))
+    nccl_stall_s: float = field(default=60.0, metadata=key(
+        _SECONDS,
+        "a receiver whose oldest NCCL broadcast makes no progress for this many seconds plus "
+        "its size at 100 MB/s fails that communicator"))
+    # -- calls and backpressure
+    # The 1 GiB frame bound of the channel less room for framing.
+    max_call_mb: int = field(default=1023, metadata=key(
+        Int(1, 1023, "MiB"),
+        "the largest encoded ordered call (arguments included), in MiB, checked when the call "
+        "is made"))
+    max_queued_calls: int = field(default=16384, metadata=key(
+        Int(1, 1 << 24),
+        "calls queued at this member (its own calls not yet delivered, delivered calls "
+        "waiting for their handler) beyond which backpressure applies"))
+    max_queued_mb: int = field(default=256, metadata=key(
+        Int(1, 1 << 20, "MiB"), "MiB of such queued calls beyond which backpressure applies"))
+    when_queue_full: str = field(default="wait", metadata=key(
+        Choice(QUEUE_FULL_ACTIONS),
+        "what a call does when those queues are full: `wait` for room, or `error` (raise "
+        "`QueueFull`)"))
+    check_p2p_reads: bool = field(default=False, metadata=key(
+        Flag(),
+        "compare an actor's snapshot before and after every p2p handler (a test aid: p2p "
+        "handlers must not change the replica)"))
+    # -- state transfer to joiners
+    state_chunk_kb: int = field(default=32768, metadata=key(
+        Int(4, 1 << 20, "KiB"), "size in KiB of the chunks a joiner's state travels in"))
+    state_stall_s: float = field(default=30.0, metadata=key(
+        _SECONDS,
+        "a state transfer that makes no progress for this many seconds fails the join"))
+    fence_timeout_s: float = field(default=60.0, metadata=key(
+        _SECONDS,
+        "seconds a member sending a joiner its state waits for the handlers of calls "
+        "delivered before the joiner's view; past it the join fails"))
+    # -- rdma
+    rdma_device: str | None = field(default=None, metadata=key(
+        Text("the name of an RDMA device (as in ibv_devices)", "a device name"),
+        "rdma: the RDMA device; unset: the first one", shown="auto"))
+    rdma_port: int = field(default=1, metadata=key(
+        Int(1, 255), "rdma: port number on the RDMA device"))
+    rdma_gid_index: int | None = field(default=None, metadata=key(
+        Int(0, 255), "rdma: GID table index (RoCE); unset: the transport chooses",
+        shown="auto"))
+    # -- logging
+    log_level: str = field(default="WARNING", metadata=key(
+        Choice(LOG_LEVELS, upper=True),
+        "level of the `derecho_async` logger (given in any case)"))
+
+    def __new__(cls, *args: object, **kwargs: object) -> Self:
+        # Runs before the dataclass __init__, so unknown and missing keys give ConfigError
+        # rather than TypeError. Called without arguments by copy and pickle: nothing to check.
+        if kwargs:
+            check_known(kwargs)
+            for k in KEYS:
+                if k.default is REQUIRED and k.name not in kwargs:
+                    raise ConfigError(k.name, k.expected() + " (required)", None)
+        return object.__new__(cls)
+
+    def __post_init__(self) -> None:
+        seen: dict[str, object] = {}
+        for k in KEYS:
+            value = k.check(getattr(self, k.name), seen)
+            object.__setattr__(self, k.name, value)
+            seen[k.name] = value
+        for rule in RULES:
+            rule(self)
+
+    # ------------------------------------------------------------------------------ constructors
+
+    def replace(self, **changes: Any) -> Config:
+        """A validated copy with ``changes`` applied (unknown keys raise ConfigError)."""
+        check_known(changes)
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str], **overrides: Any) -> Config:
+        """Read settings from a TOML file, then apply ``overrides``.
+
+        Keys sit at top level, or under a ``[derecho_async]`` table (then the rest of the file is
+        ignored). Values must already have the right TOML type (``member_id = 2``, not ``"2"``);
+        ``peers`` is a table whose keys are member ids (``[derecho_async.peers]`` / ``0 =
+        "h1:7000"``). An unreadable or malformed file raises ConfigError with key ``"path"``.
+        """
+        merged = sources.read_toml(path, BY_NAME)
+        merged.add(overrides, BY_NAME)
+        return _build(merged)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+        """Read settings from ``DERECHO_ASYNC_<KEY>`` variables, then apply ``overrides``.
+
+        ``environ`` defaults to :data:`os.environ`. Values are parsed by field type: integers in
+        decimal, numbers as floats, booleans as true/false/1/0/yes/no/on/off, optional settings
+        unset by an empty string, ``peers`` as ``"0=h1:7000,1=h2:7000"``. A bad value raises
+        ConfigError naming the key and the variable; so does an unknown ``DERECHO_ASYNC_*``
+        variable (except :data:`~derecho_async.config.ENV_RESERVED`).
+        """
+        merged = sources.read_env(os.environ if environ is None else environ, BY_NAME)
+        merged.add(overrides, BY_NAME)
+        return _build(merged)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        environ: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> Config:
+        """Merge a TOML file (if ``path``), the environment and ``overrides``; later wins.
+
+        ``environ`` defaults to :data:`os.environ`. Validation runs once, on the merged settings,
+        so a file may leave out what the environment supplies.
+        """
+        merged = sources.Merged() if path is None else sources.read_toml(path, BY_NAME)
+        merged.update(sources.read_env(os.environ if environ is None else environ, BY_NAME))
+        merged.add(overrides, BY_NAME)
+        return _build(merged)
+
+
+KEYS: Final[tuple[Key, ...]] = table(Config)
+"""Every setting, in field order: name, type, default, form, environment variable, doc."""
+BY_NAME: Final[dict[str, Key]] = {k.name: k for k in KEYS}
+
+
+def check_known(values: Mapping[str, object]) -> None:
+    """ConfigError for the first name in ``values`` that is not a key."""
+    sources.check_known(values, BY_NAME)
+
+
+# -- the rules that relate keys (run after every key passed its own form) ----------------------
+
+
+def _secret_for_networked(config: Config) -> None:
+    if registry.kind(config.transport).networked and config.secret is None:
+        raise ConfigError(
+            "secret", BY_NAME["secret"].expected() + " (required when transport is 'tcp' or "
+            "'rdma' or another networked transport)", None
+        )
+
+
+def _tls_pair(config: Config) -> None:
+    if (config.tls_cert is None) != (config.tls_key is None):
+        missing = "tls_key" if config.tls_key is None else "tls_cert"
+        raise ConfigError(
+            missing, BY_NAME[missing].expected() + " (tls_cert and tls_key go together)", None
+        )
+
+
+RULES: Final[tuple[Callable[[Config], None], ...]] = (_secret_for_networked, _tls_pair)
+"""Checks that relate keys, run in order once each key passed its own form
+(``suspect_after_ms`` > ``heartbeat_ms`` is in that key's form)."""
+
+
+def _build(merged: sources.Merged) -> Config:
+    """Construct a Config; a ConfigError also says where the offending value came from."""
+    try:
+        return Config(**merged.values)
+    except ConfigError as e:
+        source = merged.sources.get(e.key)
+        if source is None or source == sources.EXPLICIT:
+            raise
+        raise ConfigError(e.key, f"{e.expected} (from {source})", e.got) from e
