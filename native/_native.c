@@ -121,6 +121,31 @@ arg_u64(PyObject *obj, const char *name, uint64_t *out)
     return 0;
 }
 
+/* ------------------------------------------------------------------------ module state */
+
+/* What the loops call or read by name on Python objects, interned once, and the small ints
+ * write_messages puts in every record it queues. Each module object holds its own (the state
+ * PyModule_GetState gives; self is the module for every function here): no mutable statics. */
+typedef struct {
+    PyObject *str_popleft;
+    PyObject *str_append;
+    PyObject *str_msg_no;
+    PyObject *str_payload;
+    PyObject *str_nbytes;
+    PyObject *str_large;
+    PyObject *str_idle;
+    PyObject *str_done;
+    PyObject *str_set_result;
+    PyObject *small_kind_message;   /* KIND_MESSAGE */
+    PyObject *small_one;            /* 1 */
+} native_state;
+
+static inline native_state *
+get_state(PyObject *module)
+{
+    return (native_state *)PyModule_GetState(module);
+}
+
 /* ------------------------------------------------------------------------------ words */
 
 static PyObject *
@@ -1218,8 +1243,6 @@ native_encode_plain_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
  * goes on. Stops at anything else (an empty deque, another record type, a turn out of step)
  * and returns the d it stopped at: the caller handles that record. */
 
-static PyObject *str_popleft;
-
 static int
 as_ll(PyObject *o, long long *out)
 {
@@ -1239,6 +1262,7 @@ native_deliver_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                         "my_index, d, limit) takes 9 arguments");
         return NULL;
     }
+    native_state *st = get_state(self);
     PyObject *pending = args[0], *sender_ids = args[1], *own = args[2], *events = args[3];
     PyObject *event_type = args[4], *head = args[5];
     long long my_index, d, limit;
@@ -1294,7 +1318,7 @@ native_deliver_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (turn >= end)
                 break;
             if (turn == end - 1) {
-                PyObject *popped = PyObject_CallMethodNoArgs(pend, str_popleft);
+                PyObject *popped = PyObject_CallMethodNoArgs(pend, st->str_popleft);
                 if (popped == NULL)
                     return NULL;
                 Py_DECREF(popped);
@@ -1332,7 +1356,7 @@ native_deliver_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyTuple_SET_ITEM(ev, 5, msg_no);
         PyTuple_SET_ITEM(ev, 6, payload);
         Py_DECREF(rec);
-        PyObject *popped = PyObject_CallMethodNoArgs(pend, str_popleft);
+        PyObject *popped = PyObject_CallMethodNoArgs(pend, st->str_popleft);
         if (popped == NULL) {
             Py_DECREF(ev);
             return NULL;
@@ -1360,7 +1384,7 @@ native_deliver_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 if (bad < 0)
                     return NULL;
                 if (seq0 == d) {
-                    PyObject *o = PyObject_CallMethodNoArgs(own, str_popleft);
+                    PyObject *o = PyObject_CallMethodNoArgs(own, st->str_popleft);
                     if (o == NULL)
                         return NULL;
                     Py_DECREF(o);
@@ -1379,9 +1403,6 @@ native_deliver_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * record takes the next inline message and those after it that fit the same slot (a batch
  * record; a lone one is a message record). Stops after free records or limit messages, at an
  * empty queue or a large message. */
-
-static PyObject *str_append, *str_msg_no, *str_payload, *str_nbytes, *str_large;
-static PyObject *small_kind_message, *small_one;
 
 typedef struct {
     PyObject *out;      /* the Outgoing (a new reference) */
@@ -1403,7 +1424,7 @@ inline_clear(inline_msg *m)
 /* The queue's head as an inline message to write at turn: 1 (m filled), 0 (empty queue or a
  * large message), -1 (error: it cannot be written). */
 static int
-peek_inline(PyObject *queue, uint64_t room, uint64_t turn, inline_msg *m)
+peek_inline(native_state *st, PyObject *queue, uint64_t room, uint64_t turn, inline_msg *m)
 {
     *m = (inline_msg){0};
     Py_ssize_t qlen = PyObject_Length(queue);
@@ -1412,7 +1433,7 @@ peek_inline(PyObject *queue, uint64_t room, uint64_t turn, inline_msg *m)
     m->out = PySequence_GetItem(queue, 0);
     if (m->out == NULL)
         return -1;
-    PyObject *large = PyObject_GetAttr(m->out, str_large);
+    PyObject *large = PyObject_GetAttr(m->out, st->str_large);
     if (large == NULL)
         goto fail;
     int is_large = PyObject_IsTrue(large);
@@ -1421,13 +1442,13 @@ peek_inline(PyObject *queue, uint64_t room, uint64_t turn, inline_msg *m)
         Py_CLEAR(m->out);
         return is_large < 0 ? -1 : 0;
     }
-    m->nbytes = PyObject_GetAttr(m->out, str_nbytes);
+    m->nbytes = PyObject_GetAttr(m->out, st->str_nbytes);
     if (m->nbytes == NULL)
         goto fail;
-    m->msg_no = PyObject_GetAttr(m->out, str_msg_no);
+    m->msg_no = PyObject_GetAttr(m->out, st->str_msg_no);
     if (m->msg_no == NULL)
         goto fail;
-    m->payload = PyObject_GetAttr(m->out, str_payload);
+    m->payload = PyObject_GetAttr(m->out, st->str_payload);
     if (m->payload == NULL)
         goto fail;
     if (!PyBytes_CheckExact(m->payload) || !PyLong_CheckExact(m->nbytes) ||
@@ -1489,11 +1510,11 @@ padded(uint64_t n)
 }
 
 static int
-append_new(PyObject *seq, PyObject *item)  /* steals item */
+append_new(native_state *st, PyObject *seq, PyObject *item)  /* steals item */
 {
     if (item == NULL)
         return -1;
-    PyObject *r = PyObject_CallMethodOneArg(seq, str_append, item);
+    PyObject *r = PyObject_CallMethodOneArg(seq, st->str_append, item);
     Py_DECREF(item);
     if (r == NULL)
         return -1;
@@ -1502,9 +1523,9 @@ append_new(PyObject *seq, PyObject *item)  /* steals item */
 }
 
 static int
-pop_head(PyObject *queue)
+pop_head(native_state *st, PyObject *queue)
 {
-    PyObject *o = PyObject_CallMethodNoArgs(queue, str_popleft);
+    PyObject *o = PyObject_CallMethodNoArgs(queue, st->str_popleft);
     if (o == NULL)
         return -1;
     Py_DECREF(o);
@@ -1520,6 +1541,7 @@ native_write_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                         "free, limit, pending, own, inflight, n, k) takes 14 arguments");
         return NULL;
     }
+    native_state *st = get_state(self);
     uint64_t base, window, slot_bytes, rec_no, turn, free, limit, n, k;
     if (arg_u64(args[1], "base", &base) < 0 || arg_u64(args[2], "window", &window) < 0 ||
         arg_u64(args[3], "slot_bytes", &slot_bytes) < 0 ||
@@ -1552,7 +1574,7 @@ native_write_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     unsigned char *buf = (unsigned char *)view.buf;
     uint64_t records = 0, written = 0;
     while (records < free && written < limit) {
-        int got = peek_inline(queue, room, turn, &group[0]);
+        int got = peek_inline(st, queue, room, turn, &group[0]);
         if (got < 0) {
             if (records > 0 && stop_at_bad_message())
                 break;  /* returned: the next call raises it, with nothing written */
@@ -1561,13 +1583,13 @@ native_write_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (got == 0)
             break;
         g = 1;
-        if (pop_head(queue) < 0)
+        if (pop_head(st, queue) < 0)
             goto done;
         uint64_t need0 = BATCH_ENTRY + padded(group[0].size);
         uint64_t left = need0 <= room ? room - need0 : 0;  /* 0: nothing more fits */
         while (written + (uint64_t)g < limit) {
             inline_msg nxt;
-            got = peek_inline(queue, room, turn + (uint64_t)g, &nxt);
+            got = peek_inline(st, queue, room, turn + (uint64_t)g, &nxt);
             if (got < 0) {
                 if (stop_at_bad_message())
                     break;  /* left queued: the next record stops at it */
@@ -1579,7 +1601,7 @@ native_write_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 inline_clear(&nxt);
                 break;
             }
-            if (pop_head(queue) < 0) {
+            if (pop_head(st, queue) < 0) {
                 inline_clear(&nxt);
                 goto done;
             }
@@ -1618,16 +1640,16 @@ native_write_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 memcpy(pos, PyBytes_AS_STRING(m->payload), (size_t)m->size);
             }
             PyObject *t = PyLong_FromUnsignedLongLong(turn);
-            PyObject *rec = t ? PyTuple_Pack(6, t, small_kind_message, small_one, m->nbytes,
+            PyObject *rec = t ? PyTuple_Pack(6, t, st->small_kind_message, st->small_one, m->nbytes,
                                              m->msg_no, m->payload) : NULL;
             Py_XDECREF(t);
-            if (append_new(pending, rec) < 0)
+            if (append_new(st, pending, rec) < 0)
                 goto done;
             /* turn < 2**56 and n <= 256: the seq fits a u64 */
             PyObject *seq = PyLong_FromUnsignedLongLong(turn * n + k);
             PyObject *entry = seq ? PyTuple_Pack(2, seq, m->out) : NULL;
             Py_XDECREF(seq);
-            if (append_new(own, entry) < 0)
+            if (append_new(st, own, entry) < 0)
                 goto done;
             turn++;
         }
@@ -1637,7 +1659,7 @@ native_write_messages(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             put_u64(slot + 16, (uint64_t)(pos - slot - SLOT_HEADER));
             put_u64(slot + 24, 0);
         }
-        if (append_new(inflight, PyLong_FromUnsignedLongLong((turn - 1) * n + k)) < 0)
+        if (append_new(st, inflight, PyLong_FromUnsignedLongLong((turn - 1) * n + k)) < 0)
             goto done;
         rec_no++;
         records++;
@@ -1664,8 +1686,6 @@ done:
  * general path would (the pure twin states the whole contract). It stops at the first event it
  * does not take, before any effect of that event, and returns its index (len(events) when it
  * took them all): the caller runs that one its general way and calls again after it. */
-
-static PyObject *str_idle, *str_done, *str_set_result;
 
 /* The exception being raised, as a value with its traceback (what `except BaseException as
  * exc` binds): whatever a handler raises, cancellation and SystemExit included, is that call's
@@ -1703,14 +1723,15 @@ call_finish(PyObject *finish, PyObject *ev, int one_way, int ok, PyObject *value
 
 /* The own one-way call's future: popped from casts and given (view_id, seq) unless done. */
 static int
-complete_cast(PyObject *casts, PyObject *msg_no, PyObject *cast, PyObject *ev)
+complete_cast(native_state *st, PyObject *casts, PyObject *msg_no, PyObject *cast,
+              PyObject *ev)
 {
     Py_INCREF(cast);
     int rc = -1;
     PyObject *done = NULL, *version = NULL, *r = NULL;
     if (PyDict_DelItem(casts, msg_no) < 0)
         goto out;
-    done = PyObject_CallMethodNoArgs(cast, str_done);
+    done = PyObject_CallMethodNoArgs(cast, st->str_done);
     if (done == NULL)
         goto out;
     int is_done = PyObject_IsTrue(done);
@@ -1720,7 +1741,7 @@ complete_cast(PyObject *casts, PyObject *msg_no, PyObject *cast, PyObject *ev)
         version = PyTuple_Pack(2, PyTuple_GET_ITEM(ev, 2), PyTuple_GET_ITEM(ev, 3));
         if (version == NULL)
             goto out;
-        r = PyObject_CallMethodOneArg(cast, str_set_result, version);
+        r = PyObject_CallMethodOneArg(cast, st->str_set_result, version);
         if (r == NULL)
             goto out;
     }
@@ -1768,6 +1789,7 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                         "takes 8 arguments");
         return NULL;
     }
+    native_state *st = get_state(self);
     PyObject *events = args[0], *hosted = args[3], *casts = args[4], *outbox = args[5];
     PyObject *nil = args[6], *finish = args[7];
     if (!PyList_Check(events) || !PyDict_Check(hosted) || !PyDict_Check(casts) ||
@@ -1879,7 +1901,7 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *fn = PyTuple_GET_ITEM(fe, 0);
         Py_INCREF(fn);
         if (runner != idle_runner) {  /* asked once until a finish (nothing else changes it) */
-            PyObject *idle = PyObject_CallMethodNoArgs(runner, str_idle);
+            PyObject *idle = PyObject_CallMethodNoArgs(runner, st->str_idle);
             if (idle == NULL || idle != Py_True) {
                 Py_XDECREF(idle);
                 Py_DECREF(fn);
@@ -1908,7 +1930,7 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_INCREF(msg_no);
         PyObject *result = NULL;
         int rc = -1;
-        if (cast != NULL && complete_cast(casts, msg_no, cast, ev) < 0)
+        if (cast != NULL && complete_cast(st, casts, msg_no, cast, ev) < 0)
             goto failed;
         result = PyObject_Vectorcall(fn, PySequence_Fast_ITEMS(call_args),
                                      (size_t)PyTuple_GET_SIZE(call_args), NULL);
@@ -2035,42 +2057,92 @@ static PyMethodDef native_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* Fills the state of a new module object (multi-phase init: Py_mod_exec). On failure the
+ * module is dropped, and m_clear/m_free release whatever was made. */
+static int
+native_exec(PyObject *module)
+{
+    native_state *st = get_state(module);
+    if ((st->str_popleft = PyUnicode_InternFromString("popleft")) == NULL ||
+        (st->str_append = PyUnicode_InternFromString("append")) == NULL ||
+        (st->str_msg_no = PyUnicode_InternFromString("msg_no")) == NULL ||
+        (st->str_payload = PyUnicode_InternFromString("payload")) == NULL ||
+        (st->str_nbytes = PyUnicode_InternFromString("nbytes")) == NULL ||
+        (st->str_large = PyUnicode_InternFromString("large")) == NULL ||
+        (st->str_idle = PyUnicode_InternFromString("idle")) == NULL ||
+        (st->str_done = PyUnicode_InternFromString("done")) == NULL ||
+        (st->str_set_result = PyUnicode_InternFromString("set_result")) == NULL ||
+        (st->small_kind_message = PyLong_FromLong(KIND_MESSAGE)) == NULL ||
+        (st->small_one = PyLong_FromLong(1)) == NULL)
+        return -1;
+    return PyModule_AddStringConstant(module, "IMPLEMENTATION", "native");
+}
+
+static int
+native_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    native_state *st = get_state(module);
+    Py_VISIT(st->str_popleft);
+    Py_VISIT(st->str_append);
+    Py_VISIT(st->str_msg_no);
+    Py_VISIT(st->str_payload);
+    Py_VISIT(st->str_nbytes);
+    Py_VISIT(st->str_large);
+    Py_VISIT(st->str_idle);
+    Py_VISIT(st->str_done);
+    Py_VISIT(st->str_set_result);
+    Py_VISIT(st->small_kind_message);
+    Py_VISIT(st->small_one);
+    return 0;
+}
+
+static int
+native_clear(PyObject *module)
+{
+    native_state *st = get_state(module);
+    Py_CLEAR(st->str_popleft);
+    Py_CLEAR(st->str_append);
+    Py_CLEAR(st->str_msg_no);
+    Py_CLEAR(st->str_payload);
+    Py_CLEAR(st->str_nbytes);
+    Py_CLEAR(st->str_large);
+    Py_CLEAR(st->str_idle);
+    Py_CLEAR(st->str_done);
+    Py_CLEAR(st->str_set_result);
+    Py_CLEAR(st->small_kind_message);
+    Py_CLEAR(st->small_one);
+    return 0;
+}
+
+static void
+native_free(void *module)
+{
+    native_clear((PyObject *)module);
+}
+
+static PyModuleDef_Slot native_slots[] = {
+    {Py_mod_exec, native_exec},
+#ifdef Py_mod_multiple_interpreters
+    /* every object the module holds is in its state: one per interpreter */
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+    {0, NULL},
+};
+
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT,
-    "derecho_async._native",
-    "Hot loops of derecho_async in C; see derecho_async/hotpath.py.",
-    -1,
-    native_methods,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
+    .m_name = "derecho_async._native",
+    .m_doc = "Hot loops of derecho_async in C; see derecho_async/hotpath.py.",
+    .m_size = sizeof(native_state),
+    .m_methods = native_methods,
+    .m_slots = native_slots,
+    .m_traverse = native_traverse,
+    .m_clear = native_clear,
+    .m_free = native_free,
 };
 
 PyMODINIT_FUNC
 PyInit__native(void)
 {
-    str_popleft = PyUnicode_InternFromString("popleft");
-    str_append = PyUnicode_InternFromString("append");
-    str_msg_no = PyUnicode_InternFromString("msg_no");
-    str_payload = PyUnicode_InternFromString("payload");
-    str_nbytes = PyUnicode_InternFromString("nbytes");
-    str_large = PyUnicode_InternFromString("large");
-    str_idle = PyUnicode_InternFromString("idle");
-    str_done = PyUnicode_InternFromString("done");
-    str_set_result = PyUnicode_InternFromString("set_result");
-    small_kind_message = PyLong_FromLong(KIND_MESSAGE);
-    small_one = PyLong_FromLong(1);
-    if (str_popleft == NULL || str_append == NULL || str_msg_no == NULL || str_payload == NULL ||
-        str_nbytes == NULL || str_large == NULL || small_kind_message == NULL || small_one == NULL ||
-        str_idle == NULL || str_done == NULL || str_set_result == NULL)
-        return NULL;
-    PyObject *m = PyModule_Create(&native_module);
-    if (m == NULL)
-        return NULL;
-    if (PyModule_AddStringConstant(m, "IMPLEMENTATION", "native") < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return PyModuleDef_Init(&native_module);
 }
