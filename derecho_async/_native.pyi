@@ -1,4 +1,4 @@
-"""Type stub of the C extension ``derecho_async._native`` (source: native/_native.c).
+"""Type stub of the C extension ``derecho_async._native`` (source: native/*.c).
 
 Its pure-Python twin, :mod:`derecho_async._hotpath_pure`, documents every function; the two
 have the same API, results and error messages.
