@@ -1,7 +1,8 @@
-"""Type stub of the C extension ``derecho_async._native`` (source: native/_native.c).
+"""Type stub of the C extension ``derecho_async._native`` (source: native/*.c).
 
 Its pure-Python twin, :mod:`derecho_async._hotpath_pure`, documents every function; the two
-have the same API, results and error messages.
+have the same API, results and error messages. Type checkers see :mod:`derecho_async.hotpath`'s
+names through this stub, whichever twin it binds at run time.
 """
 
 from collections.abc import Callable, Sequence

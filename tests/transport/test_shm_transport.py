@@ -10,8 +10,8 @@ import socket
 import pytest
 from transport_support import Recorder, new_group
 
-from derecho_async._hotpath_pure import _RING as _HEADER
-from derecho_async._hotpath_pure import _ring_write as ring_write
+from derecho_async._hotpath_pure.shmring import _RING as _HEADER
+from derecho_async._hotpath_pure.shmring import _ring_write as ring_write
 from derecho_async.errors import ConfigError, UsageError
 from derecho_async.transport import ShmTransport, shmfiles
 from derecho_async.transport import shm as shm_mod
