@@ -90,7 +90,7 @@ _BUILTIN = (
     ),
     TransportKind(
         "tcp", "members anywhere, over authenticated TCP streams (TLS optional)",
-        make="derecho_async.transport.tcp:from_config",
+        make="derecho_async.transport.tcp.transport:from_config",
         bulk_plane="derecho_async.runtime.chainplane:for_transport",
         networked=True,
     ),
