@@ -354,7 +354,7 @@ def cmd_member(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from derecho_async.transport.shmfiles import PREFIX, SHM_DIR
+    from derecho_async.transport.shm.files import PREFIX, SHM_DIR
 
     groups: dict[str, list[tuple[str, int]]] = {}
     for name in sorted(os.listdir(SHM_DIR)):

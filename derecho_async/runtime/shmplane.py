@@ -3,7 +3,7 @@
 Theory of operation. A sender lays a large payload (plain bytes, or a call whose arrays are host
 numpy arrays) out flat (:func:`~.dataplane.write_flat`: one copy per array, straight from the
 array into shared memory) in a region of its *pool*: shared-memory segments it owns
-(:mod:`derecho_async.transport.shmpool`), created on demand, reused for later messages, a new
+(:mod:`derecho_async.transport.shm.pool`), created on demand, reused for later messages, a new
 larger segment added when no free range fits. Every receiver gets only a small descriptor frame
 on the channel::
 
@@ -61,8 +61,8 @@ from derecho_async.runtime.dataplane import (
     read_flat,
     write_flat,
 )
-from derecho_async.transport import shmpool
-from derecho_async.transport.shmpool import BadPoolSegment, PoolSegment
+from derecho_async.transport.shm import pool as shmpool
+from derecho_async.transport.shm.pool import BadPoolSegment, PoolSegment
 
 if TYPE_CHECKING:
     from derecho_async.transport.registry import PlaneWiring

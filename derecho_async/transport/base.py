@@ -263,9 +263,9 @@ class PushGate:
 class Transport(abc.ABC):
     """A member's endpoint: one-sided row pushes plus a reliable message channel.
 
-    Subclasses: :class:`~derecho_async.transport.LoopbackTransport` (in-process),
-    :class:`~derecho_async.transport.ShmTransport` (one host),
-    :class:`~derecho_async.transport.TcpTransport` (several hosts).
+    Subclasses: :class:`~derecho_async.transport.loopback.LoopbackTransport` (in-process),
+    :class:`~derecho_async.transport.shm.ShmTransport` (one host),
+    :class:`~derecho_async.transport.tcp.TcpTransport` (several hosts).
 
     Lifecycle: construct, ``await start(handler)``, use, ``await close()``. ``set_view`` may be
     called before ``start``. After ``close`` every method but ``close`` raises

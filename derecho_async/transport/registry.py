@@ -83,14 +83,14 @@ class TransportKind:
 _BUILTIN = (
     TransportKind(
         "shm", "members of one host, over shared-memory rings",
-        make="derecho_async.transport.shm:from_config",
+        make="derecho_async.transport.shm.transport:from_config",
         bulk_plane="derecho_async.runtime.shmplane:for_transport",
-        cleanup="derecho_async.transport.shm:cleanup_group",
+        cleanup="derecho_async.transport.shm.cleanup:cleanup_group",
         one_host=True,
     ),
     TransportKind(
         "tcp", "members anywhere, over authenticated TCP streams (TLS optional)",
-        make="derecho_async.transport.tcp:from_config",
+        make="derecho_async.transport.tcp.transport:from_config",
         bulk_plane="derecho_async.runtime.chainplane:for_transport",
         networked=True,
     ),

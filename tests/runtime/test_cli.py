@@ -91,7 +91,7 @@ def test_status_lists_a_groups_shared_memory_segments(capsys: pytest.CaptureFixt
     from multiprocessing import shared_memory
 
     from derecho_async.cli import main
-    from derecho_async.transport.shmfiles import PREFIX
+    from derecho_async.transport.shm.files import PREFIX
 
     group = f"statustest{os.getpid()}"
     seg = shared_memory.SharedMemory(name=f"{PREFIX}{group}.0.1", create=True, size=8192)

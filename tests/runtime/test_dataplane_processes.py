@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from derecho_async.cli import _Run
-from derecho_async.transport.shmpool import pool_segments
+from derecho_async.transport.shm.pool import pool_segments
 from tests.runtime.run_support import assert_survivors_consistent, wait_for
 
 

@@ -12,7 +12,7 @@ import pytest
 
 import derecho_async as da
 from derecho_async.launch import free_ports
-from derecho_async.transport import tcp
+from derecho_async.transport.tcp import framing, handshake
 from derecho_async.workload import ReplicatedLog
 
 SECRET = "correct horse battery staple"
@@ -54,7 +54,7 @@ async def _raw(port: int, data: bytes) -> bytes:
 
 async def _authenticated(port: int, my_id: int, frames: list[bytes]) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    _peer, _addr, verdict, why = await tcp.client_handshake(
+    _peer, _addr, verdict, why = await handshake.client_handshake(
         reader,
         writer,
         secret=SECRET.encode(),
@@ -89,8 +89,8 @@ async def test_garbage_wrong_secret_bad_frames_do_not_hurt_the_group(
         writer.close()
         # a member that does not know the secret
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        with pytest.raises(tcp._AuthError):
-            await tcp.client_handshake(
+        with pytest.raises(handshake.AuthError):
+            await handshake.client_handshake(
                 reader,
                 writer,
                 secret=b"wrong secret!!!!!!",
@@ -104,24 +104,24 @@ async def test_garbage_wrong_secret_bad_frames_do_not_hurt_the_group(
             port,
             42,
             [
-                tcp.FRAME.pack(99, 0, 0, 0, 0),  # unknown frame type
+                framing.FRAME.pack(99, 0, 0, 0, 0),  # unknown frame type
             ],
         )
         await _authenticated(
             port,
             43,
             [
-                tcp.FRAME.pack(tcp.F_PUSH, 0, 0, 0, 1 << 40),  # oversized length
+                framing.FRAME.pack(framing.F_PUSH, 0, 0, 0, 1 << 40),  # oversized length
             ],
         )
         await _authenticated(
             port,
             44,
             [
-                tcp.FRAME.pack(tcp.F_PUSH, 0, 0, 0, 64) + b"\0" * 64,  # push into row 0
+                framing.FRAME.pack(framing.F_PUSH, 0, 0, 0, 64) + b"\0" * 64,  # push into row 0
             ],
         )
-        await _authenticated(port, 45, [tcp.FRAME.pack(tcp.F_MSG, 0, 0, 0, 100) + b"short"])
+        await _authenticated(port, 45, [framing.FRAME.pack(framing.F_MSG, 0, 0, 0, 100) + b"short"])
         calls += [asyncio.ensure_future(log.append(b"after %d" % i)) for i in range(20)]
         replies = await asyncio.wait_for(asyncio.gather(*calls), 20)
         assert all(set(r) == {0, 1, 2} for r in replies)

@@ -20,7 +20,9 @@ import sys
 import msgpack  # type: ignore[import-untyped]
 import uvloop
 
-from derecho_async.transport import ShmTransport, TcpTransport, Transport
+from derecho_async.transport import Transport
+from derecho_async.transport.shm import ShmTransport
+from derecho_async.transport.tcp import TcpTransport
 
 ROW = 64
 PUSHES = 3000

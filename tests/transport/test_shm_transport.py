@@ -13,8 +13,7 @@ from transport_support import Recorder, new_group
 from derecho_async._hotpath_pure.shmring import _RING as _HEADER
 from derecho_async._hotpath_pure.shmring import _ring_write as ring_write
 from derecho_async.errors import ConfigError, UsageError
-from derecho_async.transport import ShmTransport, shmfiles
-from derecho_async.transport import shm as shm_mod
+from derecho_async.transport.shm import ShmTransport, doorbell, files, ring
 
 LOGGER = "derecho_async.transport"
 ROW = 64
@@ -26,12 +25,12 @@ class FakeProducer:
     def __init__(self, group: str, sender: int, receiver: int, *, alive: bool = True) -> None:
         self.group, self.sender, self.receiver = group, sender, receiver
         self.inc = 12345
-        path = shm_mod._seg_path(group, sender, receiver)
-        self.ring = shm_mod._create_ring(path, sender, receiver, 64 << 10, self.inc)
+        path = ring.ring_path(group, sender, receiver)
+        self.ring = ring.create_ring(path, sender, receiver, 64 << 10, self.inc)
         self.head = 0
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         if alive:
-            self.sock.bind(shm_mod._doorbell_name(group, sender))
+            self.sock.bind(doorbell.doorbell_name(group, sender))
 
     def record(
         self, typ: int, a: int, b: int, payload: bytes, *, flags: int = 0, length: int | None = None
@@ -43,19 +42,19 @@ class FakeProducer:
         self.head += 32 + ((len(payload) + 7) & ~7)
 
     def publish(self, head: int | None = None) -> None:
-        self.ring.words[shm_mod._W_HEAD] = self.head if head is None else head
+        self.ring.words[ring.W_HEAD] = self.head if head is None else head
         self.sock.sendto(
-            shm_mod._DG.pack(shm_mod._D_DATA, 0, self.sender, self.inc),
-            shm_mod._doorbell_name(self.group, self.receiver),
+            doorbell.DG.pack(doorbell.D_DATA, 0, self.sender, self.inc),
+            doorbell.doorbell_name(self.group, self.receiver),
         )
 
     def close(self) -> None:
         self.ring.close()
         self.sock.close()
-        shmfiles.unlink_file(self.ring.path)
+        files.unlink_file(self.ring.path)
 
 
-R_PUSH, R_MSG = shm_mod._R_PUSH, shm_mod._R_MSG
+R_PUSH, R_MSG = ring.R_PUSH, ring.R_MSG
 GARBAGE = {
     "unknown record type": lambda p: p.record(99, 0, 0, b"x"),
     "flags": lambda p: p.record(R_MSG, 1, 0, b"x", flags=4),
@@ -97,7 +96,7 @@ async def test_corrupt_ring_is_abandoned_and_reported(
             assert r1.pushes(7) == [(1, 7, 2 * ROW, b"rowdata!")]
             assert any("outside member 7's row" in f for f in r1.failures(7))
         assert expect in caplog.text
-        assert fake.ring.words[shm_mod._W_CCLOSED] == 1  # the producer is told
+        assert fake.ring.words[ring.W_CCLOSED] == 1  # the producer is told
         # the group carries on
         t0.send(1, b"still working")
         await r1.wait_for(lambda: r1.messages(0) == [b"still working"])
@@ -143,7 +142,7 @@ async def test_spinning_consumer_sleeps_between_sparse_arrivals() -> None:
 
             await r.wait_for(arrived)
             await asyncio.sleep(0.015)  # > 5 x 2 ms
-        assert fake.ring.words[shm_mod._W_CSLEEP] == 1
+        assert fake.ring.words[ring.W_CSLEEP] == 1
     finally:
         fake.close()
         await t.close()
@@ -169,10 +168,10 @@ async def test_spinning_consumer_needs_no_doorbell(spin_us: float) -> None:
 
             await r.wait_for(arrived)
         await asyncio.sleep(0.005)
-        assert fake.ring.words[shm_mod._W_CSLEEP] == (0 if spin_us else 1)
+        assert fake.ring.words[ring.W_CSLEEP] == (0 if spin_us else 1)
         if spin_us:
             fake.record(R_MSG, 5, 0, b"third")
-            fake.ring.words[shm_mod._W_HEAD] = fake.head  # published, no doorbell
+            fake.ring.words[ring.W_HEAD] = fake.head  # published, no doorbell
             await asyncio.wait_for(r.wait_for(lambda: len(r.messages(0)) == 3), 0.03)
             assert r.messages(0) == [b"first", b"second", b"third"]
     finally:

@@ -14,8 +14,9 @@ import pytest
 from transport_support import SECRET, Recorder, cluster
 
 from derecho_async.errors import ConfigError, ProtocolViolation, UsageError
-from derecho_async.transport import TcpTransport
-from derecho_async.transport.tcp import F_CLOSE, F_MSG, F_PUSH, FRAME, client_handshake
+from derecho_async.transport.tcp import TcpTransport
+from derecho_async.transport.tcp.framing import F_CLOSE, F_MSG, F_PUSH, FRAME
+from derecho_async.transport.tcp.handshake import client_handshake
 
 LOGGER = "derecho_async.transport"
 ROW = 64

@@ -12,7 +12,10 @@ import pytest
 from transport_support import KINDS, Recorder, cluster, make_transport, new_group, open_fds
 
 from derecho_async.errors import GroupClosed, UsageError
-from derecho_async.transport import LoopbackFabric, ShmTransport, TcpTransport, Transport
+from derecho_async.transport import Transport
+from derecho_async.transport.loopback import LoopbackFabric
+from derecho_async.transport.shm import ShmTransport
+from derecho_async.transport.tcp import TcpTransport
 
 ROW = 64
 LOGGER = "derecho_async.transport"

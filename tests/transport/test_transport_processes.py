@@ -14,7 +14,9 @@ import pytest
 from member_process import ROW, expected_from
 from transport_support import SECRET, Recorder, new_group
 
-from derecho_async.transport import ShmTransport, TcpTransport, Transport
+from derecho_async.transport import Transport
+from derecho_async.transport.shm import ShmTransport
+from derecho_async.transport.tcp import TcpTransport
 
 SCRIPT = Path(__file__).with_name("member_process.py")
 

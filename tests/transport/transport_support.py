@@ -9,12 +9,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from derecho_async.transport import (
-    LoopbackFabric,
-    ShmTransport,
-    TcpTransport,
-    Transport,
-)
+from derecho_async.transport import Transport
+from derecho_async.transport.loopback import LoopbackFabric
+from derecho_async.transport.shm import ShmTransport
+from derecho_async.transport.tcp import TcpTransport
 
 KINDS = ["loopback", "shm", "tcp"]
 SECRET = b"conformance-secret"

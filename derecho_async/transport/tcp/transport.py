@@ -1,59 +1,33 @@
-# Theory of operation
-# -------------------
-# Members on several hosts. Each pair of members shares one TCP stream (optionally TLS), used in
-# both directions; pushes and messages share it, so every (sender, target) link is FIFO.
-#
-# Handshake (each message: u32 length + msgpack map, at most 4 KiB, 5 s timeout):
-#   1. initiator -> acceptor: protocol tag, initiator id, listen address, 32-byte nonce Nc
-#   2. acceptor  -> initiator: acceptor id, listen address, nonce Ns,
-#                              HMAC-SHA256(secret, "server" | transcript)
-#   3. initiator -> acceptor: HMAC-SHA256(secret, "client" | transcript)
-#   4. acceptor  -> initiator: verdict "accept" | "dup" | "reject" (+ why)
-# The transcript binds both ids, both listen addresses and both nonces, and the role tags stop
-# reflection; nothing but HMACs of fresh nonces crosses the wire, so the secret never does. A
-# side whose check fails logs "authentication failed" and refuses; the connecting side reports
-# ``on_failure(member, "authentication failed ...")`` and does not retry.
-#
-# One stream per pair. A member dials a peer only when it has no stream to it. When both dial at
-# once, the stream dialled by the lower id wins: the lower id answers "dup" to the higher id's
-# dial while its own dial is in progress or established; the higher id accepts the lower id's
-# dial, aborting its own. A "dup" loser waits for the winner's stream. A dial from a peer that
-# the winner rule allows replaces an established stream (the peer only dials when it lost it).
-# The verdict is decided and the stream installed synchronously, and data frames follow the
-# verdict on the same stream, so no frame is ever sent on a stream that is then dropped by rule.
-#
-# Frames: a 32-byte ``struct`` header (type u32, flags u32 = 0, view_id u64, offset u64,
-# length u64) and ``length`` payload bytes. Types: PUSH (view_id, table offset), MSG (view_id =
-# offset = 0), BYE (graceful goodbye, empty), CLOSE (the peer closes on us; payload = UTF-8
-# reason). Every header is checked before its payload is read (known type, zero flags, length
-# <= max_frame, zero fields where they must be zero); pushes are checked against the sender's
-# row by the PushGate. A bad frame, a truncated frame at EOF, or a push outside the sender's row
-# closes that stream (a CLOSE frame tells the peer why), is logged, and is reported with
-# ``on_failure(sender, reason)``; the other streams carry on, and the peer may dial again.
-#
-# Sending never blocks: frames go to the stream's write buffer, or, while there is no stream,
-# to the link's queue, and a dialler task connects (bounded retries with backoff) and flushes
-# the queue first, preserving order. A stream that dies without BYE is reported as lost (frames
-# in flight may be gone); the next send dials again. Pushes longer than ``max_frame`` are split
-# at 8-byte aligned table offsets (the push contract allows partial landing); a message longer
-# than ``max_frame`` is refused with UsageError.
-"""TCP transport (optionally TLS) for members on several hosts."""
+"""TcpTransport: members on several hosts, one authenticated stream (optionally TLS) per pair.
+
+Theory of operation (DESIGN.md §5.3): each pair of members shares one TCP stream, used in both
+directions; pushes and messages share it, so every (sender, target) link is FIFO. A stream
+starts with the handshake (:mod:`.handshake`); a side whose check fails logs "authentication
+failed" and refuses; the dialling side reports ``on_failure(member, "authentication failed
+...")`` and does not retry. One stream per pair: a member dials a peer only when it has no
+stream to it; when both dial at once the stream dialled by the lower id wins (the lower id
+answers "dup" while its own dial is in progress or established; the higher id accepts the
+lower id's dial, aborting its own), and a dial the winner rule allows replaces an established
+stream. The verdict is decided and the stream installed synchronously, and data frames follow
+the verdict, so no frame is ever sent on a stream that is then dropped by rule. Then frames
+(:mod:`.framing`): a bad frame, a truncated frame at EOF or a push outside the sender's row
+(the PushGate) closes that stream with a CLOSE frame saying why, and is reported; the other
+streams carry on. Sending never blocks: frames go to the stream's write buffer or, while there
+is no stream, to the link's queue, which a dialler task (bounded retries with backoff) flushes
+first once connected. A stream that dies without BYE is reported as lost; the next send dials
+again. Pushes longer than ``max_frame`` are split at 8-byte aligned table offsets; a longer
+message is refused with UsageError.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
-import os
 import socket
 import ssl
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import msgpack  # type: ignore[import-untyped]
 
 from derecho_async.errors import ConfigError, ProtocolViolation, UsageError
 from derecho_async.transport.base import (
@@ -63,155 +37,35 @@ from derecho_async.transport.base import (
     check_member_id,
     log,
 )
+from derecho_async.transport.tcp.framing import (
+    F_BYE,
+    F_MSG,
+    F_PUSH,
+    FRAME,
+    bye_frame,
+    check_header,
+    close_frames,
+)
+from derecho_async.transport.tcp.handshake import (
+    Address,
+    AuthError,
+    HandshakeError,
+    check_address,
+    client_handshake,
+    send_verdict,
+    server_handshake,
+)
 
 if TYPE_CHECKING:
     from derecho_async.config import Config
 
 __all__ = ["TcpTransport", "from_config"]
 
-PROTOCOL = "derecho_async/tcp/1"
-FRAME = struct.Struct("<IIQQQ")  # type, flags, view_id, offset, length
-F_PUSH, F_MSG, F_BYE, F_CLOSE = 1, 2, 3, 4
-_HS_LEN = struct.Struct("<I")
-_HS_MAX = 4096
-_NONCE = 32
-_MAX_REASON = 1024
-_U63 = 1 << 63
 _WILDCARDS = {"", "0.0.0.0", "::"}
-
-Address = tuple[str, int]
-
-
-class _HandshakeError(Exception):
-    """The handshake failed (retryable)."""
-
-
-class _AuthError(_HandshakeError):
-    """The peer did not prove the shared secret (not retried)."""
 
 
 class _Duplicate(Exception):
     """The peer keeps its own stream to us (simultaneous dial)."""
-
-
-def _check_address(addr: object, what: str) -> Address:
-    """A (host, port) pair from a pair or a ``"host:port"`` / ``"[v6]:port"`` string."""
-    if isinstance(addr, str):
-        host, sep, port_text = addr.rpartition(":")
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        if sep and host and port_text.isascii() and port_text.isdigit() and len(port_text) <= 5:
-            addr = (host, int(port_text))
-    if (
-        isinstance(addr, tuple | list)
-        and len(addr) == 2
-        and isinstance(addr[0], str)
-        and isinstance(addr[1], int)
-        and not isinstance(addr[1], bool)
-        and 0 <= addr[1] <= 65535
-    ):
-        return (addr[0], addr[1])
-    raise UsageError(f"{what} must be a (host, port) pair or a 'host:port' string, got {addr!r}")
-
-
-def _mac(secret: bytes, role: bytes, transcript: bytes) -> bytes:
-    return hmac.new(
-        secret, PROTOCOL.encode() + b"|" + role + b"|" + transcript, hashlib.sha256
-    ).digest()
-
-
-def _transcript(
-    c_id: int, c_addr: Address, nc: bytes, s_id: int, s_addr: Address, ns: bytes
-) -> bytes:
-    packed: bytes = msgpack.packb([c_id, list(c_addr), nc, s_id, list(s_addr), ns])
-    return packed
-
-
-def _write_hs(writer: asyncio.StreamWriter, obj: dict[str, Any]) -> None:
-    data: bytes = msgpack.packb(obj)
-    writer.write(_HS_LEN.pack(len(data)) + data)
-
-
-async def _read_hs(reader: asyncio.StreamReader) -> dict[str, Any]:
-    (n,) = _HS_LEN.unpack(await reader.readexactly(_HS_LEN.size))
-    if n > _HS_MAX:
-        raise _HandshakeError(f"handshake message of {n} bytes (at most {_HS_MAX})")
-    raw = await reader.readexactly(n)
-    try:
-        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
-    except Exception as exc:
-        raise _HandshakeError(f"undecodable handshake message: {exc}") from exc
-    if not isinstance(obj, dict):
-        raise _HandshakeError("handshake message is not a map")
-    return obj
-
-
-def _field_id(obj: dict[str, Any], key: str) -> int:
-    v = obj.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < _U63:
-        raise _HandshakeError(f"handshake field {key!r} is not a member id: {v!r}")
-    return v
-
-
-def _field_bytes(obj: dict[str, Any], key: str, n: int) -> bytes:
-    v = obj.get(key)
-    if not isinstance(v, bytes) or len(v) != n:
-        raise _HandshakeError(f"handshake field {key!r} is not {n} bytes")
-    return v
-
-
-def _field_addr(obj: dict[str, Any], key: str) -> Address:
-    v = obj.get(key)
-    try:
-        addr = _check_address(v, key)
-    except UsageError as exc:
-        raise _HandshakeError(str(exc)) from exc
-    if len(addr[0]) > 255:
-        raise _HandshakeError("announced host name too long")
-    return addr
-
-
-async def client_handshake(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    *,
-    secret: bytes,
-    my_id: int,
-    my_addr: Address,
-    expect: int | None,
-) -> tuple[int, Address, str, str]:
-    """Run the initiator's side of the handshake on an open stream.
-
-    Returns (peer id, peer listen address, verdict, why). Raises ``_AuthError`` if the peer did
-    not prove the secret, ``_HandshakeError`` for malformed or unexpected answers. Used by
-    :class:`TcpTransport`; public within the package so tests can drive raw streams.
-    """
-    nc = os.urandom(_NONCE)
-    _write_hs(writer, {"proto": PROTOCOL, "id": my_id, "addr": list(my_addr), "nonce": nc})
-    ch = await _read_hs(reader)
-    if ch.get("proto") != PROTOCOL:
-        why = ch.get("why") if isinstance(ch.get("why"), str) else "unknown protocol"
-        raise _HandshakeError(f"peer refused the handshake: {why}")
-    s_id = _field_id(ch, "id")
-    s_addr = _field_addr(ch, "addr")
-    ns = _field_bytes(ch, "nonce", _NONCE)
-    s_mac = _field_bytes(ch, "mac", 32)
-    transcript = _transcript(my_id, my_addr, nc, s_id, s_addr, ns)
-    ok = hmac.compare_digest(s_mac, _mac(secret, b"server", transcript))
-    _write_hs(writer, {"mac": _mac(secret, b"client", transcript)})
-    if not ok:
-        raise _AuthError(
-            f"authentication failed: member {s_id} did not prove the shared secret"
-            " (is the secret the same on both sides?)"
-        )
-    if expect is not None and s_id != expect:
-        raise _HandshakeError(f"the address answers as member {s_id}, not member {expect}")
-    vd = await _read_hs(reader)
-    verdict = vd.get("verdict")
-    why = vd.get("why", "")
-    if verdict not in ("accept", "dup", "reject") or not isinstance(why, str):
-        raise _HandshakeError(f"bad handshake verdict {verdict!r}")
-    return s_id, s_addr, verdict, why[:_MAX_REASON]
 
 
 @dataclass(eq=False)
@@ -271,7 +125,7 @@ class TcpTransport(Transport):
     ) -> None:
         super().__init__(member_id)
         try:
-            self._listen = _check_address(listen, "listen")
+            self._listen = check_address(listen, "listen")
         except UsageError as exc:
             raise ConfigError("listen", "a (host: str, port: int) pair", listen) from exc
         if not isinstance(secret, bytes) or not secret:
@@ -287,7 +141,7 @@ class TcpTransport(Transport):
         self._links: dict[int, _Link] = {}
         for pid, paddr in peers.items():
             try:
-                self._link(check_member_id(pid, "peer id")).addr = _check_address(paddr, "address")
+                self._link(check_member_id(pid, "peer id")).addr = check_address(paddr, "address")
             except UsageError as exc:
                 raise ConfigError("peers", "a mapping of member id to (host, port)", peers) from exc
         self._server: asyncio.Server | None = None
@@ -335,7 +189,7 @@ class TcpTransport(Transport):
         for conn in conns:
             conn.closed = True
             if not conn.writer.transport.is_closing():
-                conn.writer.write(FRAME.pack(F_BYE, 0, 0, 0, 0))
+                conn.writer.write(bye_frame())
             conn.writer.close()
         current = asyncio.current_task()
         tasks = [t for t in self._tasks if t is not current]
@@ -399,7 +253,7 @@ class TcpTransport(Transport):
         if address is None:
             self._link(member_id)
             return
-        addr = _check_address(address, "address")
+        addr = check_address(address, "address")
         if not self._closed:
             self._link(member_id).addr = addr
 
@@ -501,7 +355,7 @@ class TcpTransport(Transport):
             link.handshaking = True
             try:
                 conn = await self._dial(link.peer, addr)
-            except _AuthError as exc:
+            except AuthError as exc:
                 self._link_failed(link, f"{exc} (at {addr[0]}:{addr[1]})", auth=True)
                 return
             except _Duplicate:
@@ -512,7 +366,7 @@ class TcpTransport(Transport):
                     last = "it kept a duplicate stream that never arrived"
                     continue
                 return
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, _HandshakeError) as exc:
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, HandshakeError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
                 log.debug(
                     "member %d: dial to member %d failed: %s", self.member_id, link.peer, last
@@ -553,8 +407,8 @@ class TcpTransport(Transport):
                 raise _Duplicate()
             if verdict != "accept":
                 if "authentication" in why:
-                    raise _AuthError(f"authentication failed: member {s_id} refused us: {why}")
-                raise _HandshakeError(f"member {s_id} refused the stream: {why}")
+                    raise AuthError(f"authentication failed: member {s_id} refused us: {why}")
+                raise HandshakeError(f"member {s_id} refused the stream: {why}")
             ok = True
             return _Conn(peer, self.member_id, reader, writer)
         finally:
@@ -610,8 +464,8 @@ class TcpTransport(Transport):
         try:
             try:
                 conn = await self._accept_handshake(reader, writer, peername)
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, _HandshakeError) as exc:
-                if isinstance(exc, _AuthError):
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, HandshakeError) as exc:
+                if isinstance(exc, AuthError):
                     log.error(
                         "member %d: refused stream from %s: %s", self.member_id, peername, exc
                     )
@@ -650,36 +504,11 @@ class TcpTransport(Transport):
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peername: object
     ) -> _Conn | None:
         async with asyncio.timeout(self.handshake_timeout):
-            hello = await _read_hs(reader)
-            if hello.get("proto") != PROTOCOL:
-                _write_hs(writer, {"why": f"expected protocol {PROTOCOL}"})
-                raise _HandshakeError(f"unknown protocol {hello.get('proto')!r}")
-            c_id = _field_id(hello, "id")
-            c_addr = _field_addr(hello, "addr")
-            nc = _field_bytes(hello, "nonce", _NONCE)
-            ns = os.urandom(_NONCE)
-            my_addr = self.address
-            transcript = _transcript(c_id, c_addr, nc, self.member_id, my_addr, ns)
-            _write_hs(
-                writer,
-                {
-                    "proto": PROTOCOL,
-                    "id": self.member_id,
-                    "addr": list(my_addr),
-                    "nonce": ns,
-                    "mac": _mac(self._secret, b"server", transcript),
-                },
+            c_id, c_addr = await server_handshake(
+                reader, writer, secret=self._secret, my_id=self.member_id, my_addr=self.address
             )
-            proof = await _read_hs(reader)
-            c_mac = _field_bytes(proof, "mac", 32)
-            if not hmac.compare_digest(c_mac, _mac(self._secret, b"client", transcript)):
-                _write_hs(writer, {"verdict": "reject", "why": "authentication failed"})
-                raise _AuthError(
-                    f"authentication failed: the peer claiming to be member {c_id} did not prove"
-                    " the shared secret"
-                )
         if c_id == self.member_id:
-            _write_hs(writer, {"verdict": "reject", "why": "same member id as the acceptor"})
+            send_verdict(writer, "reject", "same member id as the acceptor")
             log.warning("member %d: refused a stream claiming my own id from %s", c_id, peername)
             return None
         if self._closed:
@@ -689,13 +518,13 @@ class TcpTransport(Transport):
         if self.member_id < c_id and (
             link.handshaking or (link.conn is not None and link.conn.initiator == self.member_id)
         ):
-            _write_hs(writer, {"verdict": "dup", "why": "lower id's stream wins"})
+            send_verdict(writer, "dup", "lower id's stream wins")
             return None
         host, port = c_addr
         if host in _WILDCARDS and isinstance(peername, tuple):
             host = str(peername[0])
         link.addr = (host, port)
-        _write_hs(writer, {"verdict": "accept", "why": ""})
+        send_verdict(writer, "accept")
         conn = _Conn(c_id, c_id, reader, writer)
         if link.dialler is not None and not link.dialler.done() and link.handshaking:
             link.dialler.cancel()  # the lower id's stream (this one) wins
@@ -704,26 +533,6 @@ class TcpTransport(Transport):
         return conn
 
     # -- receiving ----------------------------------------------------------------------------
-    def _check_header(
-        self, typ: int, flags: int, view_id: int, offset: int, length: int
-    ) -> str | None:
-        if typ not in (F_PUSH, F_MSG, F_BYE, F_CLOSE):
-            return f"unknown frame type {typ}"
-        if flags:
-            return f"frame flags {flags:#x} are not zero"
-        if length > self.max_frame:
-            return f"frame length {length} exceeds max_frame={self.max_frame}"
-        if typ == F_PUSH:
-            if view_id >= _U63 or offset >= _U63:
-                return f"push view {view_id} / offset {offset} out of range"
-        elif view_id or offset:
-            return f"frame type {typ} has non-zero view/offset fields"
-        if typ == F_BYE and length:
-            return "goodbye frame with a payload"
-        if typ == F_CLOSE and length > _MAX_REASON:
-            return f"close reason of {length} bytes"
-        return None
-
     async def _read_loop(self, conn: _Conn) -> None:
         reader = conn.reader
         try:
@@ -740,7 +549,7 @@ class TcpTransport(Transport):
                         self._lost(conn, "connection lost (EOF without goodbye)")
                     return
                 typ, flags, view_id, offset, length = FRAME.unpack(hdr)
-                problem = self._check_header(typ, flags, view_id, offset, length)
+                problem = check_header(typ, flags, view_id, offset, length, self.max_frame)
                 if problem is not None:
                     self._violate(conn, problem)
                     return
@@ -802,8 +611,7 @@ class TcpTransport(Transport):
             "member %d: closing stream from member %d: %s", self.member_id, conn.peer, reason
         )
         if not conn.writer.transport.is_closing():
-            msg = reason.encode()[:_MAX_REASON]
-            conn.writer.writelines([FRAME.pack(F_CLOSE, 0, 0, 0, len(msg)), msg])
+            conn.writer.writelines(close_frames(reason))
         self._detach(conn)
         self._report_failure(conn.peer, reason)
 
@@ -814,8 +622,7 @@ class TcpTransport(Transport):
             if conn.closed:
                 return
             if not conn.writer.transport.is_closing():
-                msg = reason.encode()[:_MAX_REASON]
-                conn.writer.writelines([FRAME.pack(F_CLOSE, 0, 0, 0, len(msg)), msg])
+                conn.writer.writelines(close_frames(reason))
             self._detach(conn)
         self._report_failure(sender, reason)
 

@@ -1,12 +1,11 @@
 """Segment files of shm groups in ``/dev/shm``: names, creation, checked mapping, listing.
 
-Theory of operation: every file of group ``g`` is ``/dev/shm/derecho_async.<g>.<owner>.<rest>``
-(a ring of the shm transport, ``<rest>`` the receiver; a pool segment of the shm data plane,
-``pool<k>``), a private regular file of this user (mode 0o600), created with ``os.open`` and
-mapped with ``mmap`` so no resource tracker owns it. Whoever maps a file checks owner, type,
-mode and size first (:class:`BadSegment` otherwise). Both the transport (:mod:`.shm`) and the
-pool (:mod:`.shmpool`) use these; liveness of an owner is the transport's doorbell rule
-(:func:`derecho_async.transport.shm.is_alive`).
+Theory of operation (DESIGN.md §5.2): every file of group ``g`` is
+``/dev/shm/derecho_async.<g>.<owner>.<rest>`` (a ring, ``<rest>`` the receiver: :mod:`.ring`;
+a pool segment of the shm data plane, ``pool<k>``: :mod:`.pool`), a private regular file of this
+user (mode 0o600), created with ``os.open`` and mapped with ``mmap`` so no resource tracker owns
+it. Whoever maps a file checks owner, type, mode and size first (:class:`BadSegment` otherwise).
+Which files are stale is :mod:`.cleanup`'s rule.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ __all__ = [
     "group_files",
     "map_segment",
     "open_segment",
+    "read_word",
     "unlink_file",
 ]
 
@@ -39,6 +39,8 @@ GROUP_RE = re.compile(r"[A-Za-z0-9_-]{1,48}")
 
 
 def check_group(group: object) -> str:
+    """``group`` if it is a valid group name (it becomes part of file names), else
+    :class:`ConfigError`."""
     if not isinstance(group, str) or not GROUP_RE.fullmatch(group):
         raise ConfigError("group", "1-48 characters from [A-Za-z0-9_-]", group)
     return group
@@ -61,6 +63,7 @@ def group_files(group: str) -> Iterator[tuple[str, str, str]]:
 
 
 def unlink_file(path: str) -> bool:
+    """Remove ``path``; False if it was not there or could not be removed (logged)."""
     try:
         os.unlink(path)
         return True
@@ -72,6 +75,7 @@ def unlink_file(path: str) -> bool:
 
 
 def open_segment(path: str, flags: int) -> int:
+    """An fd of the segment file ``path``, read/write (``MAP_SHARED`` needs it), no symlinks."""
     return os.open(path, flags | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
@@ -117,5 +121,22 @@ def map_segment(path: str, min_size: int, max_size: int, flags: int = mmap.MAP_S
         os.close(fd)
 
 
+def read_word(path: str, index: int) -> int | None:
+    """Header word ``index`` (u64) of a segment of ours, without mapping it (None if unreadable
+    or foreign)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode):
+            return None
+        raw = os.pread(fd, 8, index * 8)
+        return int.from_bytes(raw, "little") if len(raw) == 8 else None
+    finally:
+        os.close(fd)
+
+
 class BadSegment(Exception):
-    pass
+    """A segment file is missing, foreign or malformed."""

@@ -1,24 +1,15 @@
-# Theory of operation
-# -------------------
-# Pool segments: the shared-memory buffers of the shm data plane (runtime/shmplane.py). A member
-# owns the segments of its pool, files ``/dev/shm/derecho_async.<group>.<owner>.pool<k>``
-# created with mode 0o600 (``os.open`` + ``mmap``, so Python's resource tracker never owns or
-# unlinks them), next to the rings of shm.py (whose name parser ignores them). Layout: a 4 KiB
-# header of u64 words (magic, owner, generation, capacity), then ``capacity`` data bytes. The
-# generation is a random 63-bit number chosen at creation: a receiver that cached a mapping of
-# segment ``k`` of ``owner`` knows from the generation in a descriptor whether it still maps the
-# same file (the owner may have restarted and recreated it).
-#
-# Only the owner writes its segments; peers map them read/write (MAP_SHARED needs an fd opened
-# O_RDWR, as for the rings) but only copy out. Attaching validates the file (owner uid, regular
-# file, private mode, size within bounds) and the whole header before any use.
-#
-# Lifetime: the owner unlinks its segments when it closes. After a crash (SIGKILL) the files
-# stay until somebody who can tell the owner is dead removes them: the surviving members' planes
-# when a view without the owner is installed, a restarting member with the same id (it holds the
-# id's doorbell, so its predecessor is gone), and ``ShmTransport.cleanup_group`` (launchers,
-# tests). "Dead" is the rule of shm.py: the owner's doorbell name is unbound.
-"""Shared-memory pool segments of the shm data plane: naming, creation, attach, cleanup."""
+"""Pool segments of the shm data plane: naming, creation, attach, cleanup.
+
+Theory of operation (DESIGN.md §5.2, §6.4): a member owns the segments of its pool, files
+``/dev/shm/derecho_async.<group>.<owner>.pool<k>`` (:mod:`.files`) next to the rings. Layout: a
+4 KiB header of u64 words (magic, owner, generation, capacity), then the data. The generation is
+a random 63-bit number chosen at creation: a receiver that cached a mapping of segment ``k`` of
+``owner`` knows from a descriptor's generation whether it still maps the same file. Only the
+owner writes; peers map read/write (``MAP_SHARED`` needs it) but only copy out, after validating
+the file and the whole header. The owner unlinks its segments when it closes; after a crash they
+stay until someone who can tell the owner is dead (the doorbell rule) removes them: surviving
+members' planes at the next view, a restarting member with the same id, :mod:`.cleanup`.
+"""
 
 from __future__ import annotations
 
@@ -28,8 +19,8 @@ import os
 import socket
 from collections.abc import Iterator
 
-from derecho_async.transport.shm import is_alive
-from derecho_async.transport.shmfiles import (
+from derecho_async.transport.shm.doorbell import is_alive
+from derecho_async.transport.shm.files import (
     PREFIX,
     SHM_DIR,
     BadSegment,
@@ -41,12 +32,19 @@ from derecho_async.transport.shmfiles import (
 )
 
 __all__ = [
+    "HDR",
+    "MAX_CAPACITY",
+    "MAX_SEGMENTS",
+    "MIN_CAPACITY",
+    "BadPoolSegment",
     "PoolSegment",
     "attach_pool_segment",
     "cleanup_pool",
     "create_pool_segment",
     "pool_path",
     "pool_segments",
+    "unlink_own_pool",
+    "unlink_pool_segment",
 ]
 
 _MAGIC = int.from_bytes(b"DApool01", "little")
@@ -70,6 +68,7 @@ class BadPoolSegment(Exception):
 
 
 def pool_path(group: str, owner: int, index: int) -> str:
+    """The file of segment ``index`` of ``owner``'s pool in ``group``."""
     return os.path.join(SHM_DIR, f"{PREFIX}{group}.{owner}.pool{index}")
 
 
@@ -95,6 +94,7 @@ class PoolSegment:
         whole.release()
 
     def close(self) -> None:
+        """Unmap the segment (the file stays)."""
         self.data.release()
         with contextlib.suppress(BufferError):  # a view leaked: the mapping dies with us
             self.mm.close()

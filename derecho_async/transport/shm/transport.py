@@ -1,67 +1,30 @@
-# Theory of operation
-# -------------------
-# Members of one group on one host. Every ordered pair (sender -> receiver) has a
-# single-producer/single-consumer ring in POSIX shared memory, file
-# ``/dev/shm/derecho_async.<group>.<sender>.<receiver>``, created lazily by the sender with mode
-# 0o600 (opened with ``os.open`` + ``mmap``, so Python's resource tracker never owns or unlinks
-# it). Layout: a 4 KiB header of u64 words, each on its own cache line (magic, version, sender,
-# receiver, capacity, producer incarnation; producer-owned ``head``, ``blocked``, ``closed``;
-# consumer-owned ``tail``, ``sleeping``, consumer incarnation, ``closed``), then ``capacity``
-# data bytes used circularly. ``head`` and ``tail`` are monotone byte counters; words are read
-# and written as single aligned 8-byte loads/stores (``memoryview.cast("Q")``).
-#
-# Records are 8-byte aligned: a 32-byte ``struct`` header (type, flags=0, a, b, length) and the
-# payload. PUSH: a=view_id, b=table offset. MSG: a=total message length, b=fragment offset:
-# a message larger than a record is split into fragments, reassembled by the receiver (bounded
-# by ``max_message``). A push larger than a record is split at 8-byte aligned table offsets,
-# which the push contract allows (a push may land partially; aligned words stay whole). Pushes
-# and messages share the ring, so each link is FIFO across both.
-#
-# Producer: append records, then publish ``head``. A record that does not fit waits in process
-# memory (the backlog, FIFO, never dropped); the producer sets ``blocked`` and the consumer rings
-# the producer's doorbell after it frees space. Consumer: read records up to ``head``, validate
-# every header (type, flags, lengths within what was published and within the ring, fragment
-# order, row ranges via the PushGate), deliver, publish ``tail``. A ring whose framing is broken
-# is abandoned (marked closed, reported with ``on_failure``); a bad push inside good framing is
-# only dropped and reported.
-#
-# Doorbells: each member binds a UNIX datagram socket in the Linux abstract namespace
-# (``\0dasync/<uid>/<group>/<member>``), registered with ``loop.add_reader``. The kernel
-# releases the name when the process dies, so "is member m alive" is "does a datagram to its
-# name get ECONNREFUSED". Datagrams carry (kind, member, incarnation) and are only hints; those
-# from other uids are ignored (SO_PASSCRED). A producer rings only if the consumer published
-# ``sleeping``; the consumer sets ``sleeping`` only after a pass found every ring empty, then
-# re-checks. With ``spin_us`` > 0 and dense traffic (the last two arrivals within five spin
-# windows) the consumer first keeps polling (through the event loop, so other callbacks run) for
-# that long after the last arrival: a doorbell costs a syscall on each side and an epoll wake-up,
-# which is most of a hop's latency on a machine with idle cores. Sparse arrivals (an idle group's
-# heartbeats) never spin.
-# Both sides use a full fence between their store and the other side's load (an
-# uncontended lock round trip is a locked RMW instruction on x86-64), and a slow sweep timer
-# (50 ms backing off to 1 s) re-polls rings and retries doorbells as a safety net, so a lost
-# wakeup costs latency, never data or liveness.
-#
-# Lifetime: ``close()`` marks its rings closed and unlinks every segment it is an end of. At
-# ``start()`` (after binding its doorbell, so it is the only live holder of its id) a member
-# removes stale segments of its group: its own from an earlier incarnation, those whose producer
-# is dead, and those whose consumer attached and died; it tells live peers it restarted so they
-# drop links to its previous incarnation. ``ShmTransport.cleanup_group(group)`` applies the same
-# rule for launchers and tests.
-"""Shared-memory transport for the members of a group on one host."""
+"""ShmTransport: members of one group on one host, over shared-memory rings and doorbells.
+
+Theory of operation (DESIGN.md §5.2): every ordered pair (sender -> receiver) has a ring
+(:mod:`.ring`), created lazily by the sender. Pushes and messages share the ring, so each link
+is FIFO across both; a push larger than a record is split at 8-byte aligned table offsets, a
+message into fragments the receiver reassembles (bounded by ``max_message``). Producer: append
+records, publish ``head``; a record that does not fit waits in a FIFO backlog (never dropped),
+the producer sets ``blocked`` and the consumer rings back after freeing space. Consumer: read
+and validate records up to ``head``, deliver (pushes through the PushGate), publish ``tail``; a
+ring whose framing is broken is abandoned and reported, a bad push inside good framing only
+dropped and reported. Wake-ups (:mod:`.doorbell`): a producer rings only if the consumer
+published ``sleeping``, which it does only after a pass found every ring empty, then re-checks;
+with ``spin_us`` and dense traffic it polls a while first. A full fence separates each side's
+store from its load of the other side's word, and a slow sweep timer (50 ms backing off to 1 s)
+re-polls and retries doorbells, so a lost wake-up costs latency, never data or liveness.
+Lifetime: ``close()`` marks its rings closed and unlinks every segment it is an end of; ``start()``
+binds the doorbell, then removes stale segments (:mod:`.cleanup`) and tells restarted peers.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import errno
 import logging
-import mmap
 import os
-import socket
-import stat
-import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -74,153 +37,55 @@ from derecho_async.transport.base import (
     check_member_id,
     log,
 )
-from derecho_async.transport.shmfiles import (
-    PREFIX,
+from derecho_async.transport.shm import cleanup
+from derecho_async.transport.shm.doorbell import (
+    ABSENT,
+    D_BYE,
+    D_DATA,
+    D_PING,
+    D_RESTART,
+    D_SPACE,
+    FULL,
+    SENT,
+    Doorbell,
+)
+from derecho_async.transport.shm.files import (
     SHM_DIR,
     BadSegment,
     check_group,
-    create_segment,
-    group_files,
-    map_segment,
+    read_word,
     unlink_file,
+)
+from derecho_async.transport.shm.ring import (
+    MAX_RING,
+    MIN_RING,
+    R_MSG,
+    R_PUSH,
+    REC_HEADER,
+    W_CCLOSED,
+    W_CINC,
+    W_CSLEEP,
+    W_HEAD,
+    W_PBLOCKED,
+    W_PCLOSED,
+    W_PINC,
+    W_TAIL,
+    Record,
+    Ring,
+    attach_ring,
+    create_ring,
+    fence,
+    record_size,
+    ring_path,
+    ring_segments,
 )
 
 if TYPE_CHECKING:
     from derecho_async.config import Config
 
-__all__ = ["ShmTransport", "cleanup_group", "from_config", "is_alive"]
+__all__ = ["ShmTransport", "from_config"]
 
-_MAGIC = int.from_bytes(b"DAshmRg1", "little")
-_VERSION = 1
-_HDR = 4096  # header bytes before the data area
-# header word indexes (u64): 8 words = one 64-byte cache line apart
-_W_MAGIC, _W_VERSION, _W_SENDER, _W_RECEIVER, _W_CAPACITY, _W_PINC = 0, 1, 2, 3, 4, 5
-_W_HEAD, _W_PBLOCKED, _W_PCLOSED = 8, 16, 24
-_W_TAIL, _W_CSLEEP, _W_CINC, _W_CCLOSED = 32, 40, 48, 56
-
-_REC_HEADER = 32  # a record's header: u32 type, u32 flags, u64 a, u64 b, u64 length
-_R_PUSH, _R_MSG = 1, 2
-_Record = tuple[int, int, int, bytes | memoryview]
-"""A record to write: (type, a, b, payload); :func:`derecho_async.hotpath.ring_put` packs the
-header."""
-_DG = struct.Struct("<IIQQ")  # kind, zero, member, incarnation
-_D_DATA, _D_SPACE, _D_BYE, _D_RESTART, _D_PING = 1, 2, 3, 4, 5
-_UCRED = struct.Struct("iII")  # pid, uid, gid
-_CMSG_SPACE = socket.CMSG_SPACE(_UCRED.size)
-
-_MIN_RING = 64 << 10
-_MAX_RING = 1 << 30
 _CONSUME_BUDGET = 1024  # records per ring per poll pass (fairness between rings)
-
-_fence = hotpath.fence
-"""Full memory barrier between a store and a later load of the other side's word
-(sleeping/head, blocked/tail): a seq_cst fence in the native hot path, an uncontended lock round
-trip (a locked RMW on x86-64) in its pure twin; the sweep timer covers any platform where this is
-weaker."""
-
-
-def _record_size(payload: bytes | memoryview) -> int:
-    """Bytes a record with ``payload`` takes in a ring: its header, then the payload padded
-    to 8 (what :func:`derecho_async.hotpath.ring_put` writes and returns)."""
-    return _REC_HEADER + ((len(payload) + 7) & ~7)
-
-
-def _seg_path(group: str, sender: int, receiver: int) -> str:
-    return os.path.join(SHM_DIR, f"{PREFIX}{group}.{sender}.{receiver}")
-
-
-def _doorbell_name(group: str, member: int) -> str:
-    return f"\0dasync/{os.getuid()}/{group}/{member}"
-
-
-def _group_segments(group: str) -> Iterator[tuple[str, int, int]]:
-    """(path, sender, receiver) of every ring segment file of ``group``."""
-    for path, sender, receiver in group_files(group):
-        if receiver.isdigit() and len(receiver) <= 19:
-            yield path, int(sender), int(receiver)
-
-
-def _read_word(path: str, index: int) -> int | None:
-    """One header word of a segment we own, without mapping it (None if unreadable/foreign)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode):
-            return None
-        raw = os.pread(fd, 8, index * 8)
-        return int.from_bytes(raw, "little") if len(raw) == 8 else None
-    finally:
-        os.close(fd)
-
-
-def is_alive(probe: socket.socket, group: str, member: int) -> bool:
-    """Whether a process holds ``member``'s doorbell (conservative: unsure means alive)."""
-    try:
-        probe.sendto(_DG.pack(_D_PING, 0, 0, 0), _doorbell_name(group, member))
-        return True
-    except BlockingIOError:
-        return True
-    except (ConnectionRefusedError, FileNotFoundError):
-        return False
-    except OSError:
-        return True
-
-
-class _Ring:
-    """One mapped ring segment, seen from either end."""
-
-    def __init__(self, path: str, mm: mmap.mmap, capacity: int) -> None:
-        self.path = path
-        self.mm = mm
-        self.capacity = capacity
-        whole = memoryview(mm)
-        self.words = whole[:_HDR].cast("Q")
-        self.data = whole[_HDR : _HDR + capacity]
-        whole.release()
-
-    def close(self) -> None:
-        self.words.release()
-        self.data.release()
-        try:
-            self.mm.close()
-        except BufferError:  # pragma: no cover - a view leaked; the mapping dies with us
-            log.warning("could not unmap %s: buffers still exported", self.path)
-
-
-def _create_ring(path: str, sender: int, receiver: int, capacity: int, inc: int) -> _Ring:
-    ring = _Ring(path, create_segment(path, _HDR + capacity), capacity)
-    w = ring.words
-    w[_W_VERSION] = _VERSION
-    w[_W_SENDER] = sender
-    w[_W_RECEIVER] = receiver
-    w[_W_CAPACITY] = capacity
-    w[_W_PINC] = inc
-    w[_W_CSLEEP] = 1  # nobody attached: the first write rings the doorbell
-    _fence()
-    w[_W_MAGIC] = _MAGIC
-    return ring
-
-
-def _attach_ring(path: str, sender: int, receiver: int) -> _Ring:
-    """Map an existing ring for reading, validating ownership and the whole header."""
-    mm = map_segment(path, _HDR + _MIN_RING, _HDR + _MAX_RING)
-    size = len(mm)
-    ring = _Ring(path, mm, size - _HDR)
-    w = ring.words
-    problem = None
-    if w[_W_MAGIC] != _MAGIC or w[_W_VERSION] != _VERSION:
-        problem = "bad magic/version (not initialised yet?)"
-    elif w[_W_SENDER] != sender or w[_W_RECEIVER] != receiver:
-        problem = f"header names {w[_W_SENDER]}->{w[_W_RECEIVER]}"
-    elif w[_W_CAPACITY] != ring.capacity or ring.capacity % 8:
-        problem = f"header capacity {w[_W_CAPACITY]} does not match size {size}"
-    if problem is not None:
-        ring.close()
-        raise BadSegment(f"{path}: {problem}")
-    return ring
 
 
 @dataclass(eq=False)
@@ -228,9 +93,9 @@ class _OutLink:
     """My ring to one peer (I produce)."""
 
     peer: int
-    ring: _Ring
+    ring: Ring
     head: int = 0
-    backlog: collections.deque[_Record] = field(default_factory=collections.deque)
+    backlog: collections.deque[Record] = field(default_factory=collections.deque)
     enqueued: int = 0  # bytes of records ever queued on this link
     written: int = 0  # bytes of records ever written into the ring
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
@@ -244,7 +109,7 @@ class _InLink:
     """A peer's ring to me (I consume)."""
 
     peer: int
-    ring: _Ring
+    ring: Ring
     inc: int
     tail: int = 0
     parts: list[bytes] | None = None  # fragments of the message being reassembled
@@ -255,8 +120,9 @@ class _InLink:
 class ShmTransport(Transport):
     """Transport for members of group ``group`` on this host, through shared-memory rings.
 
-    Peers are addressed by member id alone; ``add_peer`` is optional and ignores addresses. ``ring_bytes`` is the data capacity of each ring (rounded up to 4 KiB, 64 KiB to
-    1 GiB); ``max_message`` bounds the size of one message (sent or received).
+    Peers are addressed by member id alone; ``add_peer`` is optional and ignores addresses.
+    ``ring_bytes`` is the data capacity of each ring (rounded up to 4 KiB, 64 KiB to 1 GiB);
+    ``max_message`` bounds the size of one message (sent or received).
     """
 
     #: seconds a peer's doorbell may be unreachable while we hold data for it before
@@ -280,15 +146,15 @@ class ShmTransport(Transport):
         self.group = check_group(group)
         if isinstance(ring_bytes, bool) or not isinstance(ring_bytes, int):
             raise ConfigError("ring_bytes", "an int from 64 KiB to 1 GiB", ring_bytes)
-        if not _MIN_RING <= ring_bytes <= _MAX_RING:
+        if not MIN_RING <= ring_bytes <= MAX_RING:
             raise ConfigError("ring_bytes", "an int from 64 KiB to 1 GiB", ring_bytes)
         if isinstance(max_message, bool) or not isinstance(max_message, int) or max_message < 0:
             raise ConfigError("max_message", "a non-negative int", max_message)
         self.ring_bytes = (ring_bytes + 4095) & ~4095
         self.max_message = max_message
-        self._chunk = min(self.ring_bytes // 2 - _REC_HEADER, 1 << 20) & ~7
+        self._chunk = min(self.ring_bytes // 2 - REC_HEADER, 1 << 20) & ~7
         self._inc = (int.from_bytes(os.urandom(8), "little") >> 1) | 1
-        self._sock: socket.socket | None = None
+        self._bell: Doorbell | None = None
         self._out: dict[int, _OutLink] = {}
         self._in: dict[int, _InLink] = {}
         self._dirty: set[_OutLink] = set()
@@ -297,8 +163,6 @@ class ShmTransport(Transport):
         self._sleeping = False
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._sweep_interval = self._SWEEP_MIN
-        self._names: dict[int, str] = {}
-        self._uid = os.getuid()  # doorbells from other uids are ignored
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, handler: TransportHandler) -> None:
@@ -310,84 +174,27 @@ class ShmTransport(Transport):
             raise UsageError(f"{SHM_DIR} is not available: the shm transport needs Linux")
         if self._closed or self._started:
             self._begin_start(handler)  # raises the right error
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            sock.bind(self._name(self.member_id))
-        except OSError as exc:
-            sock.close()
-            if exc.errno == errno.EADDRINUSE:
-                raise UsageError(
-                    f"member {self.member_id} of group {self.group!r} is already running on this host"
-                ) from exc
-            raise
-        sock.setblocking(False)
-        self._sock = sock
+        self._bell = bell = Doorbell(self.group, self.member_id, self._inc)
         loop = self._begin_start(handler)
-        keep = self._clean_stale_at_start()
-        loop.add_reader(sock.fileno(), self._on_readable)
+        keep, notify = cleanup.clean_at_start(bell)
+        for peer in notify:
+            self._doorbell(peer, D_RESTART, count_refusal=False)
+        loop.add_reader(bell.fileno(), self._on_readable)
         for sender in keep:
             self._attach(sender, None)
         self._schedule_poll()
         self._schedule_sweep(self._SWEEP_MIN)
 
-    def _clean_stale_at_start(self) -> list[int]:
-        """Remove stale segments of the group; returns senders whose rings wait for me."""
-        assert self._sock is not None
-        me = self.member_id
-        keep: list[int] = []
-        notify: set[int] = set()
-        for path, s, r in _group_segments(self.group):
-            if s == me:  # my outgoing ring from an earlier incarnation
-                unlink_file(path)
-                notify.add(r)
-            elif r == me:
-                if not is_alive(self._sock, self.group, s):
-                    unlink_file(path)
-                elif _read_word(path, _W_CINC) == 0:
-                    keep.append(s)  # a live producer wrote to me before I started
-                else:  # it was written to my earlier incarnation
-                    unlink_file(path)
-                    notify.add(s)
-            elif self._stale(self.group, path, s, r, self._sock):
-                unlink_file(path)
-        for peer in notify:
-            if peer != me:
-                self._doorbell(peer, _D_RESTART, count_refusal=False)
-        return keep
-
-    @staticmethod
-    def _stale(group: str, path: str, s: int, r: int, probe: socket.socket) -> bool:
-        if not is_alive(probe, group, s):
-            return True
-        return not is_alive(probe, group, r) and (_read_word(path, _W_CINC) or 0) != 0
-
     @staticmethod
     def cleanup_group(group: str) -> int:
-        """Unlink the segments of ``group`` left by dead members; returns how many.
-
-        A segment is stale when its producer is dead, or its consumer attached and is dead.
-        With every member of the group gone this removes all of the group's segments.
-        """
-        check_group(group)
-        removed = 0
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
-            probe.setblocking(False)
-            for path, s, r in list(_group_segments(group)):
-                if ShmTransport._stale(group, path, s, r, probe) and unlink_file(path):
-                    removed += 1
-        from derecho_async.transport.shmpool import cleanup_pool  # data-plane pool segments
-
-        return removed + cleanup_pool(group)
+        """Unlink the segments of ``group`` left by dead members (rings and the data plane's
+        pool segments); returns how many. With every member gone this removes them all."""
+        return cleanup.cleanup_group(group)
 
     @staticmethod
     def segments(group: str) -> list[str]:
         """Paths of the shared-memory segments of ``group`` that exist now (for tests, tools)."""
-        check_group(group)
-        from derecho_async.transport.shmpool import pool_segments  # data-plane pool segments
-
-        paths = [p for p, _, _ in _group_segments(group)]
-        return sorted(paths + [p for p, _, _ in pool_segments(group)])
+        return cleanup.segments(group)
 
     async def close(self) -> None:
         """Mark my rings closed, tell peers, unmap and unlink every segment I am an end of."""
@@ -397,21 +204,21 @@ class ShmTransport(Transport):
         if self._sweep_handle is not None:
             self._sweep_handle.cancel()
             self._sweep_handle = None
-        if self._sock is not None and self._loop is not None:
-            self._loop.remove_reader(self._sock.fileno())
+        if self._bell is not None and self._loop is not None:
+            self._loop.remove_reader(self._bell.fileno())
         for link in list(self._out.values()):
-            link.ring.words[_W_PCLOSED] = 1
-            _fence()
-            self._doorbell(link.peer, _D_BYE, count_refusal=False)
+            link.ring.words[W_PCLOSED] = 1
+            fence()
+            self._doorbell(link.peer, D_BYE, count_refusal=False)
             self._drop_out(link)
         for inl in list(self._in.values()):
             self._drop_in(inl)
-        for path, s, r in list(_group_segments(self.group)):
+        for path, s, r in list(ring_segments(self.group)):
             if self.member_id in (s, r):
                 unlink_file(path)
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        if self._bell is not None:
+            self._bell.close()
+            self._bell = None
         self._dirty.clear()
         self._gate.clear()
 
@@ -441,12 +248,12 @@ class ShmTransport(Transport):
         if not remote:
             return
         n = len(mv)
-        recs: list[_Record]
+        recs: list[Record]
         if n <= self._chunk - (offset & 7):  # the usual push: one record, nothing to cut
-            recs = [(_R_PUSH, view_id, offset, mv)]
+            recs = [(R_PUSH, view_id, offset, mv)]
         else:
             recs = [
-                (_R_PUSH, view_id, offset + pos, mv[pos:end])
+                (R_PUSH, view_id, offset + pos, mv[pos:end])
                 for pos, end in self._aligned_pieces(offset, n, self._chunk)
             ]
         for t in remote:
@@ -458,11 +265,11 @@ class ShmTransport(Transport):
         if mv is None:
             return
         total = len(mv)
-        recs: list[_Record] = []
+        recs: list[Record] = []
         pos = 0
         while True:
             end = min(total, pos + self._chunk)
-            recs.append((_R_MSG, total, pos, mv[pos:end]))
+            recs.append((R_MSG, total, pos, mv[pos:end]))
             pos = end
             if pos >= total:
                 break
@@ -472,9 +279,9 @@ class ShmTransport(Transport):
         link = self._out.get(peer)
         if link is not None and not link.dead:
             return link
-        path = _seg_path(self.group, self.member_id, peer)
+        path = ring_path(self.group, self.member_id, peer)
         try:
-            ring = _create_ring(path, self.member_id, peer, self.ring_bytes, self._inc)
+            ring = create_ring(path, self.member_id, peer, self.ring_bytes, self._inc)
         except OSError as exc:
             reason = f"cannot create ring {path}: {exc}"
             log.error("member %d: %s", self.member_id, reason)
@@ -485,12 +292,12 @@ class ShmTransport(Transport):
         self._out[peer] = link
         return link
 
-    def _enqueue(self, peer: int, recs: Sequence[_Record]) -> None:
+    def _enqueue(self, peer: int, recs: Sequence[Record]) -> None:
         link = self._out_link(peer)
         if link is None:
             return
         for rec in recs:
-            size = _record_size(rec[3])
+            size = record_size(rec[3])
             link.enqueued += size
             if link.backlog or not self._write(link, rec, size):
                 typ, a, b, payload = rec
@@ -500,15 +307,15 @@ class ShmTransport(Transport):
         if link.backlog:
             self._block(link)
         else:
-            _fence()
-            link.ring.words[_W_HEAD] = link.head
+            fence()
+            link.ring.words[W_HEAD] = link.head
         self._mark_dirty(link)
 
-    def _write(self, link: _OutLink, rec: _Record, size: int) -> bool:
+    def _write(self, link: _OutLink, rec: Record, size: int) -> bool:
         """Write one record (of ``size`` bytes in the ring) if it fits (does not publish
         head)."""
         ring = link.ring
-        tail = ring.words[_W_TAIL]
+        tail = ring.words[W_TAIL]
         used = link.head - tail
         if not 0 <= used <= ring.capacity:
             self._fail_out(link, f"ring to member {link.peer} corrupted: consumer published "
@@ -524,10 +331,10 @@ class ShmTransport(Transport):
     def _block(self, link: _OutLink) -> None:
         """Backlog not empty: publish what was written, ask for a SPACE doorbell, re-check."""
         w = link.ring.words
-        _fence()
-        w[_W_HEAD] = link.head
-        w[_W_PBLOCKED] = 1
-        _fence()
+        fence()
+        w[W_HEAD] = link.head
+        w[W_PBLOCKED] = 1
+        fence()
         self._flush(link)
 
     def _flush(self, link: _OutLink) -> None:
@@ -537,7 +344,7 @@ class ShmTransport(Transport):
         wrote = False
         while link.backlog:
             rec = link.backlog[0]
-            if not self._write(link, rec, _record_size(rec[3])):
+            if not self._write(link, rec, record_size(rec[3])):
                 break
             if link.dead:
                 return
@@ -545,11 +352,11 @@ class ShmTransport(Transport):
             wrote = True
         w = link.ring.words
         if wrote:
-            _fence()
-            w[_W_HEAD] = link.head
+            fence()
+            w[W_HEAD] = link.head
             self._mark_dirty(link)
         if not link.backlog:
-            w[_W_PBLOCKED] = 0
+            w[W_PBLOCKED] = 0
         if link.waiters:
             keep = []
             for target, fut in link.waiters:
@@ -572,111 +379,78 @@ class ShmTransport(Transport):
         dirty, self._dirty = self._dirty, set()
         if self._closed or not dirty:
             return
-        _fence()
+        fence()
         for link in dirty:
             if link.dead:
                 continue
             w = link.ring.words
-            if w[_W_CCLOSED]:
+            if w[W_CCLOSED]:
                 self._consumer_closed(link)
-            elif w[_W_CSLEEP] or link.owed:
+            elif w[W_CSLEEP] or link.owed:
                 self._ring_data(link)
 
     def _consumer_closed(self, link: _OutLink) -> None:
         """The consumer closed its end: a failure if it left data of ours unread."""
-        if link.backlog or link.ring.words[_W_TAIL] != link.head:
+        if link.backlog or link.ring.words[W_TAIL] != link.head:
             self._fail_out(link, f"member {link.peer} closed its end of the ring with data unread")
         else:  # a goodbye after reading everything: reported only if we send to it again
             log.info("member %d: member %d closed its ring", self.member_id, link.peer)
             self._drop_out(link)
 
     def _ring_data(self, link: _OutLink) -> None:
-        link.owed = not self._doorbell(link.peer, _D_DATA, link=link)
+        link.owed = not self._doorbell(link.peer, D_DATA, link=link)
 
     # -- doorbells ----------------------------------------------------------------------------
-    def _name(self, member: int) -> str:
-        name = self._names.get(member)
-        if name is None:
-            name = self._names[member] = _doorbell_name(self.group, member)
-        return name
-
     def _doorbell(
         self, peer: int, kind: int, *, link: _OutLink | None = None, count_refusal: bool = True
     ) -> bool:
         """Send one datagram; False if it must be retried (full queue or peer not running)."""
-        if self._sock is None:
+        bell = self._bell
+        if bell is None:
             return True
-        try:
-            self._sock.sendto(_DG.pack(kind, 0, self.member_id, self._inc), self._name(peer))
-        except BlockingIOError:
+        status = bell.ring(peer, kind)
+        if status == SENT:
+            if link is not None:
+                link.refused_since = None
+            return True
+        if status == FULL:
             self._schedule_sweep(self._SWEEP_MIN)
-            return False
-        except (ConnectionRefusedError, FileNotFoundError):
-            if link is not None and count_refusal and self._loop is not None:
-                now = self._loop.time()
-                if link.refused_since is None:
-                    link.refused_since = now
-                elif now - link.refused_since > self.unreachable_after:
-                    self._fail_out(link, f"member {peer} is not running (its doorbell is unbound)")
-                    return True
-                self._schedule_sweep(self._SWEEP_MIN)
-            return False
-        except OSError as exc:
-            log.warning("member %d: doorbell to member %d failed: %s", self.member_id, peer, exc)
-            return False
-        if link is not None:
-            link.refused_since = None
-        return True
+        elif status == ABSENT and link is not None and count_refusal and self._loop is not None:
+            now = self._loop.time()
+            if link.refused_since is None:
+                link.refused_since = now
+            elif now - link.refused_since > self.unreachable_after:
+                self._fail_out(link, f"member {peer} is not running (its doorbell is unbound)")
+                return True
+            self._schedule_sweep(self._SWEEP_MIN)
+        return False
 
     def _on_readable(self) -> None:
-        sock = self._sock
-        if sock is None:
+        bell = self._bell
+        if bell is None:
             return
-        uid = self._uid
-        cmsg_space = _CMSG_SPACE
-        for _ in range(256):
-            try:
-                data, anc, _flags, _addr = sock.recvmsg(64, cmsg_space)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as exc:
-                log.warning("member %d: doorbell recv failed: %s", self.member_id, exc)
-                break
-            cred_uid = None
-            for level, typ, cdata in anc:
-                if (
-                    level == socket.SOL_SOCKET
-                    and typ == socket.SCM_CREDENTIALS
-                    and len(cdata) >= _UCRED.size
-                ):
-                    cred_uid = _UCRED.unpack_from(cdata)[1]
-            if cred_uid != uid or len(data) != _DG.size:
-                log.debug("member %d: ignored a foreign or malformed doorbell", self.member_id)
-                continue
-            kind, zero, member, inc = _DG.unpack(data)
-            if zero or member == self.member_id:
-                continue
+        for kind, member, inc in bell.receive():
             self._on_doorbell(kind, member, inc)
         self._poll()
 
     def _on_doorbell(self, kind: int, peer: int, inc: int) -> None:
-        if kind == _D_DATA:
+        if kind == D_DATA:
             inl = self._in.get(peer)
             if inl is None or inl.inc != inc:
                 self._attach(peer, inc)
-        elif kind == _D_SPACE:
+        elif kind == D_SPACE:
             link = self._out.get(peer)
             if link is not None:
                 self._flush(link)
-        elif kind == _D_BYE:
+        elif kind == D_BYE:
             pass  # the poll below drains the ring, then sees the producer's closed flag
-        elif kind == _D_RESTART:
+        elif kind == D_RESTART:
             self._peer_restarted(peer, inc)
 
     def _peer_restarted(self, peer: int, inc: int) -> None:
         dropped = False
         link = self._out.get(peer)
-        if link is not None and link.ring.words[_W_CINC] not in (0, inc):
+        if link is not None and link.ring.words[W_CINC] not in (0, inc):
             self._drop_out(link, unlink=True)
             dropped = True
         inl = self._in.get(peer)
@@ -691,16 +465,16 @@ class ShmTransport(Transport):
     # -- receiving ----------------------------------------------------------------------------
     def _attach(self, sender: int, inc: int | None) -> None:
         old = self._in.get(sender)
-        path = _seg_path(self.group, sender, self.member_id)
+        path = ring_path(self.group, sender, self.member_id)
         try:
-            ring = _attach_ring(path, sender, self.member_id)
+            ring = attach_ring(path, sender, self.member_id)
         except BadSegment as exc:
             log.warning(
                 "member %d: cannot attach ring from member %d: %s", self.member_id, sender, exc
             )
             return
         w = ring.words
-        pinc = w[_W_PINC]
+        pinc = w[W_PINC]
         if old is not None and old.inc == pinc:
             ring.close()  # same ring (a stale doorbell)
             return
@@ -712,20 +486,20 @@ class ShmTransport(Transport):
                 pinc,
                 inc,
             )
-        if w[_W_CINC] not in (0, self._inc):
+        if w[W_CINC] not in (0, self._inc):
             ring.close()
             log.warning(
                 "member %d: ring from member %d belongs to my earlier incarnation",
                 self.member_id,
                 sender,
             )
-            self._doorbell(sender, _D_RESTART, count_refusal=False)
+            self._doorbell(sender, D_RESTART, count_refusal=False)
             return
         if old is not None:
             self._drop_in(old, unlink=False)
-        w[_W_CINC] = self._inc
-        w[_W_CSLEEP] = 1 if self._sleeping else 0
-        self._in[sender] = _InLink(sender, ring, pinc, tail=w[_W_TAIL])
+        w[W_CINC] = self._inc
+        w[W_CSLEEP] = 1 if self._sleeping else 0
+        self._in[sender] = _InLink(sender, ring, pinc, tail=w[W_TAIL])
         self._schedule_poll()
 
     def _schedule_poll(self) -> None:
@@ -741,7 +515,7 @@ class ShmTransport(Transport):
         if self._sleeping:
             self._sleeping = False
             for inl in self._in.values():
-                inl.ring.words[_W_CSLEEP] = 0
+                inl.ring.words[W_CSLEEP] = 0
         progress = False
         for inl in list(self._in.values()):
             progress |= self._consume(inl)
@@ -758,21 +532,21 @@ class ShmTransport(Transport):
             return
         self._sleeping = True
         for inl in self._in.values():
-            inl.ring.words[_W_CSLEEP] = 1
-        _fence()
-        if any(inl.ring.words[_W_HEAD] != inl.tail for inl in self._in.values()):
+            inl.ring.words[W_CSLEEP] = 1
+        fence()
+        if any(inl.ring.words[W_HEAD] != inl.tail for inl in self._in.values()):
             self._schedule_poll()
 
     def _consume(self, inl: _InLink) -> bool:
         ring = inl.ring
         w = ring.words
         cap = ring.capacity
-        head = hotpath.load_u64(w, _W_HEAD * 8)  # acquire: the records it publishes are visible
+        head = hotpath.load_u64(w, W_HEAD * 8)  # acquire: the records it publishes are visible
         tail = inl.tail
         if head == tail:
-            if w[_W_PCLOSED]:
-                _fence()
-                if w[_W_HEAD] == tail:
+            if w[W_PCLOSED]:
+                fence()
+                if w[W_HEAD] == tail:
                     log.debug("member %d: member %d closed its ring", self.member_id, inl.peer)
                     self._drop_in(inl, unlink=True)
             return False
@@ -785,7 +559,7 @@ class ShmTransport(Transport):
             peer = inl.peer
             arrived = self._gate.push_arrived
             for typ, a, b, payload in records:
-                if typ == _R_PUSH:
+                if typ == R_PUSH:
                     arrived(a, peer, b, payload)
                 else:
                     self._message_part(inl, a, b, payload)
@@ -797,10 +571,10 @@ class ShmTransport(Transport):
             self._broken(inl, str(exc))
             return True
         inl.tail = tail
-        hotpath.store_u64(w, _W_TAIL * 8, tail)  # release: our reads of the records are done
-        _fence()
-        if w[_W_PBLOCKED]:
-            self._doorbell(inl.peer, _D_SPACE, count_refusal=False)
+        hotpath.store_u64(w, W_TAIL * 8, tail)  # release: our reads of the records are done
+        fence()
+        if w[W_PBLOCKED]:
+            self._doorbell(inl.peer, D_SPACE, count_refusal=False)
         return True
 
     def _message_part(self, inl: _InLink, total: int, off: int, chunk: bytes) -> None:
@@ -826,16 +600,16 @@ class ShmTransport(Transport):
     def _broken(self, inl: _InLink, why: str) -> None:
         reason = f"protocol violation: ring from member {inl.peer}: {why}"
         log.error("member %d: %s; abandoning the ring", self.member_id, reason)
-        inl.ring.words[_W_CCLOSED] = 1
+        inl.ring.words[W_CCLOSED] = 1
         self._drop_in(inl, unlink=True)
         self._report_failure(inl.peer, reason)
 
     def _drop_in(self, inl: _InLink, *, unlink: bool = True) -> None:
         if self._in.get(inl.peer) is inl:
             del self._in[inl.peer]
-        inl.ring.words[_W_CCLOSED] = 1
+        inl.ring.words[W_CCLOSED] = 1
         # unlink only if the file is still this ring (not a newer incarnation's)
-        if unlink and _read_word(inl.ring.path, _W_PINC) == inl.inc:
+        if unlink and read_word(inl.ring.path, W_PINC) == inl.inc:
             unlink_file(inl.ring.path)
         inl.ring.close()
 
@@ -849,7 +623,7 @@ class ShmTransport(Transport):
             if not fut.done():
                 fut.set_result(None)
         link.waiters.clear()
-        if unlink and _read_word(link.ring.path, _W_PINC) == self._inc:
+        if unlink and read_word(link.ring.path, W_PINC) == self._inc:
             unlink_file(link.ring.path)
         link.ring.close()
 
@@ -880,7 +654,7 @@ class ShmTransport(Transport):
         if self._closed:
             return
         busy = False
-        if any(inl.ring.words[_W_HEAD] != inl.tail for inl in self._in.values()):
+        if any(inl.ring.words[W_HEAD] != inl.tail for inl in self._in.values()):
             busy = True
             self._poll()
         for link in list(self._out.values()):
@@ -890,11 +664,11 @@ class ShmTransport(Transport):
                 busy = True
                 self._flush(link)
                 if link.backlog and not link.dead:
-                    self._doorbell(link.peer, _D_PING, link=link)
+                    self._doorbell(link.peer, D_PING, link=link)
             if link.owed and not link.dead:
                 busy = True
                 self._ring_data(link)
-            if not link.dead and link.ring.words[_W_CCLOSED]:
+            if not link.dead and link.ring.words[W_CCLOSED]:
                 self._consumer_closed(link)
         delay = self._SWEEP_MIN if busy else min(self._sweep_interval * 2, self._SWEEP_MAX)
         self._schedule_sweep(delay)
@@ -908,9 +682,3 @@ def from_config(config: Config) -> ShmTransport:
         spin = 200.0 if (os.cpu_count() or 1) >= 8 else 0.0
     return ShmTransport(config.group, config.member_id, spin_us=spin,
                         max_message=GROUP_MESSAGE_LIMIT)
-
-
-def cleanup_group(group: str) -> None:
-    """Unlink what dead members of ``group`` left in shared memory (see
-    :meth:`ShmTransport.cleanup_group`)."""
-    ShmTransport.cleanup_group(group)

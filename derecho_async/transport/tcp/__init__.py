@@ -1,0 +1,13 @@
+"""The tcp transport: members on several hosts, over authenticated streams (TLS optional).
+
+Theory of operation (DESIGN.md §5.3), by module: :mod:`.handshake` (mutual proof of the group's
+secret, ids and listen addresses), :mod:`.framing` (the frames a stream carries and the check
+of a received header) and :mod:`.transport` (:class:`TcpTransport`: one stream per pair, dialling,
+accepting, reading). The registry (``transport.registry``) names :func:`from_config`.
+"""
+
+from __future__ import annotations
+
+from derecho_async.transport.tcp.transport import TcpTransport, from_config
+
+__all__ = ["TcpTransport", "from_config"]
