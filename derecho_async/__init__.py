@@ -9,7 +9,7 @@ simulated cluster lives in :mod:`derecho_async.testing`.
 
 from __future__ import annotations
 
-from derecho_async.actor import Actor, ordered, p2p
+from derecho_async.api.actor import Actor, ordered, p2p
 from derecho_async.config import Config
 from derecho_async.core.view import View
 from derecho_async.errors import (

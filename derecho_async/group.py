@@ -28,7 +28,7 @@ from types import CoroutineType, TracebackType
 from typing import Any, Final, NamedTuple, Self
 
 from derecho_async import codec, hotpath
-from derecho_async.actor import Actor, ActorSpec, actor_spec
+from derecho_async.api.actor import Actor, ActorSpec, actor_spec
 from derecho_async.config import Config
 from derecho_async.core import (
     Delivered,

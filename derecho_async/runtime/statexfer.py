@@ -67,7 +67,7 @@ from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import MAX_ARRAYS, OutOfBand
 
 if TYPE_CHECKING:
-    from derecho_async.actor import Actor
+    from derecho_async.api.actor import Actor
     from derecho_async.runtime.driver import Driver
     from derecho_async.runtime.observer import GroupObserver
     from derecho_async.runtime.runner import SerialRunner

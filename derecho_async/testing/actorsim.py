@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from derecho_async import codec
-from derecho_async.actor import Actor, ordered, p2p
+from derecho_async.api.actor import Actor, ordered, p2p
 from derecho_async.config import Config
 from derecho_async.core import Delivered, ViewInstalled
 from derecho_async.errors import GroupClosed, PartitionedError
