@@ -54,7 +54,7 @@ class Sink(da.Actor):
 
 def _stamp(log: Log) -> None:
     """Wrap the functions a call passes through so that each entry (or exit) is logged."""
-    from derecho_async import group as group_module
+    from derecho_async.api import group as group_module
     from derecho_async.core import member as member_module
     from derecho_async.runtime import driver as driver_module
     from derecho_async.transport import shm as shm_module
