@@ -5,14 +5,15 @@ Usage: python benchmarks/latency_timeline.py [--calls N] [--members M] [--spin-u
 Member 0 makes ``N`` one-way 1 KB calls one at a time (``put.cast``, closed loop) in a group of
 ``M`` members over shm. Each process time-stamps (``time.perf_counter``, one clock for every
 process of the host) the entry of the runtime functions a call passes through: the call
-(``Group._cast``), each driver step (entry and exit), the core's poll (entry and exit), the step's
-pushes (``Driver._put_out``, ``ShmTransport._enqueue``), records taken in from a ring
+(``CallTable.cast``), each driver step (entry and exit), the core's poll (entry and exit), the
+step's pushes (``Driver._put_out``, ``ShmTransport._enqueue``), records taken in from a ring
 (``ShmTransport._consume``, when it took some), doorbells rung (``ShmTransport._ring_data``),
-deliveries (``Group.on_delivered``) and the caller's resumption. The parent merges the logs and
-prints the call's latency (p50, p99), each member's CPU time per call, the merged timeline of the
-call whose latency is the median, the median time from a call to the first event of each kind at
-each member, and the median length of a step and of the core's poll. ``--plain`` leaves the
-functions alone (the latency without the stamps, which cost about a microsecond each).
+deliveries (``Driver._report_delivered``, which hands them to the group) and the caller's
+resumption. The parent merges the logs and prints the call's latency (p50, p99), each member's
+CPU time per call, the merged timeline of the call whose latency is the median, the median time
+from a call to the first event of each kind at each member, and the median length of a step and
+of the core's poll. ``--plain`` leaves the functions alone (the latency without the stamps, which
+cost about a microsecond each).
 
 The wrappers are instrumentation of this script only: they wrap the classes' methods in the
 member processes it starts, nothing else.
@@ -54,7 +55,7 @@ class Sink(da.Actor):
 
 def _stamp(log: Log) -> None:
     """Wrap the functions a call passes through so that each entry (or exit) is logged."""
-    from derecho_async import group as group_module
+    from derecho_async.api import calls as calls_module
     from derecho_async.core import member as member_module
     from derecho_async.runtime import driver as driver_module
     from derecho_async.transport import shm as shm_module
@@ -75,7 +76,7 @@ def _stamp(log: Log) -> None:
 
         setattr(cls, name, stamped)
 
-    wrap(group_module.Group, "_cast", "call")
+    wrap(calls_module.CallTable, "cast", "call")
     wrap(driver_module.Driver, "_step", "step")
     wrap(driver_module.Driver, "_step", "step end", after=True)
     wrap(member_module.Member, "poll", "core poll")
@@ -84,7 +85,7 @@ def _stamp(log: Log) -> None:
     wrap(shm_module.ShmTransport, "_enqueue", "ring record")
     wrap(shm_module.ShmTransport, "_consume", "took records", after=True, when=bool)
     wrap(shm_module.ShmTransport, "_ring_data", "doorbell")
-    wrap(group_module.Group, "on_delivered", "delivered")
+    wrap(driver_module.Driver, "_report_delivered", "delivered")
 
 
 async def _member(config: da.Config) -> None:

@@ -9,7 +9,16 @@ simulated cluster lives in :mod:`derecho_async.testing`.
 
 from __future__ import annotations
 
-from derecho_async.actor import Actor, ordered, p2p
+from derecho_async.api import (
+    Actor,
+    Group,
+    HandlerError,
+    Replies,
+    SubgroupHandle,
+    Versioned,
+    ordered,
+    p2p,
+)
 from derecho_async.config import Config
 from derecho_async.core.view import View
 from derecho_async.errors import (
@@ -22,7 +31,6 @@ from derecho_async.errors import (
     QueueFull,
     UsageError,
 )
-from derecho_async.group import Group, HandlerError, Replies, SubgroupHandle, Versioned
 from derecho_async.launch import launch_local
 
 __version__ = "0.1.0"

@@ -77,7 +77,7 @@ def test_a_replica_that_diverges_is_caught() -> None:
 
 
 def test_a_lost_or_altered_outcome_is_caught() -> None:
-    from derecho_async.group import HandlerError
+    from derecho_async.api import HandlerError
 
     run = _calm(3)
     check_actor_run(run)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""What a :class:`~derecho_async.group.Group` tells an observer (testing kits, checkers).
+"""What a :class:`~derecho_async.api.group.Group` tells an observer (testing kits, checkers).
 
 A group made with ``observer=`` calls these at the points the actor-level contract is about:
 each run of delivered ordered calls (in order, before any handler of the run starts), each

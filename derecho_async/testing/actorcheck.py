@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from derecho_async import codec
+from derecho_async.api import HandlerError, Replies
 from derecho_async.errors import GroupClosed, MemberFailed, PartitionedError, UsageError
-from derecho_async.group import HandlerError, Replies
 from derecho_async.testing.actorsim import RAISE_BEFORE, ActorRun, StateKey, state_of
 from derecho_async.testing.checker import InvariantViolation
 

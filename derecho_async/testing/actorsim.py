@@ -33,11 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from derecho_async import codec
-from derecho_async.actor import Actor, ordered, p2p
+from derecho_async.api import Actor, Group, ordered, p2p
 from derecho_async.config import Config
 from derecho_async.core import Delivered, ViewInstalled
 from derecho_async.errors import GroupClosed, PartitionedError
-from derecho_async.group import Group
 from derecho_async.runtime.observer import GroupObserver
 from derecho_async.testing.simnet import SimNetwork, TraceEvent, crash_group
 from derecho_async.testing.vloop import run_virtual

@@ -48,7 +48,7 @@ from derecho_async.transport.base import (
 )
 
 if TYPE_CHECKING:
-    from derecho_async.group import Group
+    from derecho_async.api import Group
 
 __all__ = ["SimNetwork", "SimTransport", "TraceEvent", "crash_group"]
 

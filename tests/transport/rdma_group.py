@@ -1,6 +1,6 @@
 """Group members over ``transport="rdma"`` in spawned processes (for test_rdma.py).
 
-Until ``derecho_async.group._make_transport`` builds an :class:`RdmaTransport` itself, the child
+Until ``derecho_async.api.group._make_transport`` builds an :class:`RdmaTransport` itself, the child
 installs an equivalent factory (the change proposed for group.py) before starting the group.
 """
 
@@ -31,7 +31,7 @@ def rdma_factory(config: Any) -> Any:
 
 def install_rdma_factory() -> None:
     """Make ``group._make_transport`` handle "rdma" if it does not yet."""
-    from derecho_async import group
+    from derecho_async.api import group
     from derecho_async.errors import UsageError
 
     original = group._make_transport

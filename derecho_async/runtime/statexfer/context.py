@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from derecho_async.core import View
 
 if TYPE_CHECKING:
-    from derecho_async.actor import Actor
+    from derecho_async.api.actor import Actor
     from derecho_async.runtime.driver import Driver
     from derecho_async.runtime.observer import GroupObserver
     from derecho_async.runtime.runner import SerialRunner

@@ -22,7 +22,7 @@ from derecho_async.runtime.statexfer.sponsor import Sponsor
 from derecho_async.runtime.statexfer.wire import split_msg_no
 
 if TYPE_CHECKING:
-    from derecho_async.actor import Actor
+    from derecho_async.api.actor import Actor
     from derecho_async.runtime.driver import Driver
     from derecho_async.runtime.observer import GroupObserver
     from derecho_async.runtime.runner import SerialRunner

@@ -5,7 +5,8 @@ methods are invoked by an ordered multicast to the actor's subgroup and run at e
 at a time, in delivery order; ``@p2p`` methods are read-only calls to one chosen member,
 unordered. The decorators only mark the functions; :func:`actor_spec` collects the marks once
 per class into an :class:`ActorSpec` (name, ordered and p2p method tables) that the group uses
-to dispatch calls by name. Method names travel on the wire as ``"<Actor>.<method>"``.
+to dispatch calls by name. Method names travel on the wire as ``"<Actor>.<method>"``. See
+docs/DESIGN.md §7.2.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class ActorSpec:
     p2p: frozenset[str]
 
     def kind_of(self, method: str) -> str | None:
+        """``"ordered"`` or ``"p2p"``: how ``method`` is called; None if it is neither."""
         if method in self.ordered:
             return "ordered"
         if method in self.p2p:

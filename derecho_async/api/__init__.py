@@ -1,0 +1,30 @@
+"""The user API: the :class:`Group` facade, replicated actors, calls, replies and handles.
+
+Theory of operation: :mod:`.group` is the facade and the driver's host; it holds a
+:class:`~.calls.CallTable` (this member's own calls), a :class:`~.delivery.Dispatcher`
+(delivered calls run here) and a :class:`~.p2pcalls.P2PServer` (p2p calls), which share only
+the member's :class:`~.membership.Membership`. :mod:`.actor` declares actors, :mod:`.handles`
+the objects calls are made through. See docs/DESIGN.md §7.2.
+"""
+
+from __future__ import annotations
+
+from derecho_async.api.actor import Actor, ActorSpec, actor_spec, ordered, p2p
+from derecho_async.api.calls import HandlerError, Replies
+from derecho_async.api.group import Group
+from derecho_async.api.handles import P2PCall, SubgroupHandle
+from derecho_async.api.p2pcalls import Versioned
+
+__all__ = [
+    "Actor",
+    "ActorSpec",
+    "Group",
+    "HandlerError",
+    "P2PCall",
+    "Replies",
+    "SubgroupHandle",
+    "Versioned",
+    "actor_spec",
+    "ordered",
+    "p2p",
+]

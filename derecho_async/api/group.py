@@ -1,0 +1,362 @@
+"""The user-facing group: join, host replicated actors, make ordered and p2p calls, leave.
+
+Theory of operation: a :class:`Group` builds the transport named by its :class:`Config`, a
+:class:`~derecho_async.runtime.driver.Driver` for the pure core, and one subgroup per actor class
+(the layout), each with its actor and :class:`~derecho_async.runtime.runner.SerialRunner`. It is
+a facade over three parts that share only this member's :class:`Membership`: the
+:class:`CallTable` (this member's own calls, their replies and backpressure), the
+:class:`Dispatcher` (delivered calls run here, replies batched back) and the
+:class:`P2PServer` (p2p calls made and served). It is the driver's ``Host``: ``on_delivered``
+and ``flush`` are the dispatcher's own methods; the other callbacks are routed here. See
+docs/DESIGN.md §7.2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+from derecho_async.api.actor import Actor, ActorSpec, actor_spec
+from derecho_async.api.calls import CallTable, decode_result
+from derecho_async.api.delivery import Dispatcher, Hosted
+from derecho_async.api.handles import SubgroupHandle
+from derecho_async.api.membership import Membership
+from derecho_async.api.p2pcalls import P2PServer
+from derecho_async.config import Config
+from derecho_async.core import (
+    Delivered,
+    Evicted,
+    Layout,
+    Left,
+    MemberState,
+    Partitioned,
+    SendFailed,
+    SubgroupSpec,
+    View,
+    ViewInstalled,
+)
+from derecho_async.core.effects import Event
+from derecho_async.errors import GroupClosed, PartitionedError, UsageError
+from derecho_async.runtime import envelope as env
+from derecho_async.runtime.driver import Driver
+from derecho_async.runtime.observer import GroupObserver
+from derecho_async.runtime.runner import SerialRunner
+from derecho_async.runtime.statexfer import StateTransfer
+from derecho_async.transport import registry
+from derecho_async.transport.base import Transport
+
+__all__ = ["Group"]
+
+log = logging.getLogger("derecho_async.group")
+
+
+def _make_transport(config: Config) -> Transport:
+    """The transport ``config.transport`` names (see :mod:`.transport.registry`)."""
+    return registry.kind(config.transport).build(config)
+
+
+class Group:
+    """One member's membership in a group (see the module docstring).
+
+    ``async with Group(config, actors=[Log]) as group:`` joins, and leaves on exit;
+    ``await Group.join(config, actors=[Log])`` and ``await group.leave()`` do the same by hand.
+    """
+
+    on_delivered: Callable[[list[Delivered]], None]
+    """Host.on_delivered: run the ordered calls of a run of deliveries, in order (the
+    dispatcher's method itself, so the driver's call reaches the delivery loop directly)."""
+    flush: Callable[[], None]
+    """Host.flush: send the replies batched while the driver reported a step's events (the
+    dispatcher's method itself)."""
+
+    def __init__(
+        self,
+        config: Config,
+        actors: Sequence[type[Actor]] = (),
+        *,
+        transport: Transport | None = None,
+        observer: GroupObserver | None = None,
+    ) -> None:
+        """``transport``: a transport to use instead of the one ``config`` names (testing kits
+        such as derecho_async.testing build their own); ``observer``: hooks told of deliveries,
+        views and state transfer (:class:`~derecho_async.runtime.observer.GroupObserver`)."""
+        if not isinstance(config, Config):
+            raise UsageError("Group needs a derecho_async.Config")
+        if transport is not None and transport.member_id != config.member_id:
+            raise UsageError(f"the transport is member {transport.member_id}'s, "
+                             f"not member {config.member_id}'s")
+        self.config = config
+        self._transport = transport
+        self._observer = observer
+        self._state = state = Membership(config, config.member_id)
+        self._specs: dict[str, ActorSpec] = {}
+        for cls in actors:
+            spec = actor_spec(cls)
+            if spec.name in self._specs:
+                raise UsageError(f"two actor classes named {spec.name!r}")
+            self._specs[spec.name] = spec
+        self._actors: dict[str, Actor] = {}
+        self._runners: dict[str, SerialRunner] = {}
+        for name, spec in self._specs.items():
+            self._actors[name] = spec.cls()
+            self._runners[name] = SerialRunner()
+        # one lookup per delivered call; each method table caches the names already checked
+        hosted = {name: Hosted(spec, self._runners[name], self._actors[name], {})
+                  for name, spec in self._specs.items()}
+        names = tuple(self._specs) or ("default",)
+        self.layout = Layout(tuple(SubgroupSpec(n) for n in names))
+        self._calls = calls = CallTable(state, self.layout, tuple(self._runners.values()))
+        self._p2p = P2PServer(state, self._specs, hosted)
+        self._dispatch = dispatch = Dispatcher(state, hosted, calls, self._p2p.last_delivered,
+                                               observer)
+        self.on_delivered = dispatch.on_delivered
+        self.flush = dispatch.flush
+        self._driver: Driver | None = None
+        self._xfer: StateTransfer | None = None  # state transfer to and from joiners
+        self._gone: asyncio.Future[None] | None = None  # resolved once a deferred leave is done
+        self._started = False
+        for runner in self._runners.values():
+            runner.watcher = calls.on_runner_progress
+        self.history: list[View] = []
+        self.installed_at: list[float] = []  # time.monotonic() of each install in ``history``
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    @classmethod
+    async def join(
+        cls,
+        config: Config,
+        actors: Sequence[type[Actor]] = (),
+        *,
+        timeout: float | None = 60.0,
+        transport: Transport | None = None,
+        observer: GroupObserver | None = None,
+    ) -> Self:
+        """Join the group named by ``config`` and return once this member is in a view.
+
+        ``transport``, ``observer``: as for :class:`Group`."""
+        group = cls(config, actors, transport=transport, observer=observer)
+        await group.start(timeout=timeout)
+        return group
+
+    async def start(self, *, timeout: float | None = 60.0) -> None:
+        """Start the transport and wait until this member has installed its first view."""
+        if self._started:
+            raise UsageError("this Group was already started")
+        self._started = True
+        logging.getLogger("derecho_async").setLevel(self.config.log_level)
+        transport = self._transport if self._transport is not None else _make_transport(self.config)
+        driver = Driver(self.config, transport, self.layout, self)
+        self._driver = self._state.driver = driver
+        self._xfer = StateTransfer(driver, self._actors, self._runners, self._observer)
+        try:
+            await driver.start()
+        except BaseException:
+            await driver.close()  # release what the transport holds (names, sockets)
+            raise
+        assert driver.first_view is not None
+        try:
+            await asyncio.wait_for(asyncio.shield(driver.first_view), timeout)
+        except TimeoutError:
+            await driver.close()
+            raise GroupClosed(
+                f"member {self.config.member_id} was not admitted to group "
+                f"{self.config.group!r} within {timeout} s"
+            ) from None
+        except RuntimeError as exc:
+            await driver.close()
+            raise GroupClosed(f"could not join: {exc}") from None
+        try:  # a joiner: its state, streamed from its sponsor (see runtime.statexfer)
+            await self._xfer.restored()
+        except GroupClosed:
+            await self.leave()  # nobody else leaves
+            raise
+
+    async def leave(self) -> None:
+        """Leave the group: the others install a view without this member. Idempotent.
+
+        Called during a view change, this waits (a few suspicion timeouts at most) for the change
+        to end, so the member leaves the view it installs; see :meth:`Member.leave`.
+        """
+        driver = self._driver
+        if driver is None:
+            return
+        if driver.core is not None and driver.core.state is MemberState.ACTIVE:
+            driver.leave()
+            if self._state.closed is None and not driver.closed:
+                if self._gone is None:  # (a second leave() meanwhile waits for the same end)
+                    self._gone = asyncio.get_running_loop().create_future()
+                wait_s = 1.0 + 4 * self.config.suspect_after_ms / 1000
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._gone), wait_s)
+                except TimeoutError:
+                    log.warning("member %d: the view change under way did not end within "
+                                "%.1f s; leaving without it", self.member_id, wait_s)
+        self._close(GroupClosed("this member left the group"))
+        await driver.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.leave()
+
+    # -- accessors -----------------------------------------------------------------------------
+    @property
+    def view(self) -> View:
+        """The view this member is in."""
+        view = self._state.view
+        if view is None:
+            raise UsageError("the group has not installed a view yet")
+        return view
+
+    @property
+    def closed(self) -> BaseException | None:
+        """Why this member is out of the group (the error its calls now raise: it left, was
+        removed, wedged), or None while it is in (or not started)."""
+        return self._state.closed
+
+    @property
+    def _closed(self) -> BaseException | None:  # (what tests and kits read: as ``closed``)
+        return self._state.closed
+
+    @property
+    def member_id(self) -> int:
+        return self.config.member_id
+
+    def subgroup(self, actor: type[Actor]) -> SubgroupHandle:
+        """The handle for calls into ``actor``'s subgroup."""
+        return SubgroupHandle(self._calls, self._p2p, self._spec_of(actor))
+
+    def local(self, actor: type[Actor]) -> Actor:
+        """This member's own replica of ``actor`` (for local reads)."""
+        return self._actors[self._spec_of(actor).name]
+
+    def device_buffer(self, shape: int | tuple[int, ...], dtype: str = "float32") -> Any:
+        """A CuPy array to fill and send without a copy.
+
+        With the CUDA IPC plane active (see ``gpu_plane``) the array is allocated in this
+        member's IPC-exported device pool, so an ordered call carrying it sends it in place.
+        Leave it unchanged until the call's replies are in. Its memory returns to the pool when
+        the array is garbage-collected. Without the plane it is a plain ``cupy.empty`` array.
+        """
+        driver = self._state.check_open()
+        if driver.gpuplane is not None:
+            return driver.gpuplane.device_buffer(shape, dtype)
+        try:
+            import cupy
+        except ImportError as exc:
+            raise UsageError("device_buffer needs CuPy (the 'gpu' extra)") from exc
+        return cupy.empty(shape, dtype=dtype)
+
+    def device_pool_stats(self) -> dict[str, int] | None:
+        """Figures of this member's CUDA IPC device pool, or None when the plane is off."""
+        driver = self._state.check_open()
+        return driver.gpuplane.stats() if driver.gpuplane is not None else None
+
+    def nccl_stats(self) -> dict[str, int] | None:
+        """Figures of this member's NCCL plane (communicators by state, messages sent and
+        received by broadcast), or None when it is off (see ``gpu_plane``)."""
+        driver = self._state.check_open()
+        return driver.ncclplane.stats() if driver.ncclplane is not None else None
+
+    @property
+    def queued_calls(self) -> int:
+        """Delivered ordered calls waiting here for their handlers (all actors)."""
+        return self._calls.queued_calls
+
+    def _spec_of(self, actor: type[Actor]) -> ActorSpec:
+        spec = self._specs.get(getattr(actor, "__name__", ""))
+        if spec is None or spec.cls is not actor:
+            raise UsageError(f"{actor!r} is not one of this group's actors")
+        return spec
+
+    # -- driver callbacks (Host; on_delivered and flush are the dispatcher's) ------------------
+    def on_event(self, event: Event) -> None:
+        """Host.on_event: one event of a protocol step other than a run of deliveries."""
+        self._dispatch.batching = True
+        if isinstance(event, Delivered):
+            self.on_delivered([event])
+        elif isinstance(event, ViewInstalled):
+            self._on_view(event)
+        elif isinstance(event, SendFailed):
+            self._calls.send_failed(event.msg_no, event.reason)
+        elif isinstance(event, Partitioned):
+            self._close(
+                PartitionedError(
+                    f"member {self.member_id} lost a majority of view {event.view_id} and wedged"
+                )
+            )
+        elif isinstance(event, Evicted):
+            self._close(GroupClosed(f"member {self.member_id} was removed from the group"))
+        elif isinstance(event, Left):
+            why = f": {event.reason}" if event.reason else ""
+            self._close(GroupClosed(f"this member left the group{why}"))
+
+    def on_app_message(self, sender: int, msg: list[object]) -> None:
+        """Host.on_app_message: replies to my calls, p2p requests and answers."""
+        kind = msg[0]
+        if kind == env.REPLIES:
+            items = msg[1]
+            assert isinstance(items, list)
+            self._calls.on_replies(sender, items)
+        elif kind == env.REPLY:
+            _, _sub, msg_no, ok, body = msg
+            assert isinstance(msg_no, int) and isinstance(body, bytes)
+            self._calls.record_reply(msg_no, sender, decode_result(sender, bool(ok), body))
+        elif kind == env.P2P_REQ:
+            _, req, actor_name, method, body = msg
+            assert isinstance(req, int) and isinstance(body, bytes)
+            self._p2p.serve(sender, req, str(actor_name), str(method), body)
+        elif kind == env.P2P_RESP:
+            _, req, ok, body, view_id, seq_plus_one = msg  # (seq + 1: the field is unsigned)
+            assert isinstance(req, int) and isinstance(body, bytes)
+            assert isinstance(view_id, int) and isinstance(seq_plus_one, int)
+            self._p2p.on_response(sender, req, bool(ok), body, view_id, seq_plus_one - 1)
+
+    def state_ticket(self, view_id: int, joiner: int) -> bytes | None:
+        """Host.state_ticket: the ticket of a fenced, streamed state transfer to ``joiner``."""
+        return self._xfer.ticket(view_id, joiner) if self._xfer is not None else None
+
+    def _on_view(self, ev: ViewInstalled) -> None:
+        state = self._state
+        if state.me in ev.joined:  # the state this member starts from: no call of this view
+            self._p2p.joined(ev)
+        # (a joiner's state: the driver hands the view to self._xfer next, which holds the
+        # runners until it restored it)
+        self._calls.new_view()
+        log.info(
+            "member %d: view %d installed: members %s%s",
+            self.member_id,
+            ev.view.view_id,
+            list(ev.view.members),
+            f", departed {sorted(ev.departed)}" if ev.departed else "",
+        )
+        state.view = ev.view
+        self.history.append(ev.view)
+        if self._observer is not None:
+            self._observer.view_installed(state.me, ev)
+        self._p2p.serve_early_soon()
+        self.installed_at.append(time.monotonic())
+        gone = set(ev.departed)
+        self._calls.on_departed(gone)
+        self._p2p.on_departed(gone)
+
+    def _close(self, exc: BaseException) -> None:
+        """This member is out of the group (``exc`` says why): every call in flight fails."""
+        if self._state.closed is None:
+            self._state.closed = exc
+        if self._gone is not None and not self._gone.done():
+            self._gone.set_result(None)
+        self._calls.fail_in_flight(exc)
+        self._p2p.fail_all(exc)
+        self._calls.fail_parked(exc)

@@ -1,0 +1,123 @@
+"""Handles: what ``group.subgroup(Actor)`` returns, and the method objects it hands out.
+
+Theory of operation: ``handle.method`` is made on first use and kept on the handle, so the next
+``handle.method(...)`` is a plain attribute read. An ``@ordered`` method's object knows its wire
+names (``<Actor>.<method>`` and the one-way ``<Actor>.<method>.cast``) and submits straight to
+the group's :class:`~derecho_async.api.calls.CallTable`; a ``@p2p`` method's object binds a
+member (``.at(m)``) and calls through the group's
+:class:`~derecho_async.api.p2pcalls.P2PServer`.
+See docs/DESIGN.md §7.2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from derecho_async.api.calls import CAST
+
+if TYPE_CHECKING:
+    from derecho_async.api.actor import ActorSpec
+    from derecho_async.api.calls import CallTable, Replies
+    from derecho_async.api.p2pcalls import P2PServer, Versioned
+
+__all__ = ["OrderedMethod", "P2PCall", "P2PMethod", "SubgroupHandle"]
+
+
+class OrderedMethod:
+    """An ``@ordered`` method of a handle: ``await handle.method(...)`` gives every member's
+    result (:class:`~derecho_async.api.calls.Replies`); :meth:`cast` makes the call one-way."""
+
+    __slots__ = ("_calls", "_cast_wire", "_spec", "_wire")
+
+    def __init__(self, calls: CallTable, spec: ActorSpec, name: str) -> None:
+        self._calls = calls
+        self._spec = spec
+        # the wire names of the call and of its one-way form, made once per handle
+        self._wire = f"{spec.name}.{name}"
+        self._cast_wire = f"{spec.name}.{name}{CAST}"
+
+    def __call__(self, *args: object, **kwargs: object) -> Awaitable[Replies]:
+        return self._calls.ordered_call(self._spec, self._wire, args, kwargs)
+
+    def cast(self, *args: object, **kwargs: object) -> asyncio.Future[tuple[int, int]]:
+        """A one-way ordered call: multicast like ``handle.method(...)``, but no member replies.
+
+        Every member runs the handler in the same total order as every other ordered call of
+        the subgroup; results are dropped, and a handler's exception is logged at the member
+        where it was raised. The returned future resolves to the call's version
+        ``(view_id, seq)`` once the call is *delivered at this member*: delivery means
+        stability, so every member of that view holds it, and (virtual synchrony) every member
+        that survives into the next view delivers it too. It does not wait for any handler,
+        this member's own included. On a view change before delivery the call is delivered in
+        that view's ragged trim or, re-sent, in the next view (the sender survived), and the
+        future resolves then; it fails with :class:`GroupClosed` / :class:`PartitionedError`
+        when this member leaves, is removed or wedges first. Encoding errors and a closed group
+        raise at once.
+        """
+        return self._calls.cast(self._spec, self._cast_wire, args, kwargs)
+
+
+class P2PCall:
+    """A p2p method bound to one member: ``await call(*args)`` gives the handler's result,
+    ``await call.versioned(*args)`` a :class:`Versioned` (result and the version it read)."""
+
+    __slots__ = ("_member", "_name", "_p2p", "_spec")
+
+    def __init__(self, p2p: P2PServer, spec: ActorSpec, name: str, member: int) -> None:
+        self._p2p = p2p
+        self._spec = spec
+        self._name = name
+        self._member = member
+
+    async def __call__(self, *args: object, **kwargs: object) -> Any:
+        got = await self._p2p.call(self._member, self._spec, self._name, args, kwargs)
+        return got.value
+
+    def versioned(self, *args: object, **kwargs: object) -> Awaitable[Versioned]:
+        """The call, answered with the version of the state the handler read."""
+        return self._p2p.call(self._member, self._spec, self._name, args, kwargs)
+
+
+class P2PMethod:
+    """A ``@p2p`` method of a handle: bind it to a member with :meth:`at`."""
+
+    __slots__ = ("_name", "_p2p", "_spec")
+
+    def __init__(self, p2p: P2PServer, spec: ActorSpec, name: str) -> None:
+        self._p2p = p2p
+        self._spec = spec
+        self._name = name
+
+    def at(self, member: int) -> P2PCall:
+        """The call bound to ``member``: ``await handle.method.at(m)(*args)``, or
+        ``await handle.method.at(m).versioned(*args)`` (see :class:`P2PCall`)."""
+        return P2PCall(self._p2p, self._spec, self._name, member)
+
+
+class SubgroupHandle:
+    """Calls into one actor's subgroup: ``await handle.method(...)`` for ``@ordered`` methods
+    (every member's result), ``await handle.method.cast(...)`` for the same call one-way (no
+    replies; it completes when the call is delivered here), ``await handle.method.at(member)(...)``
+    for ``@p2p`` methods."""
+
+    def __init__(self, calls: CallTable, p2p: P2PServer, spec: ActorSpec) -> None:
+        self._calls = calls
+        self._p2p = p2p
+        self._spec = spec
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for names not yet in the instance: the method object made here is kept
+        # there, so the next ``handle.method`` is a plain attribute read (a call per message).
+        kind = self._spec.kind_of(name)
+        method: OrderedMethod | P2PMethod
+        if kind == "ordered":
+            method = OrderedMethod(self._calls, self._spec, name)
+        elif kind == "p2p":
+            method = P2PMethod(self._p2p, self._spec, name)
+        else:
+            raise AttributeError(
+                f"actor {self._spec.name} has no @ordered or @p2p method {name!r}")
+        self.__dict__[name] = method
+        return method
