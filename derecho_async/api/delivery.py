@@ -4,9 +4,9 @@ Theory of operation: the driver reports each run of deliveries of a protocol ste
 (:meth:`Dispatcher.on_delivered`). Every call goes to its actor's
 :class:`~derecho_async.runtime.runner.SerialRunner`, one at a time in delivery order; a free
 runner runs it on the spot. The usual call (a free runner, a plain handler returning None, a
-caller elsewhere) is run and its reply batched by the native loop
-(:func:`~derecho_async.hotpath.dispatch_calls`) where the extension is built; it hands each
-event it does not take to :meth:`Dispatcher.deliver_one`, the general path, and goes on after
+caller elsewhere) is run and its reply batched by
+:func:`~derecho_async.hotpath.dispatch_calls` (the C loop, or its pure twin where the extension
+is not built); it hands each event it does not take to :meth:`Dispatcher.deliver_one`, the general path, and goes on after
 it. Replies made while the driver reports a step are batched per caller and sent as one REPLIES
 message each when the step's events are done (:meth:`Dispatcher.flush`). A one-way call is run
 the same way and answered to nobody. See docs/DESIGN.md §7.3 and §7.4.
@@ -45,7 +45,7 @@ Methods = dict[str, tuple[Callable[..., object], bool]]
 # The native loop over delivered calls (Dispatcher.on_delivered); without the extension the
 # general path runs alone, as the pure twin would only repeat it (as codec does with
 # decode_plain_call).
-_dispatch_calls: Final = hotpath.dispatch_calls if hotpath.IMPLEMENTATION == "native" else None
+_dispatch_calls: Final = hotpath.dispatch_calls  # the C loop, or its pure twin without it
 _REPLIES_BYTES = 16 << 20  # result bytes in one REPLIES frame, at most (about)
 
 
@@ -118,9 +118,8 @@ class Dispatcher:
         """Run the ordered calls of a run of deliveries, in order (Host.on_delivered).
 
         The usual call (a free runner, a plain handler returning None, a caller elsewhere) is
-        run and its reply batched without the runner's queue or a callback per message: by the
-        native loop (:func:`hotpath.dispatch_calls`) where the extension is built, which hands
-        each event it does not take to :meth:`deliver_one`, the general path, and goes on
+        run and its reply batched without the runner's queue or a callback per message, by
+        :func:`hotpath.dispatch_calls` (native or its pure twin), which hands each event it does not take to :meth:`deliver_one`, the general path, and goes on
         after it. A one-way call is run the same way and answered to nobody."""
         self.batching = True
         last = self._versions
@@ -130,14 +129,13 @@ class Dispatcher:
         else:
             for ev in events:
                 last[ev[0]] = (ev[2], ev[3])
-        dispatch = _dispatch_calls
         if self._observer is not None:
             self._observer.delivered(self._me, events)
-            dispatch = None  # every outcome goes through deliver_one, which reports it
-        if dispatch is None:
+            # every outcome goes through deliver_one, which reports it
             for ev in events:
                 self.deliver_one(ev)
         else:
+            dispatch = _dispatch_calls
             me, hosted, casts, finish = self._me, self._hosted, self._casts, self.finish_call
             state = self._state
             i, n = 0, len(events)
