@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import CoroutineType, TracebackType
 from typing import Any, Final, NamedTuple, Self
 
-from derecho_async import codec, hotpath
+from derecho_async import hotpath, wire
 from derecho_async.actor import Actor, ActorSpec, actor_spec
 from derecho_async.config import Config
 from derecho_async.core import (
@@ -512,7 +512,7 @@ class Group:
         # Small numpy arrays (up to a slot's worth) are copied into the call itself: they skip
         # the data plane's pool, descriptor frame and landing report, several times cheaper per
         # message; the handler gets the same owned numpy arrays either way.
-        call = codec.encode_call(wire_name, args, kwargs, buffers=arrays,
+        call = wire.encode_call(wire_name, args, kwargs, buffers=arrays,
                                  inline_bytes=core.config.max_payload)
         if len(arrays) > MAX_ARRAYS:
             raise UsageError(f"an ordered call carries at most {MAX_ARRAYS} arrays, not "
@@ -828,7 +828,7 @@ class Group:
             if type(payload) is bytes:
                 # (the usual call of a known method is the native loop's: decode_call's own
                 # native pass is enough for what reaches this path)
-                name, args, kwargs = codec.decode_call(payload)
+                name, args, kwargs = wire.decode_call(payload)
             elif isinstance(payload, OutOfBand):
                 if largecall.is_large(payload):  # decoded off the loop, in turn on the runner
                     if observer is None:
@@ -840,8 +840,8 @@ class Group:
                     return
                 # my own call of device arrays alone comes back as it was sent; the rest (and
                 # every peer's) is decoded and its arrays checked
-                own = codec.own_device_call(payload.call, payload.arrays) if sender == me else None
-                name, args, kwargs = own if own is not None else codec.decode_call(
+                own = wire.own_device_call(payload.call, payload.arrays) if sender == me else None
+                name, args, kwargs = own if own is not None else wire.decode_call(
                     payload.call, buffers=list(payload.arrays))
             else:
                 raise ProtocolViolation("ordered call payload is not bytes")
@@ -923,7 +923,7 @@ class Group:
             if ok and value is None:
                 body = _NIL
             else:
-                body = codec.encode(value) if ok else _encode_error(value)
+                body = wire.encode(value) if ok else _encode_error(value)
         except (TypeError, ValueError, OverflowError) as exc:
             ok, body = False, _encode_error(exc)
         if self._batching:
@@ -964,7 +964,7 @@ class Group:
         req = next(self._p2p_ids)
         fut: asyncio.Future[Versioned] = loop.create_future()
         self._p2p[req] = (member, fut)
-        body = codec.encode_call(f"{spec.name}.{method}", args, kwargs)
+        body = wire.encode_call(f"{spec.name}.{method}", args, kwargs)
         driver.transport.send(member, env.encode(env.P2P_REQ, req, spec.name, method, body))
         return await fut
 
@@ -1002,7 +1002,7 @@ class Group:
 
         def answer(ok: bool, value: object, version: tuple[int, int] = (0, -1)) -> None:
             try:
-                data = codec.encode(value) if ok else _encode_error(value)
+                data = wire.encode(value) if ok else _encode_error(value)
             except (TypeError, ValueError, OverflowError) as exc:
                 ok, data = False, _encode_error(exc)
             view_id, seq = version
@@ -1020,7 +1020,7 @@ class Group:
             self._early_p2p.append((sender, req, actor_name, method, body))
             return
         try:
-            _name, args, kwargs = codec.decode_call(body)
+            _name, args, kwargs = wire.decode_call(body)
         except ProtocolViolation as exc:
             answer(False, exc)
             return
@@ -1196,19 +1196,19 @@ class Group:
 
 _NIL = b"\xc0"  # msgpack None: the result of most handlers
 # The native loop over delivered calls (Group.on_delivered); without the extension the general
-# path runs alone, as the pure twin would only repeat it (as codec does with decode_plain_call).
+# path runs alone, as the pure twin would only repeat it (as wire.calls does with decode_plain_call).
 _dispatch_calls: Final = hotpath.dispatch_calls if hotpath.IMPLEMENTATION == "native" else None
 _REPLIES_BYTES = 16 << 20  # result bytes in one REPLIES frame, at most (about)
 
 
 def _encode_error(exc: object) -> bytes:
     name = type(exc).__name__
-    return codec.encode([name, str(exc)])
+    return wire.encode([name, str(exc)])
 
 
 def _decode_result(sender: int, ok: bool, body: bytes) -> object:
     try:
-        value = codec.decode(body)
+        value = wire.decode(body)
     except ProtocolViolation as exc:
         return exc
     if ok:
@@ -1224,14 +1224,14 @@ def _read_only(actor: Actor, label: str, fn: Callable[..., object]) -> Callable[
     fails with :class:`UsageError`."""
 
     def check(before: bytes) -> None:
-        if codec.encode(actor.snapshot()) != before:
-            state: Any = codec.decode(before)
+        if wire.encode(actor.snapshot()) != before:
+            state: Any = wire.decode(before)
             actor.restore(state)
             raise UsageError(f"p2p handler {label} changed the replica (p2p handlers may only "
                              f"read; the change was undone)")
 
     def run(*args: object, **kwargs: object) -> object:
-        before = codec.encode(actor.snapshot())
+        before = wire.encode(actor.snapshot())
         try:
             result = fn(*args, **kwargs)
         except BaseException:

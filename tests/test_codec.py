@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from derecho_async.codec import (
+from derecho_async.errors import ProtocolViolation, UsageError
+from derecho_async.wire import (
     DTYPES,
     LARGE_BYTES,
     MAX_DEPTH,
@@ -25,7 +26,6 @@ from derecho_async.codec import (
     encode,
     encode_call,
 )
-from derecho_async.errors import ProtocolViolation, UsageError
 
 
 @pytest.fixture
@@ -221,7 +221,7 @@ def test_lone_surrogate() -> None:
 
 def test_no_numpy_import_for_plain_values() -> None:
     code = (
-        "import sys; import derecho_async.codec as c; "
+        "import sys; import derecho_async.wire as c; "
         "assert c.decode(c.encode([1, (2,), {'a': b'x'}])) == [1, (2,), {'a': b'x'}]; "
         "assert 'numpy' not in sys.modules"
     )

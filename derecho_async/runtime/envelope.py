@@ -11,8 +11,8 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async.codec import pack  # a reused Packer per thread (msgpack, bin type)
 from derecho_async.errors import ProtocolViolation
+from derecho_async.wire.values import pack  # a reused Packer per thread (msgpack, bin type)
 
 __all__ = [
     "BLOCK",
@@ -127,7 +127,7 @@ MAX_STATE_PARTS = 4097  # the skeleton and up to MAX_ARRAYS buffers
 def _check_state_parts(parts: list[Any]) -> None:
     """Validate a STATE_BEGIN manifest's parts: ``[kind, dtype, shape, nbytes]`` each, the first
     the skeleton (uint8 of one dimension), nbytes exactly the shape's size in that dtype."""
-    from derecho_async.codec import DTYPES, MAX_NDIM
+    from derecho_async.wire.arrays import DTYPES, MAX_NDIM
 
     if not 1 <= len(parts) <= MAX_STATE_PARTS:
         raise ProtocolViolation(f"state manifest of {len(parts)} parts")

@@ -9,7 +9,7 @@ sends that instead. Then, at the *sponsor*:
    moment every call delivered before the new view was handed to the runners, and nothing of the
    new view is: a hold is reached exactly when the calls before the cut finished. When every hold
    is reached each ``actor.snapshot()`` runs, the ``{actor: value}`` map is encoded with its
-   large byte strings and arrays out of band (:func:`codec.encode` with ``buffers``), the buffers
+   large byte strings and arrays out of band (:func:`wire.encode` with ``buffers``), the buffers
    that someone could still change (numpy arrays, views of writable memory) are copied in the
    executor (a device array on the device where a GPU plane runs, else to host memory), and
    only then are the holds released. Immutable ``bytes`` are not copied.
@@ -59,12 +59,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async import codec
-from derecho_async.codec import MAX_DECODE_SIZE, is_cupy_array
+from derecho_async import wire
 from derecho_async.core import Evicted, Left, Partitioned, View, ViewInstalled
 from derecho_async.errors import GroupClosed, ProtocolViolation
 from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import MAX_ARRAYS, OutOfBand
+from derecho_async.wire import MAX_DECODE_SIZE, is_cupy_array
 
 if TYPE_CHECKING:
     from derecho_async.actor import Actor
@@ -214,7 +214,7 @@ def _freeze(buf: object, on_device: bool) -> tuple[str, str, list[int], Any, obj
         c: Any = buf
         dev = cupy.array(c, order="C", copy=True)  # the actor may change ``c`` once released
         cupy.cuda.get_current_stream().synchronize()
-        return ("cuda", codec.numpy_dtype_name(dev.dtype), [int(n) for n in dev.shape],
+        return ("cuda", wire.numpy_dtype_name(dev.dtype), [int(n) for n in dev.shape],
                 dev.reshape(-1).view(cupy.uint8), buf)
     if is_cupy_array(buf):
         import cupy
@@ -231,7 +231,7 @@ def _freeze(buf: object, on_device: bool) -> tuple[str, str, list[int], Any, obj
         host = np.frombuffer(to_host_bytes(buf), np.dtype(info.dtype).newbyteorder("<"))
         host = host.reshape(info.shape)
         kind = "cuda" if info.is_gpu else "numpy"
-    dtype = codec.numpy_dtype_name(host.dtype)
+    dtype = wire.numpy_dtype_name(host.dtype)
     shape = [int(n) for n in host.shape]
     if not (kind == "numpy" and type(host.base) is bytes and host.flags.c_contiguous
             and host.dtype.itemsize == 1):
@@ -479,7 +479,7 @@ class StateTransfer:
                 return
         buffers: list[object] = []
         try:
-            skeleton = codec.encode(state, buffers=buffers)
+            skeleton = wire.encode(state, buffers=buffers)
         except (TypeError, ValueError, OverflowError) as exc:
             self._abort(out, f"the state of member {self.me} could not be encoded: {exc}")
             return
@@ -517,7 +517,7 @@ class StateTransfer:
                                       _device_parts(manifest))
         if self.observer is not None:
             try:
-                seen = codec.decode(skeleton, buffers=[f[4] for f in frozen])
+                seen = wire.decode(skeleton, buffers=[f[4] for f in frozen])
             except Exception:
                 seen = state
             if isinstance(seen, dict):
@@ -782,7 +782,7 @@ class StateTransfer:
                 buffers.append(host)
             skeleton = parts[0][3].tobytes()
             parts.clear()  # the decoded bytes are copies: the receive buffers can go
-            return codec.decode(skeleton, buffers=buffers)
+            return wire.decode(skeleton, buffers=buffers)
 
         fut = self._loop.run_in_executor(None, rebuild)
         fut.add_done_callback(functools.partial(self._rebuilt, inc))

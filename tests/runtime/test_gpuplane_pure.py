@@ -88,19 +88,19 @@ def test_descriptor_round_trips_device_and_inline_arrays() -> None:
 def test_a_large_byte_string_in_a_device_call_rides_inline_and_decodes_as_bytes() -> None:
     """Host arrays of a device call ride inline in the descriptor: a large byte string's
     read-only uint8 view among them too, and the receiver's copy decodes as bytes."""
-    from derecho_async import codec
+    from derecho_async import wire
     from derecho_async.runtime.dataplane import array_info
     from derecho_async.runtime.gpuplane import _inline_spec, inline_array
 
-    blob = bytes(range(256)) * ((codec.LARGE_BYTES >> 8) + 1)
+    blob = bytes(range(256)) * ((wire.LARGE_BYTES >> 8) + 1)
     buffers: list[object] = []
-    call = codec.encode_call("W.put", (blob,), {}, buffers)
+    call = wire.encode_call("W.put", (blob,), {}, buffers)
     (view,) = buffers
     spec = _inline_spec(view, array_info(view))
     d = Descriptor(call, 2, (spec,))
     got = Descriptor.decode(d.encode(), ANN)
     (arrived,) = [inline_array(s) for s in got.arrays]
-    assert codec.decode_call(got.call, [arrived]) == ("W.put", (blob,), {})
+    assert wire.decode_call(got.call, [arrived]) == ("W.put", (blob,), {})
 
 
 _OK = ["cupy", "float32", [4], 0, 0, 16]
@@ -136,7 +136,7 @@ def test_hostile_descriptors_are_protocol_violations(raw: bytes, why: str) -> No
 
 
 def test_every_dtype_that_may_travel_has_a_descriptor_code() -> None:
-    from derecho_async.codec import DTYPES
+    from derecho_async.wire import DTYPES
 
     for name, size in DTYPES.items():
         d = Descriptor(b"c", 0, (ArraySpec("cupy", name, (3,), 3 * size, 0, 0),))

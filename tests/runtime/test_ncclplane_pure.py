@@ -132,7 +132,7 @@ def test_broadcast_descriptors_round_trip() -> None:
 
 
 def _dtypes() -> set[str]:
-    from derecho_async.codec import DTYPES
+    from derecho_async.wire import DTYPES
 
     return set(DTYPES)
 
