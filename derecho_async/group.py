@@ -52,7 +52,6 @@ from derecho_async.errors import (
     QueueFull,
     UsageError,
 )
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime import largecall
 from derecho_async.runtime.dataplane import MAX_ARRAYS, OutOfBand
 from derecho_async.runtime.driver import Driver
@@ -61,6 +60,7 @@ from derecho_async.runtime.runner import SerialRunner
 from derecho_async.runtime.statexfer import StateTransfer
 from derecho_async.transport import registry
 from derecho_async.transport.base import Transport
+from derecho_async.wire import envelope as env
 
 __all__ = ["Group", "HandlerError", "Replies", "SubgroupHandle", "Versioned"]
 

@@ -88,8 +88,8 @@ import msgpack  # type: ignore[import-untyped]
 
 from derecho_async.core import ViewInstalled
 from derecho_async.errors import ProtocolViolation
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import ArrayInfo, OutOfBand
+from derecho_async.wire import envelope as env
 from derecho_async.wire.arrays import DTYPES
 
 __all__ = [

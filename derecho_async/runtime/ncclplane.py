@@ -100,7 +100,6 @@ from typing import Any
 
 from derecho_async.core import ViewInstalled
 from derecho_async.errors import ProtocolViolation, UsageError
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import OutOfBand
 from derecho_async.runtime.gpuplane import (
     BROADCAST,
@@ -112,6 +111,7 @@ from derecho_async.runtime.gpuplane import (
     inline_array,
 )
 from derecho_async.transport.base import GROUP_MESSAGE_LIMIT
+from derecho_async.wire import envelope as env
 
 __all__ = [
     "UID_BYTES",

@@ -62,9 +62,9 @@ import msgpack  # type: ignore[import-untyped]
 from derecho_async import wire
 from derecho_async.core import Evicted, Left, Partitioned, View, ViewInstalled
 from derecho_async.errors import GroupClosed, ProtocolViolation
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import MAX_ARRAYS, OutOfBand
 from derecho_async.wire import MAX_DECODE_SIZE, is_cupy_array
+from derecho_async.wire import envelope as env
 
 if TYPE_CHECKING:
     from derecho_async.actor import Actor

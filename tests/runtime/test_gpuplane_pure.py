@@ -199,8 +199,8 @@ async def test_ipc_plane_asked_for_without_a_gpu_is_a_clear_error() -> None:
 
 
 def test_descriptor_batches_round_trip_and_are_validated() -> None:
-    from derecho_async.runtime import envelope as env
     from derecho_async.runtime.gpuplane import IpcPlane
+    from derecho_async.wire import envelope as env
 
     one = IpcPlane._frames([((4, 1, 7), b"d7")])
     assert [env.decode(f) for f in one] == [[env.GPU_DATA, 4, 1, 7, b"d7"]]

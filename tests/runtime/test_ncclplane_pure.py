@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 import derecho_async as da
 from derecho_async.core import Layout, SubgroupSpec
 from derecho_async.errors import ProtocolViolation, UsageError
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.gpuplane import (
     BROADCAST,
     MAX_BROADCAST_BYTES,
@@ -37,6 +36,7 @@ from derecho_async.runtime.ncclplane import (
     uid_to_bytes,
     uid_to_tuple,
 )
+from derecho_async.wire import envelope as env
 from tests.runtime.descriptor_bytes import raw_descriptor
 
 
