@@ -17,6 +17,7 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]
 
 from derecho_async.errors import ProtocolViolation, UsageError
+from derecho_async.wire.caches import CUPY_TYPES, LITTLE_DTYPES, NAME_BY_STR
 
 __all__ = [
     "DTYPES",
@@ -81,7 +82,9 @@ def numpy_module() -> Any:
     return sys.modules.get("numpy")
 
 
-_CUPY_TYPES: dict[type, bool] = {}
+_cupy_types: Final = CUPY_TYPES.table  # the caches' dicts, read directly (one get)
+_name_by_str: Final = NAME_BY_STR.table
+_little_dtypes: Final = LITTLE_DTYPES.table
 
 
 def is_cupy_array(obj: object) -> bool:
@@ -89,13 +92,11 @@ def is_cupy_array(obj: object) -> bool:
     then read directly: CuPy builds ``__cuda_array_interface__`` anew on every access (a dict,
     a stream query), and ``hasattr`` on it builds one too."""
     t = type(obj)
-    fast = _CUPY_TYPES.get(t)
+    fast = _cupy_types.get(t)
     if fast is None:
-        fast = _CUPY_TYPES[t] = t.__name__ == "ndarray" and t.__module__.split(".")[0] == "cupy"
+        fast = t.__name__ == "ndarray" and t.__module__.split(".")[0] == "cupy"
+        CUPY_TYPES.put(t, fast)
     return fast
-
-
-_NAME_BY_STR: dict[str, str] = {}  # numpy dtype.str ('<f4', '>i8', '|b1') -> dtype.name
 
 
 def numpy_dtype_name(dtype: Any) -> str:
@@ -103,11 +104,11 @@ def numpy_dtype_name(dtype: Any) -> str:
     stored string, ``dtype.name`` is built anew on each read; each traveling array needs it
     several times)."""
     key = dtype.str
-    name = _NAME_BY_STR.get(key)
+    name = _name_by_str.get(key)
     if name is None:
         name = str(dtype.name)
         if name in DTYPES and dtype.fields is None:
-            _NAME_BY_STR[key] = name
+            NAME_BY_STR.put(key, name)
     return name
 
 
@@ -279,13 +280,11 @@ def _read_header_fast(payload: bytes, fields: int) -> tuple[list[object], int] |
     return [name, shape], pos
 
 
-_LITTLE_DTYPES: dict[str, Any] = {}  # dtype name -> its little-endian numpy dtype
-
-
 def _little_dtype(np: Any, name: str) -> Any:
-    dtype = _LITTLE_DTYPES.get(name)
+    dtype = _little_dtypes.get(name)
     if dtype is None:  # name is one of DTYPES (checked): the cache stays that small
-        dtype = _LITTLE_DTYPES[name] = np.dtype(name).newbyteorder("<")
+        dtype = np.dtype(name).newbyteorder("<")
+        LITTLE_DTYPES.put(name, dtype)
     return dtype
 
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Any, Final, NamedTuple
 
 from derecho_async.wire.arrays import buffer_matches, buffer_meta, is_cupy_array, numpy_module
+from derecho_async.wire.caches import DEVICE_CALL_METHODS, DEVICE_CALLS, OOB_CALLS
 from derecho_async.wire.values import SCALAR_TYPES, encode_call_walked
 
 __all__ = [
-    "OOB_CALLS",
     "OOB_CALL_BYTES",
     "UNMEMOIZABLE",
     "BufferSlot",
@@ -48,12 +48,11 @@ def device_call(method: str, args: tuple[object, ...], buffers: list[object]) ->
     if len(args) > 1 and len({id(a) for a in args}) != len(args):
         return None  # one array passed twice travels once: the general path numbers them
     memo_key = tuple(key)
-    call = _DEVICE_CALLS.get(memo_key)
+    call = _device_calls.get(memo_key)
     if call is None:
         call = encode_call_walked(method, args, {}, [], 0)  # checks what it encodes
-        if len(_DEVICE_CALLS) < _DEVICE_CALLS_MAX:
-            _DEVICE_CALLS[memo_key] = call
-            _DEVICE_CALL_METHODS[call] = (method, len(args))
+        if DEVICE_CALLS.put(memo_key, call):
+            DEVICE_CALL_METHODS.put(call, (method, len(args)))
     buffers.extend(args)
     return call
 
@@ -66,25 +65,21 @@ def own_device_call(
     ``(method, arrays, {})``; None for any other bytes. Only for a member's *own* messages,
     delivered back to it: their arrays are the very ones the call was encoded from, so there is
     nothing to check (a peer's arrays are checked against the call's references by decoding)."""
-    entry = _DEVICE_CALL_METHODS.get(data)
+    entry = _device_call_methods.get(data)
     if entry is None or entry[1] != len(arrays):
         return None
     return entry[0], arrays, {}
 
 
-# Encoded calls of distinct CuPy array arguments by (method, dtype.str and shape of each):
-# device_call's memo, and the reverse (bytes -> method and argument count) for
-# own_device_call. Bounded like the other caches (the application's calls fill them).
-_DEVICE_CALLS: dict[tuple[object, ...], bytes] = {}
-_DEVICE_CALL_METHODS: dict[bytes, tuple[str, int]] = {}
-_DEVICE_CALLS_MAX = 4096
+_device_calls: Final = DEVICE_CALLS.table  # the caches' dicts, read directly (one get)
+_device_call_methods: Final = DEVICE_CALL_METHODS.table
 
 
 # --------------------------------------------------------------- decoded calls (receive side)
 
 
 class BufferSlot(NamedTuple):
-    """Where a memoized call (see :data:`OOB_CALLS`) takes an out-of-band buffer: the buffer's
+    """Where a memoized call (see :func:`memoize`) takes an out-of-band buffer: the buffer's
     position, and the dtype name and shape that the call's reference gave it."""
 
     position: int
@@ -93,14 +88,11 @@ class BufferSlot(NamedTuple):
 
 
 # Calls with out-of-band buffers whose arguments are all scalars or buffers, decoded once, by
-# their bytes: (method, args, kwargs) with a BufferSlot for each buffer. A sender that sends the
-# same method with the same scalars and buffer shapes again (new arrays each time) makes the same
-# bytes, and its receivers skip the unpack; each buffer is still checked against its reference.
-# Bounded like the decoder's references; only short calls (the buffers' bytes are not part of them).
-OOB_CALLS: dict[bytes, tuple[str, tuple[object, ...], dict[str, object]]] = {}
-"""The decoded-call memo: a call's bytes -> (method, args, kwargs) with its buffer slots."""
-OOB_CALLS_MAX = 1024
-OOB_CALL_BYTES = 512
+# their bytes (caches.OOB_CALLS): (method, args, kwargs) with a BufferSlot for each buffer. A
+# sender that sends the same method with the same scalars and buffer shapes again (new arrays
+# each time) makes the same bytes, and its receivers skip the unpack; each buffer is still
+# checked against its reference. Only short calls (the buffers' bytes are not part of them).
+OOB_CALL_BYTES: Final = 512
 """The longest call (its bytes) that the decoded-call memo takes."""
 UNMEMOIZABLE: Final[tuple[str, tuple[object, ...], dict[str, object]]] = ("", (), {})
 """The memo's entry for bytes whose arguments hold more than scalars and buffers: decoded in full
@@ -141,7 +133,7 @@ def memoize(
 ) -> None:
     """Remember ``call`` (just decoded from ``data``) if its arguments are scalars and buffers
     and the memo has room (once full, it keeps what it has)."""
-    if len(OOB_CALLS) >= OOB_CALLS_MAX:
+    if OOB_CALLS.full():
         return
     index = {id(b): i for i, b in enumerate(buffers)}
     if len(index) != len(buffers):  # one object twice: its position would be ambiguous
@@ -169,4 +161,4 @@ def memoize(
         slots = {v.position for v in (*memo[1], *memo[2].values()) if type(v) is BufferSlot}
         if len(slots) != len(buffers):
             memo = UNMEMOIZABLE
-    OOB_CALLS[data] = memo
+    OOB_CALLS.put(data, memo)

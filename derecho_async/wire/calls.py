@@ -18,9 +18,9 @@ import msgpack  # type: ignore[import-untyped]
 from derecho_async import hotpath
 from derecho_async.errors import DerechoError, ProtocolViolation, UsageError
 from derecho_async.wire.arrays import numpy_module
+from derecho_async.wire.caches import OOB_CALLS, VALID_METHODS
 from derecho_async.wire.call_memos import (
     OOB_CALL_BYTES,
-    OOB_CALLS,
     UNMEMOIZABLE,
     device_call,
     from_memo,
@@ -51,22 +51,22 @@ _unpackb: Final = msgpack.unpackb  # its max_*_len limits default to the input's
 _decode_plain: Final = hotpath.decode_plain_call if hotpath.IMPLEMENTATION == "native" else None
 _encode_plain: Final = hotpath.encode_plain_call if hotpath.IMPLEMENTATION == "native" else None
 
-_VALID_METHODS: dict[str, bool] = {}
-_VALID_METHODS_MAX = 4096  # names remembered as valid (a peer cannot grow this without bound)
+_valid_methods: Final = VALID_METHODS.table  # the caches' dicts, read directly (one lookup)
+_oob_calls: Final = OOB_CALLS.table
 
 
 def valid_method(method: object) -> bool:
     """Whether ``method`` is a method name that may travel: a dotted Python identifier of at
     most 512 characters. A valid str is remembered (while the table has room)."""
-    if type(method) is str and method in _VALID_METHODS:
+    if type(method) is str and method in _valid_methods:
         return True
     ok = (
         isinstance(method, str)
         and 0 < len(method) <= 512
         and all(part.isidentifier() for part in method.split("."))
     )
-    if ok and type(method) is str and len(_VALID_METHODS) < _VALID_METHODS_MAX:
-        _VALID_METHODS[method] = True
+    if ok and type(method) is str:
+        VALID_METHODS.put(method, True)
     return ok
 
 
@@ -91,7 +91,7 @@ def encode_call(
         and type(kwargs) is dict
         and not kwargs
         and type(method) is str
-        and method in _VALID_METHODS
+        and method in _valid_methods
     ):
         # the usual call (a known method, scalar args) in one native pass, the same bytes
         data = _encode_plain(method, args)
@@ -136,10 +136,10 @@ def _decode_call_fast(
     the message is unpacked again with a decoder, exactly as before; without one, the decoder
     would not have been called and the outcome is the same. A call given out-of-band
     ``buffers`` holds references, so it goes to the decoder at once; a short one is looked up
-    in the memo of such calls first (:data:`OOB_CALLS`)."""
+    in the memo of such calls first (:mod:`.call_memos`)."""
     if not buffers or len(data) > OOB_CALL_BYTES:
         return _decode_call_checked(data, buffers)
-    memo = OOB_CALLS.get(data)
+    memo = _oob_calls.get(data)
     if memo is None:  # first met: decode, and remember it if it may be
         call = _decode_call_checked(data, buffers)
         if call is not None:
@@ -179,7 +179,7 @@ def _decode_call_checked(
     method, args, kwargs = envelope
     if type(args) is not list or type(kwargs) is not dict:
         return None
-    if not (type(method) is str and method in _VALID_METHODS) and not valid_method(method):
+    if not (type(method) is str and method in _valid_methods) and not valid_method(method):
         return None
     scalars = SCALAR_TYPES
     np: Any = None
@@ -211,7 +211,7 @@ def decode_call(
     if type(data) is bytes and len(data) <= max_size:
         if not buffers and _decode_plain is not None:
             plain = _decode_plain(data)
-            if plain is not None and (plain[0] in _VALID_METHODS or valid_method(plain[0])):
+            if plain is not None and (plain[0] in _valid_methods or valid_method(plain[0])):
                 return plain
         fast = _decode_call_fast(data, buffers)
         if fast is not None:

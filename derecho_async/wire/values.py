@@ -38,6 +38,7 @@ from derecho_async.wire.arrays import (
     numpy_dtype_name,
     numpy_module,
 )
+from derecho_async.wire.caches import ARRAY_HEADS, REF_RECORDS, REFERENCES
 
 if TYPE_CHECKING:
     import numpy
@@ -136,10 +137,9 @@ def _check_shape(shape: tuple[int, ...]) -> list[int]:
     return [int(n) for n in shape]
 
 
-# Inline array headers (msgpack dtype name and shape) by (dtype, shape): checked once, then
-# reused; the same few shapes recur. Bounded, like the decoder's reference cache.
-_ARRAY_HEADS: dict[tuple[Any, tuple[int, ...]], bytes] = {}
-_ARRAY_HEADS_MAX = 4096
+_array_heads: Final = ARRAY_HEADS.table  # the caches' dicts, read directly (one get)
+_ref_records: Final = REF_RECORDS.table
+_references: Final = REFERENCES.table
 
 
 class _Encoder:
@@ -279,11 +279,10 @@ class _Encoder:
                 "cannot encode a masked array (its mask would be lost); send .data and .mask",
             )
         key = (arr.dtype, arr.shape)
-        head = _ARRAY_HEADS.get(key)
+        head = _array_heads.get(key)
         if head is None:  # checked once per dtype and shape (a cached one passed)
             head = pack(self.dtype_name(arr.dtype)) + pack(_check_shape(arr.shape))
-            if len(_ARRAY_HEADS) < _ARRAY_HEADS_MAX:
-                _ARRAY_HEADS[key] = head
+            ARRAY_HEADS.put(key, head)
         if arr.flags.c_contiguous and arr.dtype.str[0] in _LITTLE_OR_NONE:
             little = arr  # already what travels (astype with copy=False costs microseconds)
         else:
@@ -325,25 +324,20 @@ class _Encoder:
             a: Any = obj
             if a.dtype.fields is None:  # a structured dtype may share a plain one's str
                 key = (index, cls, a.dtype.str, a.shape)
-                record = _REF_RECORDS.get(key)
+                record = _ref_records.get(key)
         if record is None:
             try:
                 name, shape, kind = buffer_meta(obj, np)
             except ValueError as e:
                 raise _EncodeFailure(TypeError, str(e)) from None
             record = msgpack.ExtType(_EXT_BUFREF, pack([index, name, shape, kind]))
-            if key is not None and len(_REF_RECORDS) < _REF_RECORDS_MAX:
-                _REF_RECORDS[key] = record
+            if key is not None:
+                REF_RECORDS.put(key, record)
         if fresh:
             self.buffers.append(obj if replacement is None else replacement)
             self.buffer_ids[id(obj)] = index
         return record
 
-
-# Buffer reference records of numpy and CuPy arrays by (index, type, dtype.str, shape): a
-# sender references the same few shapes again and again. Bounded like the decoder's caches.
-_REF_RECORDS: dict[tuple[int, type, str, tuple[int, ...]], object] = {}
-_REF_RECORDS_MAX = 4096
 
 _LITTLE_OR_NONE: Final = ("<", "|")  # numpy dtype.str byte orders that need no swap
 
@@ -493,7 +487,7 @@ class Decoder:
 
     def reference(self, payload: bytes) -> object:
         """The buffer a reference record names, checked against its dtype and shape."""
-        checked = _REFERENCES.get(payload)
+        checked = _references.get(payload)
         if checked is None:
             fields = _unpack_plain(payload)
             if not (isinstance(fields, list) and len(fields) == 4):
@@ -509,8 +503,7 @@ class Decoder:
                     f"{name}{tuple(checked_shape)}"
                 )
             shape = tuple(checked_shape)
-            if len(_REFERENCES) < _REFERENCES_MAX:
-                _REFERENCES[payload] = (index, name, shape, kind)
+            REFERENCES.put(payload, (index, name, shape, kind))
         else:
             index, name, shape, kind = checked
         if self.buffers is None:
@@ -533,12 +526,6 @@ class Decoder:
             )
         self.resolved.add(id(buf))
         return buf
-
-
-# Buffer references already checked, by their bytes: a peer sends the same few shapes again and
-# again. Bounded, so a peer cannot grow it; the values are never handed out (shapes are compared).
-_REFERENCES: dict[bytes, tuple[int, str, tuple[int, ...], str]] = {}
-_REFERENCES_MAX = 4096
 
 
 def _bytes_of(index: int, buf: object, length: int) -> bytes:
