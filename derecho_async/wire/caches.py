@@ -1,13 +1,10 @@
 """The wire's caches, as objects: one bounded table class and every table it makes.
 
-Theory of operation (docs/DESIGN.md §7.10): the same few calls, shapes and dtypes recur, so the
-codec remembers what it checked or built once. Each table is a :class:`BoundedCache`: a dict
-that stops growing at its ``max_size``. Nothing is evicted: once full, a table keeps what it
-has, so a peer that sends ever new keys can neither grow it nor push out what the usual calls
-hit; a key that finds no room is simply worked out again each time. A hot path binds the dict
-once at import (``_heads = ARRAY_HEADS.table``) and reads it with one ``dict.get``; only a miss
-calls :meth:`BoundedCache.put`. :meth:`BoundedCache.clear` empties a table in place, so such a
-binding stays valid.
+Theory of operation (docs/DESIGN.md §7.10): the codec remembers what it checked or built once in
+:class:`BoundedCache` tables, dicts that stop growing at their ``max_size`` and keep what they
+have (nothing is evicted: a peer can neither grow one nor push out what the usual calls hit). A
+hot path binds a table's dict once at import and reads it with one ``dict.get``; only a miss
+calls :meth:`BoundedCache.put`, and :meth:`BoundedCache.clear` empties a table in place.
 """
 
 from __future__ import annotations

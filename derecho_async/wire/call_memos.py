@@ -1,14 +1,10 @@
 """Memos of calls with out-of-band arrays: the device-call memo and the decoded-call memo.
 
-Theory of operation (docs/DESIGN.md §7.10): the bytes of a call whose arguments are all distinct
-CuPy arrays depend only on the method and each array's dtype and shape (each is a reference by
-index), so the first call of a kind is encoded by the general path and its bytes are reused
-(:func:`device_call`); a member's own such call, delivered back to it, is taken back without
-decoding (:func:`own_device_call`). On the receiving side, a short call with out-of-band buffers
-whose other arguments are scalars is decoded once and remembered by its bytes, with a
-:class:`BufferSlot` in place of each buffer (:func:`memoize`); a repeated one is rebuilt with the
-message's own buffers, each still checked against its reference (:func:`from_memo`). Every memo
-is bounded: once full, it keeps what it has.
+Theory of operation (docs/DESIGN.md §7.10): a call of distinct CuPy arrays alone is encoded once
+per method, dtype and shape and its bytes reused (:func:`device_call`), and a member's own such
+call is taken back without decoding (:func:`own_device_call`). A receiver remembers a short call
+with out-of-band buffers and scalars by its bytes (:func:`memoize`) and rebuilds a repeated one
+with the message's own buffers, each still checked (:func:`from_memo`).
 """
 
 from __future__ import annotations

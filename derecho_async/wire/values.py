@@ -1,18 +1,11 @@
 """Values on the wire: call arguments and results as msgpack, never pickle.
 
-Theory of operation (docs/DESIGN.md §7.10): encoding walks a value once and rebuilds it as what
-msgpack packs natively; tuples, numpy arrays, numpy scalars and out-of-band buffer references
-become ext records. The walk checks types, the 64-bit int range and the nesting depth, and an
-error carries the path of the offending element upward by exception (no string work on the
-success path). Given ``buffers``, arrays and large byte strings are appended there and referenced
-by index, for a data plane to move. Decoding is defensive: msgpack runs with every size limit
-bound to the input, ext records are decoded by :class:`Decoder` (which bounds their nesting), and
-a final walk (:func:`check_tree`) enforces the depth limit and the value types, so malformed
-input only ever raises ProtocolViolation. Checked array headers and buffer references are
-remembered by (dtype, shape) and by their bytes, in bounded tables.
-
-Public API: :func:`encode`, :func:`decode`, :func:`pack` and the limit constants; the rest is
-shared with :mod:`.calls` and :mod:`.call_memos`.
+Theory of operation (docs/DESIGN.md §7.10): encoding walks a value once, checking it, and turns
+tuples, numpy arrays, numpy scalars and out-of-band buffers into ext records; given ``buffers``,
+arrays and large byte strings travel beside the message, referenced by index. Decoding binds
+every msgpack limit to the input and walks the result (:func:`check_tree`), so malformed input
+only ever raises ProtocolViolation. Public API: :func:`encode`, :func:`decode`, :func:`pack` and
+the limits; the rest is shared with :mod:`.calls` and :mod:`.call_memos`.
 """
 
 from __future__ import annotations
@@ -284,7 +277,7 @@ class _Encoder:
             head = pack(self.dtype_name(arr.dtype)) + pack(_check_shape(arr.shape))
             ARRAY_HEADS.put(key, head)
         if arr.flags.c_contiguous and arr.dtype.str[0] in _LITTLE_OR_NONE:
-            little = arr  # already what travels (astype with copy=False costs microseconds)
+            little = arr  # already what travels (astype, even with copy=False, is not free)
         else:
             little = arr.astype(arr.dtype.newbyteorder("<"), order="C", copy=False)
         if self.buffers is not None:
