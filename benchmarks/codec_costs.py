@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/codec_costs.py [--n 20000]
 
-Times :func:`derecho_async.codec.encode_call` and :func:`~derecho_async.codec.decode_call` for
+Times :func:`derecho_async.wire.encode_call` and :func:`~derecho_async.wire.decode_call` for
 the calls the runtime makes per message: a plain call with a 1 KB bytes argument, and calls whose
 numpy arrays travel out of band (as the data planes send them: ``buffers=[]``), decoded with the
 receiver's own arrays. Each figure is the best of 5 batches. No GPU needed: CuPy arrays take the
@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from derecho_async import codec
+from derecho_async import wire
 
 
 def _best_us(fn: Callable[[], object], n: int) -> float:
@@ -39,12 +39,12 @@ def main() -> None:
     y = np.zeros(4096, dtype=np.int64)
     payload = b"x" * 1024
     cases: list[tuple[str, Callable[[list[object]], bytes], list[object]]] = [
-        ("take(1 KB bytes)", lambda b: codec.encode_call("take", (payload,), {}), []),
+        ("take(1 KB bytes)", lambda b: wire.encode_call("take", (payload,), {}), []),
         ("take(x), x out of band",
-         lambda b: codec.encode_call("take", (x,), {}, buffers=b, inline_bytes=8192),
+         lambda b: wire.encode_call("take", (x,), {}, buffers=b, inline_bytes=8192),
          [np.zeros_like(x)]),
         ("update('fc1', x, scale=0.5, bias=y), out of band",
-         lambda b: codec.encode_call("W.update", ("fc1", x), {"scale": 0.5, "bias": y},
+         lambda b: wire.encode_call("W.update", ("fc1", x), {"scale": 0.5, "bias": y},
                                      buffers=b, inline_bytes=8192),
          [np.zeros_like(x), np.zeros_like(y)]),
     ]
@@ -53,7 +53,7 @@ def main() -> None:
         data = encode([])
         bufs = received or None
         enc = _best_us(lambda encode=encode: encode([]), args.n)  # type: ignore[misc]
-        dec = _best_us(lambda data=data, bufs=bufs: codec.decode_call(data, bufs),  # type: ignore[misc]
+        dec = _best_us(lambda data=data, bufs=bufs: wire.decode_call(data, bufs),  # type: ignore[misc]
                        args.n)
         print(f"{name:<50} {enc:>10.2f} {dec:>10.2f}")
 

@@ -29,8 +29,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from derecho_async import _hotpath_pure as pure
-from derecho_async import codec, hotpath
+from derecho_async import hotpath, wire
 from derecho_async.errors import ProtocolViolation
+from derecho_async.wire import calls
 
 native: ModuleType | None
 try:
@@ -525,15 +526,15 @@ def call_bytes(draw: st.DrawFn) -> bytes:
 @given(call_bytes())
 def test_decode_plain_call(data: bytes) -> None:
     """The twins agree on every input, and a call they decode whose method is a dotted name
-    (what codec.decode_call then accepts) is the call the general decoder makes of it."""
+    (what wire.decode_call then accepts) is the call the general decoder makes of it."""
     assert native is not None
     want = outcome(pure.decode_plain_call, data)
     got = outcome(native.decode_plain_call, data)
     assert repr(got) == repr(want), f"{data!r}: native {got!r}, pure {want!r}"
     assert want[0] == "ok"
-    if want[1] is not None and codec._valid_method(want[1][0]):
-        assert repr(codec._decode_call_checked(data, None)) == repr(want[1])
-        assert repr(codec.decode_call(data)) == repr(want[1])
+    if want[1] is not None and calls.valid_method(want[1][0]):
+        assert repr(calls._decode_call_checked(data, None)) == repr(want[1])
+        assert repr(wire.decode_call(data)) == repr(want[1])
 
 
 def test_decode_plain_call_examples() -> None:
@@ -558,8 +559,8 @@ def test_decode_call_checks_the_method_of_a_plain_call() -> None:
     """A plain call with a method that is no dotted identifier still fails as before."""
     for name in ["not a name", "", "a..b", "x" * 600]:
         with pytest.raises(ProtocolViolation, match="method"):
-            codec.decode_call(_packed([name, [1], {}]))
-    assert codec.decode_call(_packed(["Log.append", [1], {}])) == ("Log.append", (1,), {})
+            wire.decode_call(_packed([name, [1], {}]))
+    assert wire.decode_call(_packed(["Log.append", [1], {}])) == ("Log.append", (1,), {})
 
 
 # -- encode_plain_call ---------------------------------------------------------------------------
@@ -613,22 +614,22 @@ def test_encode_plain_call_examples() -> None:
             assert mod.encode_plain_call("Log.append", (refused,)) is None, refused
         assert mod.encode_plain_call("Log.append", [1]) is None  # args must be a tuple
         assert mod.encode_plain_call(b"Log.append", (1,)) is None
-        # bytes over codec.LARGE_BYTES may travel out of band: left to the general encoder
-        edge = b"x" * codec.LARGE_BYTES
+        # bytes over wire.LARGE_BYTES may travel out of band: left to the general encoder
+        edge = b"x" * wire.LARGE_BYTES
         assert mod.encode_plain_call("Log.append", (edge,)) == _packed(["Log.append", [edge], {}])
         assert mod.encode_plain_call("Log.append", (edge + b"x",)) is None
 
 
 def test_encode_call_reports_what_the_plain_pass_refuses() -> None:
     """Calls the native pass leaves to the general encoder still encode or fail as before."""
-    codec.encode_call("Log.append", (1,), {})  # the method is known from here on
+    wire.encode_call("Log.append", (1,), {})  # the method is known from here on
     with pytest.raises(OverflowError, match=r"^args\[0\]: int"):
-        codec.encode_call("Log.append", (U64,), {})
-    assert codec.decode_call(codec.encode_call("Log.append", (_Int(7), _Str("s")), {})) == (
+        wire.encode_call("Log.append", (U64,), {})
+    assert wire.decode_call(wire.encode_call("Log.append", (_Int(7), _Str("s")), {})) == (
         "Log.append", (7, "s"), {}
     )
     with pytest.raises(TypeError, match=r"^args\[0\]: cannot encode"):
-        codec.encode_call("Log.append", (1j,), {})
+        wire.encode_call("Log.append", (1j,), {})
 
 
 # -- deliver_messages ----------------------------------------------------------------------------

@@ -48,14 +48,14 @@ def decode_plain_call(data: object, /) -> PlainCall | None:
 
 
 _INT_LO, _INT_HI = -(1 << 63), (1 << 64) - 1
-_PLAIN_BYTES_MAX = 1 << 20  # codec.LARGE_BYTES
+_PLAIN_BYTES_MAX = 1 << 20  # wire.LARGE_BYTES
 
 
 def encode_plain_call(method: object, args: object, /) -> bytes | None:
     """msgpack ``[method, [args...], {}]`` exactly as ``msgpack.Packer(use_bin_type=True)``
     writes it, for a str ``method`` and a tuple ``args`` whose items are all None, bool, int
     (``-2**63 .. 2**64-1``), float, str or bytes (exact types, no subclasses; bytes of at most
-    1 MiB, ``codec.LARGE_BYTES``: a longer one may travel out of band). None for anything else
+    1 MiB, ``wire.LARGE_BYTES``: a longer one may travel out of band). None for anything else
     (another type, an int out of range, a str that cannot be UTF-8 encoded, longer bytes): the
     general encoder then takes the call (and reports what is wrong). The method name is not
     checked."""

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from derecho_async import codec
+from derecho_async import wire
 from derecho_async.errors import (
     DerechoError,
     GroupClosed,
@@ -116,14 +116,14 @@ class Replies(Mapping[int, object]):
 def encode_error(exc: object) -> bytes:
     """A handler's exception as it travels: ``[type name, message]``."""
     name = type(exc).__name__
-    return codec.encode([name, str(exc)])
+    return wire.encode([name, str(exc)])
 
 
 def decode_result(sender: int, ok: bool, body: bytes) -> object:
     """A result ``sender`` sent back: the value, or a :class:`HandlerError` for an error (the
     ``ProtocolViolation`` itself when ``body`` does not decode)."""
     try:
-        value = codec.decode(body)
+        value = wire.decode(body)
     except ProtocolViolation as exc:
         return exc
     if ok:
@@ -204,7 +204,7 @@ class CallTable:
         # Small numpy arrays (up to a slot's worth) are copied into the call itself: they skip
         # the data plane's pool, descriptor frame and landing report, several times cheaper per
         # message; the handler gets the same owned numpy arrays either way.
-        call = codec.encode_call(wire_name, args, kwargs, buffers=arrays,
+        call = wire.encode_call(wire_name, args, kwargs, buffers=arrays,
                                  inline_bytes=core.config.max_payload)
         if len(arrays) > MAX_ARRAYS:
             raise UsageError(f"an ordered call carries at most {MAX_ARRAYS} arrays, not "

@@ -20,14 +20,14 @@ from collections.abc import Callable
 from types import CoroutineType
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-from derecho_async import codec, hotpath
+from derecho_async import hotpath, wire
 from derecho_async.api.actor import Actor, ActorSpec
 from derecho_async.api.calls import CAST, NIL, encode_error
 from derecho_async.errors import DerechoError, ProtocolViolation, UsageError
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime import largecall
 from derecho_async.runtime.dataplane import OutOfBand
 from derecho_async.runtime.runner import SerialRunner
+from derecho_async.wire import envelope as env
 
 if TYPE_CHECKING:
     from derecho_async.api.calls import CallTable
@@ -184,7 +184,7 @@ class Dispatcher:
             if type(payload) is bytes:
                 # (the usual call of a known method is the native loop's: decode_call's own
                 # native pass is enough for what reaches this path)
-                name, args, kwargs = codec.decode_call(payload)
+                name, args, kwargs = wire.decode_call(payload)
             elif isinstance(payload, OutOfBand):
                 if largecall.is_large(payload):  # decoded off the loop, in turn on the runner
                     if observer is None:
@@ -196,8 +196,8 @@ class Dispatcher:
                     return
                 # my own call of device arrays alone comes back as it was sent; the rest (and
                 # every peer's) is decoded and its arrays checked
-                own = codec.own_device_call(payload.call, payload.arrays) if sender == me else None
-                name, args, kwargs = own if own is not None else codec.decode_call(
+                own = wire.own_device_call(payload.call, payload.arrays) if sender == me else None
+                name, args, kwargs = own if own is not None else wire.decode_call(
                     payload.call, buffers=list(payload.arrays))
             else:
                 raise ProtocolViolation("ordered call payload is not bytes")
@@ -307,7 +307,7 @@ class Dispatcher:
             if ok and value is None:
                 body = NIL
             else:
-                body = codec.encode(value) if ok else encode_error(value)
+                body = wire.encode(value) if ok else encode_error(value)
         except (TypeError, ValueError, OverflowError) as exc:
             ok, body = False, encode_error(exc)
         if self.batching:

@@ -41,13 +41,13 @@ from derecho_async.core import (
 )
 from derecho_async.core.effects import Event
 from derecho_async.errors import GroupClosed, PartitionedError, UsageError
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.driver import Driver
 from derecho_async.runtime.observer import GroupObserver
 from derecho_async.runtime.runner import SerialRunner
 from derecho_async.runtime.statexfer import StateTransfer
 from derecho_async.transport import registry
 from derecho_async.transport.base import Transport
+from derecho_async.wire import envelope as env
 
 __all__ = ["Group"]
 

@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from derecho_async import codec
+from derecho_async import wire
 from derecho_async.api.calls import decode_result, encode_error
 from derecho_async.errors import GroupClosed, MemberFailed, ProtocolViolation, UsageError
-from derecho_async.runtime import envelope as env
+from derecho_async.wire import envelope as env
 
 if TYPE_CHECKING:
     from derecho_async.api.actor import Actor, ActorSpec
@@ -109,7 +109,7 @@ class P2PServer:
         req = next(self._ids)
         fut: asyncio.Future[Versioned] = loop.create_future()
         self._calls[req] = (member, fut)
-        body = codec.encode_call(f"{spec.name}.{method}", args, kwargs)
+        body = wire.encode_call(f"{spec.name}.{method}", args, kwargs)
         driver.transport.send(member, env.encode(env.P2P_REQ, req, spec.name, method, body))
         return await fut
 
@@ -157,7 +157,7 @@ class P2PServer:
 
         def answer(ok: bool, value: object, version: tuple[int, int] = (0, -1)) -> None:
             try:
-                data = codec.encode(value) if ok else encode_error(value)
+                data = wire.encode(value) if ok else encode_error(value)
             except (TypeError, ValueError, OverflowError) as exc:
                 ok, data = False, encode_error(exc)
             view_id, seq = version
@@ -175,7 +175,7 @@ class P2PServer:
             self._early.append((sender, req, actor_name, method, body))
             return
         try:
-            _name, args, kwargs = codec.decode_call(body)
+            _name, args, kwargs = wire.decode_call(body)
         except ProtocolViolation as exc:
             answer(False, exc)
             return
@@ -219,14 +219,14 @@ def read_only(actor: Actor, label: str, fn: Callable[..., object]) -> Callable[.
     fails with :class:`UsageError`."""
 
     def check(before: bytes) -> None:
-        if codec.encode(actor.snapshot()) != before:
-            state: Any = codec.decode(before)
+        if wire.encode(actor.snapshot()) != before:
+            state: Any = wire.decode(before)
             actor.restore(state)
             raise UsageError(f"p2p handler {label} changed the replica (p2p handlers may only "
                              f"read; the change was undone)")
 
     def run(*args: object, **kwargs: object) -> object:
-        before = codec.encode(actor.snapshot())
+        before = wire.encode(actor.snapshot())
         try:
             result = fn(*args, **kwargs)
         except BaseException:

@@ -60,7 +60,6 @@ import msgpack  # type: ignore[import-untyped]
 
 from derecho_async.core.effects import ViewInstalled
 from derecho_async.errors import ProtocolViolation
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import (
     OFF_LOOP_BYTES,
     FlatLayout,
@@ -70,6 +69,7 @@ from derecho_async.runtime.dataplane import (
     read_flat,
     write_flat,
 )
+from derecho_async.wire import envelope as env
 
 if TYPE_CHECKING:
     from derecho_async.transport.registry import PlaneWiring

@@ -37,8 +37,8 @@ from typing import Any, NamedTuple, TypeVar
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async.codec import DTYPES, TYPESTRS, is_cupy_array, numpy_dtype_name
 from derecho_async.errors import ProtocolViolation
+from derecho_async.wire.arrays import DTYPES, TYPESTRS, is_cupy_array, numpy_dtype_name
 
 __all__ = [
     "MAX_ARRAYS",

@@ -34,9 +34,9 @@ the NCCL plane (:mod:`.ncclplane`: per-sender communicators), then CUDA IPC over
 also sees the core's events (its own deliveries and view installs are its freeing points).
 Another plane (a CUDA-IPC plane for device arrays) joins with ``add_plane(plane, first=True)``:
 its ``start`` returns False for payloads it does not move, and each of its frame kinds needs a
-shape in :mod:`.envelope` (decoding validates every field before a plane sees it).
-A data frame that breaks the protocol is dropped and its sender reported as failed: the message
-could never land, and nothing would be stable again while its sender stays in the view.
+shape in :mod:`derecho_async.wire.envelope` (decoding validates every field before a plane sees
+it). A data frame that breaks the protocol is dropped and its sender reported as failed: the
+message could never land, and nothing would be stable again while its sender stays in the view.
 """
 
 from __future__ import annotations
@@ -72,12 +72,12 @@ from derecho_async.core import (
 )
 from derecho_async.core.effects import Event
 from derecho_async.errors import ProtocolViolation
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import HostStagingPlane
 from derecho_async.runtime.plane import Plane
 from derecho_async.transport import registry
 from derecho_async.transport.base import Transport
 from derecho_async.transport.registry import PlaneWiring
+from derecho_async.wire import envelope as env
 
 if TYPE_CHECKING:
     from derecho_async.runtime.gpu.ipc import IpcPlane

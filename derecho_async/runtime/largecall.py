@@ -1,6 +1,6 @@
 """Large ordered calls: their byte strings are made into bytes off the event loop.
 
-Theory of operation: a byte string longer than ``codec.LARGE_BYTES`` in an ordered call travels
+Theory of operation: a byte string longer than ``wire.LARGE_BYTES`` in an ordered call travels
 out of band (a "bytes" buffer), so the call arrives as an :class:`OutOfBand` payload whose
 array is a one-dimensional uint8 numpy array; decoding it copies the whole argument into a new
 bytes object. When such arrays add up to :data:`OFF_LOOP_BYTES` or more, the group does not
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from types import CoroutineType
 from typing import Any, Final
 
-from derecho_async import codec
+from derecho_async import wire
 from derecho_async.errors import DerechoError, ProtocolViolation
 from derecho_async.runtime.dataplane import OutOfBand
 
@@ -81,7 +81,7 @@ class OffLoopCall:
         payload = self._payload
         try:
             name, args, kwargs = await asyncio.get_running_loop().run_in_executor(
-                None, codec.decode_call, payload.call, list(payload.arrays))
+                None, wire.decode_call, payload.call, list(payload.arrays))
             fn, self._one_way = self._resolve(name)
         except (ProtocolViolation, DerechoError) as exc:
             self._undeliverable = exc

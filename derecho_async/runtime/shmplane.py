@@ -50,7 +50,6 @@ from typing import TYPE_CHECKING, Any
 
 from derecho_async.core.effects import Evicted, Left, Partitioned, ViewInstalled
 from derecho_async.errors import ProtocolViolation
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import (
     OFF_LOOP_BYTES,
     FlatLayout,
@@ -63,6 +62,7 @@ from derecho_async.runtime.dataplane import (
 )
 from derecho_async.transport.shm import pool as shmpool
 from derecho_async.transport.shm.pool import BadPoolSegment, PoolSegment
+from derecho_async.wire import envelope as env
 
 if TYPE_CHECKING:
     from derecho_async.transport.registry import PlaneWiring

@@ -33,7 +33,7 @@ import itertools
 from collections.abc import Mapping
 from typing import Any
 
-from derecho_async import codec
+from derecho_async import wire
 from derecho_async.api import HandlerError, Replies
 from derecho_async.errors import GroupClosed, MemberFailed, PartitionedError, UsageError
 from derecho_async.testing.actorsim import RAISE_BEFORE, ActorRun, StateKey, state_of
@@ -68,7 +68,7 @@ def _cid(payload: object) -> int | None:
             return None
         payload = call
     try:
-        _name, args, _kwargs = codec.decode_call(bytes(payload))
+        _name, args, _kwargs = wire.decode_call(bytes(payload))
     except Exception:
         return None
     return args[0] if args and type(args[0]) is int else None

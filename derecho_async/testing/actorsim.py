@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from derecho_async import codec
+from derecho_async import wire
 from derecho_async.api import Actor, Group, ordered, p2p
 from derecho_async.config import Config
 from derecho_async.core import Delivered, ViewInstalled
@@ -82,7 +82,7 @@ def mix(h: int, cid: int) -> int:
 
 def state_of(blob: object) -> StateKey:
     """The StateKey of a SimLog snapshot (``SimLog.snapshot()``'s bytes)."""
-    decoded: Any = codec.decode(bytes(blob)) if isinstance(blob, bytes | bytearray) else blob
+    decoded: Any = wire.decode(bytes(blob)) if isinstance(blob, bytes | bytearray) else blob
     log, h, counts = decoded
     return (len(log), int(h), tuple(int(c) for c in counts) if counts is not None else ())
 
@@ -121,10 +121,10 @@ class SimLog(Actor):
         return (len(self.log), self.h, counts)
 
     def snapshot(self) -> bytes:
-        return codec.encode((self.log, self.h, self.counts))
+        return wire.encode((self.log, self.h, self.counts))
 
     def restore(self, state: bytes) -> None:
-        decoded: Any = codec.decode(state)
+        decoded: Any = wire.decode(state)
         log, h, counts = decoded
         self.log = list(log)
         self.h = int(h)

@@ -53,7 +53,7 @@ import numpy.typing as npt
 from aiohttp import web
 
 import derecho_async as da
-from derecho_async import codec
+from derecho_async import wire
 
 __all__ = [
     "LAYERS",
@@ -214,10 +214,10 @@ class Model(da.Actor):
     # -- state transfer ------------------------------------------------------------------------
     def snapshot(self) -> bytes:
         weights = {k: _to_numpy(v) for k, v in self.weights.items()}
-        return codec.encode({"version": self.version, "weights": weights})
+        return wire.encode({"version": self.version, "weights": weights})
 
     def restore(self, state: bytes) -> None:
-        data = codec.decode(state)
+        data = wire.decode(state)
         if not isinstance(data, dict) or not isinstance(data.get("version"), int):
             raise da.ProtocolViolation("bad Model snapshot")
         weights = data.get("weights")

@@ -20,9 +20,9 @@ import pytest
 import derecho_async as da
 from derecho_async.core import View, ViewInstalled
 from derecho_async.errors import ProtocolViolation
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import OutOfBand
 from derecho_async.runtime.gpu.descriptor import BROADCAST, ArraySpec, Descriptor
+from derecho_async.wire import envelope as env
 
 pytestmark = pytest.mark.gpu
 

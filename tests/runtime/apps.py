@@ -132,7 +132,7 @@ def _slow_first_import(module: str, delay_s: float) -> None:
 
 async def large_call_slow_numpy(config: da.Config) -> None:
     """:func:`large_call` in a process where numpy was not imported yet and its first import
-    takes ``DA_TEST_IMPORT_DELAY_S`` seconds (a byte string over ``codec.LARGE_BYTES`` arrives
+    takes ``DA_TEST_IMPORT_DELAY_S`` seconds (a byte string over ``wire.LARGE_BYTES`` arrives
     as a numpy array)."""
     import os
     import sys

@@ -269,7 +269,7 @@ def test_pool_allocator_coalesces_reuses_and_drops_idle_segments() -> None:
 
 def _captured_shm_descriptor(group: str) -> tuple[ShmPlane, list[Any]]:
     """A real sender plane (member 1) and the descriptor it sent for a call with two arrays."""
-    from derecho_async.runtime import envelope as env
+    from derecho_async.wire import envelope as env
 
     frames: list[bytes] = []
     sender = ShmPlane(group, 1, lambda to, f: frames.append(f), lambda k, p: None)
@@ -344,7 +344,7 @@ def test_hostile_shm_descriptors_are_protocol_violations() -> None:
 
 
 def _block_frames(chain_targets: tuple[int, ...], nbytes: int) -> list[list[Any]]:
-    from derecho_async.runtime import envelope as env
+    from derecho_async.wire import envelope as env
 
     frames: list[tuple[int, bytes]] = []
     plane = ChainPlane(0, lambda to, f: frames.append((to, f)), lambda k, p: None, 4096)
@@ -559,7 +559,7 @@ async def test_a_failed_large_shm_write_makes_the_sender_leave(
 async def _descriptors(group: str, payloads: list[tuple[tuple[int, int, int], object]]
                        ) -> tuple[ShmPlane, list[list[Any]]]:
     """A sender plane (member 1) and its descriptors to member 2, once all are written."""
-    from derecho_async.runtime import envelope as env
+    from derecho_async.wire import envelope as env
 
     frames: list[bytes] = []
     sender = ShmPlane(group, 1, lambda to, f: frames.append(f), lambda k, p: None)
@@ -648,7 +648,7 @@ async def test_a_failed_large_shm_copy_out_is_reported_and_the_next_message_land
 
 
 async def test_a_large_chain_call_is_laid_out_off_the_loop_before_its_blocks_go() -> None:
-    from derecho_async.runtime import envelope as env
+    from derecho_async.wire import envelope as env
 
     frames: list[tuple[int, list[Any]]] = []
     failed: list[Any] = []

@@ -82,19 +82,19 @@ def test_descriptor_round_trips_device_and_inline_arrays() -> None:
 def test_a_large_byte_string_in_a_device_call_rides_inline_and_decodes_as_bytes() -> None:
     """Host arrays of a device call ride inline in the descriptor: a large byte string's
     read-only uint8 view among them too, and the receiver's copy decodes as bytes."""
-    from derecho_async import codec
+    from derecho_async import wire
     from derecho_async.runtime.dataplane import array_info
     from derecho_async.runtime.gpu.descriptor import inline_array, inline_spec
 
-    blob = bytes(range(256)) * ((codec.LARGE_BYTES >> 8) + 1)
+    blob = bytes(range(256)) * ((wire.LARGE_BYTES >> 8) + 1)
     buffers: list[object] = []
-    call = codec.encode_call("W.put", (blob,), {}, buffers)
+    call = wire.encode_call("W.put", (blob,), {}, buffers)
     (view,) = buffers
     spec = inline_spec(view, array_info(view))
     d = Descriptor(call, 2, (spec,))
     got = Descriptor.decode(d.encode(), ANN)
     (arrived,) = [inline_array(s) for s in got.arrays]
-    assert codec.decode_call(got.call, [arrived]) == ("W.put", (blob,), {})
+    assert wire.decode_call(got.call, [arrived]) == ("W.put", (blob,), {})
 
 
 _OK = ["cupy", "float32", [4], 0, 0, 16]
@@ -130,7 +130,7 @@ def test_hostile_descriptors_are_protocol_violations(raw: bytes, why: str) -> No
 
 
 def test_every_dtype_that_may_travel_has_a_descriptor_code() -> None:
-    from derecho_async.codec import DTYPES
+    from derecho_async.wire import DTYPES
 
     for name, size in DTYPES.items():
         d = Descriptor(b"c", 0, (ArraySpec("cupy", name, (3,), 3 * size, 0, 0),))
@@ -193,8 +193,8 @@ async def test_ipc_plane_asked_for_without_a_gpu_is_a_clear_error() -> None:
 
 
 def test_descriptor_batches_round_trip_and_are_validated() -> None:
-    from derecho_async.runtime import envelope as env
     from derecho_async.runtime.gpu.ipc import IpcPlane
+    from derecho_async.wire import envelope as env
 
     one = IpcPlane._frames([((4, 1, 7), b"d7")])
     assert [env.decode(f) for f in one] == [[env.GPU_DATA, 4, 1, 7, b"d7"]]

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 import derecho_async as da
 from derecho_async.core import Layout, SubgroupSpec
 from derecho_async.errors import ProtocolViolation, UsageError
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.gpu.descriptor import (
     BROADCAST,
     MAX_BROADCAST_BYTES,
@@ -37,6 +36,7 @@ from derecho_async.runtime.gpu.nccl_plan import (
     uid_to_tuple,
 )
 from derecho_async.runtime.gpu.selection import select_gpu_planes
+from derecho_async.wire import envelope as env
 from tests.runtime.descriptor_bytes import raw_descriptor
 
 
@@ -132,7 +132,7 @@ def test_broadcast_descriptors_round_trip() -> None:
 
 
 def _dtypes() -> set[str]:
-    from derecho_async.codec import DTYPES
+    from derecho_async.wire import DTYPES
 
     return set(DTYPES)
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 import derecho_async as da
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.observer import GroupObserver
 from derecho_async.runtime.statexfer import decode_ticket, encode_ticket
 from derecho_async.runtime.statexfer.chunks import Stream, checksum
 from derecho_async.testing.simnet import SimNetwork, crash_group
 from derecho_async.testing.vloop import run_virtual
+from derecho_async.wire import envelope as env
 from tests.runtime.simgroups import cfg, close, group_name, settle, start
 
 

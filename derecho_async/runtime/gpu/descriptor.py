@@ -16,10 +16,10 @@ import struct
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from derecho_async.codec import DTYPES
 from derecho_async.errors import ProtocolViolation
 from derecho_async.runtime.dataplane import ArrayInfo
 from derecho_async.runtime.gpu.pool import PoolAnnouncement
+from derecho_async.wire import DTYPES
 
 __all__ = [
     "BROADCAST",
@@ -178,7 +178,7 @@ _DIMS = tuple(struct.Struct(f"<{n}q") for n in range(33))  # an array's dimensio
 _KIND_POOL, _KIND_INLINE, _KIND_BROADCAST = 0, 1, 2
 _LIB_NAMES = ("numpy", "cupy", "torch", "cuda")  # lib codes on the wire (the index)
 _LIB_CODES = {name: i for i, name in enumerate(_LIB_NAMES)}
-# dtype codes on the wire (the index): fixed here, not taken from codec.DTYPES's order, so a
+# dtype codes on the wire (the index): fixed here, not taken from wire.DTYPES's order, so a
 # reordering there cannot change what a code means; append new dtypes at the end
 _DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                 "float16", "float32", "float64", "complex64", "complex128")

@@ -18,12 +18,12 @@ from typing import Any
 
 from derecho_async.core import ViewInstalled
 from derecho_async.errors import ProtocolViolation
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import OutOfBand
 from derecho_async.runtime.gpu.ipc_pool import Peer
 from derecho_async.runtime.gpu.ipc_receive import IpcReceiving
 from derecho_async.runtime.gpu.ipc_send import IpcSending
 from derecho_async.runtime.gpu.pool import PoolAnnouncement
+from derecho_async.wire import envelope as env
 
 __all__ = ["IpcPlane"]
 

@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from derecho_async.codec import DTYPES
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.gpu.completions import Completions, Lane
 from derecho_async.runtime.gpu.descriptor import ArraySpec
 from derecho_async.runtime.gpu.pool import ALIGN, PoolAnnouncement, RangeAllocator
 from derecho_async.runtime.gpu.waiter import RegionOwner
+from derecho_async.wire import DTYPES
+from derecho_async.wire import envelope as env
 
 __all__ = ["CUDA_MEMCPY_DEFAULT", "IpcPool", "Outgoing", "Peer", "Segment"]
 
@@ -35,7 +35,7 @@ _EVENT_FLAGS = 0x2 | 0x4  # cudaEventDisableTiming | cudaEventInterprocess
 
 
 def _itemsize(dtype: str) -> int:
-    """Bytes per element of a dtype that may travel (codec.DTYPES maps each to its size)."""
+    """Bytes per element of a dtype that may travel (wire.DTYPES maps each to its size)."""
     return DTYPES[dtype]
 
 

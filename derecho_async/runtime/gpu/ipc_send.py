@@ -17,10 +17,10 @@ import asyncio
 import logging
 from typing import Any
 
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import ArrayInfo, OutOfBand
 from derecho_async.runtime.gpu.descriptor import ArraySpec, Descriptor, inline_spec, new_spec
 from derecho_async.runtime.gpu.ipc_pool import CUDA_MEMCPY_DEFAULT, IpcPool, Outgoing
+from derecho_async.wire import envelope as env
 
 __all__ = ["IpcSending"]
 

@@ -24,7 +24,6 @@ from typing import Any
 
 from derecho_async.core import ViewInstalled
 from derecho_async.errors import ProtocolViolation
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import OutOfBand
 from derecho_async.runtime.gpu.completions import Completions
 from derecho_async.runtime.gpu.descriptor import (
@@ -46,6 +45,7 @@ from derecho_async.runtime.gpu.nccl_plan import (
     uid_to_tuple,
 )
 from derecho_async.transport.base import GROUP_MESSAGE_LIMIT
+from derecho_async.wire import envelope as env
 
 __all__ = ["NcclPlane"]
 

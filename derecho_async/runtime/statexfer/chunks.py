@@ -20,8 +20,8 @@ import itertools
 import struct
 from typing import Any
 
-from derecho_async import codec
-from derecho_async.codec import is_cupy_array
+from derecho_async import wire
+from derecho_async.wire import is_cupy_array
 
 __all__ = [
     "CHECKSUM",
@@ -120,7 +120,7 @@ def freeze(buf: object, on_device: bool) -> tuple[str, str, list[int], Any, obje
         c: Any = buf
         dev = cupy.array(c, order="C", copy=True)  # the actor may change ``c`` once released
         cupy.cuda.get_current_stream().synchronize()
-        return ("cuda", codec.numpy_dtype_name(dev.dtype), [int(n) for n in dev.shape],
+        return ("cuda", wire.numpy_dtype_name(dev.dtype), [int(n) for n in dev.shape],
                 dev.reshape(-1).view(cupy.uint8), buf)
     if is_cupy_array(buf):
         import cupy
@@ -137,7 +137,7 @@ def freeze(buf: object, on_device: bool) -> tuple[str, str, list[int], Any, obje
         host = np.frombuffer(to_host_bytes(buf), np.dtype(info.dtype).newbyteorder("<"))
         host = host.reshape(info.shape)
         kind = "cuda" if info.is_gpu else "numpy"
-    dtype = codec.numpy_dtype_name(host.dtype)
+    dtype = wire.numpy_dtype_name(host.dtype)
     shape = [int(n) for n in host.shape]
     if not (kind == "numpy" and type(host.base) is bytes and host.flags.c_contiguous
             and host.dtype.itemsize == 1):

@@ -24,11 +24,9 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async import codec
-from derecho_async.codec import is_cupy_array
+from derecho_async import wire
 from derecho_async.core import ViewInstalled
 from derecho_async.errors import GroupClosed, ProtocolViolation
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.dataplane import OutOfBand
 from derecho_async.runtime.statexfer.chunks import (
     CHECKSUM,
@@ -48,6 +46,8 @@ from derecho_async.runtime.statexfer.context import (
     restore_reason,
 )
 from derecho_async.runtime.statexfer.wire import INDEX_BITS, decode_ticket, split_msg_no
+from derecho_async.wire import envelope as env
+from derecho_async.wire import is_cupy_array
 
 __all__ = ["MAX_STATE_BYTES", "Incoming", "Joiner"]
 
@@ -266,7 +266,7 @@ class Joiner:
                 buffers.append(host)
             skeleton = parts[0][3].tobytes()
             parts.clear()  # the decoded bytes are copies: the receive buffers can go
-            return codec.decode(skeleton, buffers=buffers)
+            return wire.decode(skeleton, buffers=buffers)
 
         fut = self.ctx.loop.run_in_executor(None, rebuild)
         fut.add_done_callback(functools.partial(self._rebuilt, inc))

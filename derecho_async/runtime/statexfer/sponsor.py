@@ -22,9 +22,7 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async import codec
-from derecho_async.codec import MAX_DECODE_SIZE
-from derecho_async.runtime import envelope as env
+from derecho_async import wire
 from derecho_async.runtime.dataplane import MAX_ARRAYS, OutOfBand
 from derecho_async.runtime.statexfer.chunks import (
     Stream,
@@ -41,6 +39,8 @@ from derecho_async.runtime.statexfer.context import (
     restore_reason,
 )
 from derecho_async.runtime.statexfer.wire import XFER_MASK, chunk_msg_no, encode_ticket
+from derecho_async.wire import MAX_DECODE_SIZE
+from derecho_async.wire import envelope as env
 
 __all__ = ["WINDOW", "Outgoing", "Sponsor"]
 
@@ -137,7 +137,7 @@ class Sponsor:
                 return
         buffers: list[object] = []
         try:
-            skeleton = codec.encode(state, buffers=buffers)
+            skeleton = wire.encode(state, buffers=buffers)
         except (TypeError, ValueError, OverflowError) as exc:
             self.abort(out, f"the state of member {ctx.me} could not be encoded: {exc}")
             return
@@ -176,7 +176,7 @@ class Sponsor:
                                      device_parts(manifest))
         if ctx.observer is not None:
             try:
-                seen = codec.decode(skeleton, buffers=[f[4] for f in frozen])
+                seen = wire.decode(skeleton, buffers=[f[4] for f in frozen])
             except Exception:
                 seen = state
             if isinstance(seen, dict):

@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from derecho_async.core import Evicted, Left, Partitioned, ViewInstalled
-from derecho_async.runtime import envelope as env
 from derecho_async.runtime.statexfer.context import Context
 from derecho_async.runtime.statexfer.joiner import Joiner
 from derecho_async.runtime.statexfer.sponsor import Sponsor
 from derecho_async.runtime.statexfer.wire import split_msg_no
+from derecho_async.wire import envelope as env
 
 if TYPE_CHECKING:
     from derecho_async.api.actor import Actor

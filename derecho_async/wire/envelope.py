@@ -1,8 +1,9 @@
 """The runtime's messages on the transport's reliable channel, msgpack-encoded.
 
-Every channel message is a msgpack list whose first item is its kind. Decoding validates each
-field's type and range; anything malformed raises :class:`ProtocolViolation` and is dropped by the
-driver with a logged reason. Nothing is ever unpickled.
+Theory of operation (docs/DESIGN.md §7.2): every channel message is a msgpack list whose first
+item is its kind. Decoding validates each field's type and range; anything malformed raises
+:class:`ProtocolViolation` and is dropped by the driver with a logged reason. Nothing is ever
+unpickled.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async.codec import pack  # a reused Packer per thread (msgpack, bin type)
 from derecho_async.errors import ProtocolViolation
+from derecho_async.wire.arrays import DTYPES, MAX_NDIM
+from derecho_async.wire.values import pack  # a reused Packer per thread (msgpack, bin type)
 
 __all__ = [
     "BLOCK",
@@ -56,7 +58,7 @@ NCCL_UID = 10
 NCCL_DATA = 11
 # [GPU_BATCH, view_id, sender, [msg_no, device descriptor bytes, ...]]: the GPU_DATA of one step
 GPU_BATCH = 12
-# State transfer to a joiner (:mod:`.statexfer`); its chunks travel on the data planes.
+# State transfer to a joiner (:mod:`derecho_async.runtime.statexfer`); its chunks travel on the data planes.
 # [STATE_BEGIN, xfer_id, view_id, chunk_size, total, [[kind, dtype, shape, nbytes], ...]]
 STATE_BEGIN = 13
 STATE_READY = 14  # [STATE_READY, xfer_id] (joiner -> sponsor: send the chunks)
@@ -127,8 +129,6 @@ MAX_STATE_PARTS = 4097  # the skeleton and up to MAX_ARRAYS buffers
 def _check_state_parts(parts: list[Any]) -> None:
     """Validate a STATE_BEGIN manifest's parts: ``[kind, dtype, shape, nbytes]`` each, the first
     the skeleton (uint8 of one dimension), nbytes exactly the shape's size in that dtype."""
-    from derecho_async.codec import DTYPES, MAX_NDIM
-
     if not 1 <= len(parts) <= MAX_STATE_PARTS:
         raise ProtocolViolation(f"state manifest of {len(parts)} parts")
     for i, part in enumerate(parts):
