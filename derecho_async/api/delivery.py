@@ -42,10 +42,9 @@ log = logging.getLogger("derecho_async.group")
 Methods = dict[str, tuple[Callable[..., object], bool]]
 """Wire name of a call -> (the bound ordered method it runs, whether it is one-way)."""
 
-# The native loop over delivered calls (Dispatcher.on_delivered); without the extension the
-# general path runs alone, as the pure twin would only repeat it (as codec does with
-# decode_plain_call).
-_dispatch_calls: Final = hotpath.dispatch_calls  # the C loop, or its pure twin without it
+# The loop over delivered calls (Dispatcher.on_delivered): the C one, or its pure twin where
+# the extension is not built (one dispatch path either way).
+_dispatch_calls: Final = hotpath.dispatch_calls
 _REPLIES_BYTES = 16 << 20  # result bytes in one REPLIES frame, at most (about)
 
 

@@ -28,9 +28,9 @@ envelope kind: :attr:`Driver.receivers` maps each kind to its plane. The bulk pl
 the transport's kind names (:mod:`derecho_async.transport.registry`): shm gets :mod:`.shmplane`
 (written once into the sender's shared pool, copied out by each receiver), tcp gets
 :mod:`.chainplane` (a pipelined chain multicast in blocks). Device
-arrays between members of one host go first to the CUDA IPC plane (:mod:`.gpuplane`) when it is
+arrays between members of one host go first to the CUDA IPC plane (:mod:`.gpu.ipc`) when it is
 on (``gpu_plane``), for peers that announced a pool; with ``gpu_plane="nccl"`` they go first to
-the NCCL plane (:mod:`.ncclplane`: per-sender communicators), then CUDA IPC over shm. A plane
+the NCCL plane (:mod:`.gpu.nccl`: per-sender communicators), then CUDA IPC over shm. A plane
 also sees the core's events (its own deliveries and view installs are its freeing points).
 Another plane (a CUDA-IPC plane for device arrays) joins with ``add_plane(plane, first=True)``:
 its ``start`` returns False for payloads it does not move, and each of its frame kinds needs a
