@@ -35,8 +35,8 @@ from transport_support import SECRET, Cluster, Recorder, new_group
 
 from derecho_async.errors import ConfigError, DerechoError
 from derecho_async.launch import free_ports
-from derecho_async.transport import verbs
-from derecho_async.transport.rdma import (
+from derecho_async.transport.rdma import verbs
+from derecho_async.transport.rdma.transport import (
     CHAN,
     IMM_CREDIT,
     IMM_FLAG,

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from derecho_async.transport.rdma import (
+from derecho_async.transport.rdma.transport import (
     MIN_INBOX,
     R_BULK,
     R_PAD,

@@ -109,13 +109,13 @@ from typing import TYPE_CHECKING, Any
 import msgpack  # type: ignore[import-untyped]
 
 from derecho_async.errors import ConfigError, UsageError
-from derecho_async.transport import verbs
 from derecho_async.transport.base import (
     GROUP_MESSAGE_LIMIT,
     Transport,
     TransportHandler,
     log,
 )
+from derecho_async.transport.rdma import verbs
 from derecho_async.transport.tcp import TcpTransport
 
 if TYPE_CHECKING:
