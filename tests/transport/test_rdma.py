@@ -36,23 +36,27 @@ from transport_support import SECRET, Cluster, Recorder, new_group
 from derecho_async.errors import ConfigError, DerechoError
 from derecho_async.launch import free_ports
 from derecho_async.transport.rdma import verbs
-from derecho_async.transport.rdma.transport import (
+from derecho_async.transport.rdma.codec import (
     CHAN,
-    IMM_CREDIT,
-    IMM_FLAG,
-    IMM_NOOP,
     MAX_BULK_BLOCK,
     MAX_BULK_SLOTS,
     MIN_BULK_BLOCK,
     MIN_INBOX,
     PROTOCOL_VERSION,
+    ConnectInfo,
+    Malformed,
+    decode_reset,
+    encode_reset,
+)
+from derecho_async.transport.rdma.transport import (
+    IMM_CREDIT,
+    IMM_FLAG,
+    IMM_NOOP,
     R_BULK,
     R_PAD,
     R_PUSH,
     REC,
     RF_FINAL,
-    ConnectInfo,
-    Malformed,
     RdmaTransport,
     RecvRing,
     RingError,
@@ -60,8 +64,6 @@ from derecho_async.transport.rdma.transport import (
     WcCodes,
     advance,
     classify_wc,
-    decode_reset,
-    encode_reset,
     imm_credit,
     imm_doorbell,
     piece_end,

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from derecho_async.transport.rdma.codec import MIN_INBOX
 from derecho_async.transport.rdma.transport import (
-    MIN_INBOX,
     R_BULK,
     R_PAD,
     R_PUSH,
