@@ -48,7 +48,7 @@ from derecho_async.transport.rdma.codec import (
     decode_reset,
     encode_reset,
 )
-from derecho_async.transport.rdma.transport import (
+from derecho_async.transport.rdma.rings import (
     IMM_CREDIT,
     IMM_FLAG,
     IMM_NOOP,
@@ -57,15 +57,17 @@ from derecho_async.transport.rdma.transport import (
     R_PUSH,
     REC,
     RF_FINAL,
-    RdmaTransport,
     RecvRing,
     RingError,
     SendRing,
-    WcCodes,
     advance,
-    classify_wc,
     imm_credit,
     imm_doorbell,
+)
+from derecho_async.transport.rdma.transport import (
+    RdmaTransport,
+    WcCodes,
+    classify_wc,
     piece_end,
 )
 from derecho_async.transport.tcp import TcpTransport

@@ -8,20 +8,22 @@ import random
 import pytest
 
 from derecho_async.transport.rdma.codec import MIN_INBOX
-from derecho_async.transport.rdma.transport import (
+from derecho_async.transport.rdma.rings import (
     R_BULK,
     R_PAD,
     R_PUSH,
     REC,
     RF_FINAL,
-    BulkRx,
-    BulkTx,
     RecvRing,
     RingError,
     SendRing,
-    bulk_blocks,
     imm_credit,
     imm_doorbell,
+)
+from derecho_async.transport.rdma.transport import (
+    BulkRx,
+    BulkTx,
+    bulk_blocks,
 )
 
 BLOCK = 4096
