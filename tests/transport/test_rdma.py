@@ -36,6 +36,7 @@ from transport_support import SECRET, Cluster, Recorder, new_group
 from derecho_async.errors import ConfigError, DerechoError
 from derecho_async.launch import free_ports
 from derecho_async.transport.rdma import verbs
+from derecho_async.transport.rdma.bulk import piece_end
 from derecho_async.transport.rdma.codec import (
     CHAN,
     MAX_BULK_BLOCK,
@@ -68,7 +69,6 @@ from derecho_async.transport.rdma.transport import (
     RdmaTransport,
     WcCodes,
     classify_wc,
-    piece_end,
 )
 from derecho_async.transport.tcp import TcpTransport
 

@@ -7,6 +7,11 @@ import random
 
 import pytest
 
+from derecho_async.transport.rdma.bulk import (
+    BulkRx,
+    BulkTx,
+    bulk_blocks,
+)
 from derecho_async.transport.rdma.codec import MIN_INBOX
 from derecho_async.transport.rdma.rings import (
     R_BULK,
@@ -19,11 +24,6 @@ from derecho_async.transport.rdma.rings import (
     SendRing,
     imm_credit,
     imm_doorbell,
-)
-from derecho_async.transport.rdma.transport import (
-    BulkRx,
-    BulkTx,
-    bulk_blocks,
 )
 
 BLOCK = 4096
