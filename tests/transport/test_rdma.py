@@ -49,6 +49,10 @@ from derecho_async.transport.rdma.codec import (
     decode_reset,
     encode_reset,
 )
+from derecho_async.transport.rdma.completions import (
+    WcCodes,
+    classify_wc,
+)
 from derecho_async.transport.rdma.rings import (
     IMM_CREDIT,
     IMM_FLAG,
@@ -65,11 +69,7 @@ from derecho_async.transport.rdma.rings import (
     imm_credit,
     imm_doorbell,
 )
-from derecho_async.transport.rdma.transport import (
-    RdmaTransport,
-    WcCodes,
-    classify_wc,
-)
+from derecho_async.transport.rdma.transport import RdmaTransport
 from derecho_async.transport.tcp import TcpTransport
 
 HERE = Path(__file__).parent
