@@ -843,7 +843,7 @@ async def _forge_write(t: RdmaTransport, peer: int, remote_offset: int) -> None:
     """Make ``t`` post a raw RDMA WRITE at ``remote_offset`` of its inbox at ``peer``."""
     ep = t._links[peer].ep
     assert ep is not None and ep.peer_info is not None and ep.mirror_mr is not None
-    pv = t._pv
+    pv = t._device.pv
     assert pv is not None
     e = pv.enums
     wr = pv.wr.SendWR(
@@ -892,9 +892,9 @@ async def test_queue_pair_error_is_reported_not_hung_and_the_link_recovers() -> 
         t0 = c[0]
         assert isinstance(t0, RdmaTransport)
         ep = t0._links[1].ep
-        assert ep is not None and t0._pv is not None
-        e = t0._pv.enums
-        ep.qp.modify(t0._pv.qp.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
+        assert ep is not None and t0._device.pv is not None
+        e = t0._device.pv.enums
+        ep.qp.modify(t0._device.pv.qp.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
         c[0].push(1, 8, _word(2), [1])  # completes in error (flushed)
         await c.recs[0].wait_for(lambda: bool(c.recs[0].failures(1)))
         assert "error state" in c.recs[0].failures(1)[0]
@@ -1036,9 +1036,9 @@ async def test_bulk_message_broken_mid_transfer_is_reported_and_never_delivered(
             assert time.monotonic() < deadline, "the bulk transfer never started"
             await asyncio.sleep(0.001)
         # the receiver's queue pair breaks while the message is half way
-        assert t1._pv is not None
-        e = t1._pv.enums
-        ep1.qp.modify(t1._pv.qp.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
+        assert t1._device.pv is not None
+        e = t1._device.pv.enums
+        ep1.qp.modify(t1._device.pv.qp.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
         await c.recs[0].wait_for(lambda: bool(c.recs[0].failures(1)))
         await c.recs[1].wait_for(lambda: bool(c.recs[1].failures(0)))
         await asyncio.sleep(0.2)

@@ -95,14 +95,12 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import random
 import socket
 import ssl
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from derecho_async.errors import ConfigError, UsageError
@@ -114,8 +112,6 @@ from derecho_async.transport.base import (
 )
 from derecho_async.transport.rdma import verbs
 from derecho_async.transport.rdma.bulk import (
-    BulkRx,
-    BulkTx,
     piece_end,
 )
 from derecho_async.transport.rdma.codec import (
@@ -137,10 +133,10 @@ from derecho_async.transport.rdma.codec import (
 )
 from derecho_async.transport.rdma.completions import (
     RECV_WR,
-    WcCodes,
     WcEvent,
     classify_wc,
 )
+from derecho_async.transport.rdma.endpoint import Device, Endpoint, Link
 from derecho_async.transport.rdma.rings import (
     IMM_NOOP,
     R_BULK,
@@ -149,9 +145,7 @@ from derecho_async.transport.rdma.rings import (
     REC,
     RF_FINAL,
     Placement,
-    RecvRing,
     RingError,
-    SendRing,
     imm_credit,
     imm_doorbell,
 )
@@ -163,88 +157,6 @@ if TYPE_CHECKING:
 __all__ = ["ConnectInfo", "RdmaTransport", "from_config"]
 
 _U64 = 1 << 64
-
-
-# -- endpoints -------------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class _Endpoint:
-    """One queue pair to one peer, with its CQ, channel, inbox and (once paired) mirror."""
-
-    peer: int
-    id: int
-    qp: Any
-    cq: Any
-    channel: Any
-    fd: int | None
-    inbox: verbs.HostBuffer
-    inbox_mr: Any
-    scratch_mr: Any
-    psn: int
-    rx: RecvRing
-    # set when paired
-    peer_info: ConnectInfo | None = None
-    mirror: verbs.HostBuffer | None = None
-    mirror_mr: Any = None
-    tx: SendRing | None = None
-    # state
-    dead: bool = False
-    unacked: int = 0
-    # sending
-    backlog: collections.deque[tuple[int, int, memoryview, int]] = field(
-        default_factory=collections.deque
-    )
-    backlog_bytes: int = 0
-    pushes_issued: int = 0
-    msgs_sent: int = 0
-    sq_seq: int = 0
-    sq_done: int = 0
-    unsignaled: int = 0
-    signaled: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)
-    flush_wanted: bool = False
-    # receiving
-    pushes_consumed: int = 0
-    returned: int = 0
-    credit_wanted: bool = False
-    held: collections.deque[tuple[int, bytes]] = field(default_factory=collections.deque)
-    held_bytes: int = 0
-    spin_until: float = 0.0
-    spinning: bool = False
-    # reusable work requests (post copies them; pyverbs objects are costly to build)
-    recv_wr: Any = None
-    imm_wr: Any = None
-    # bulk path: the region this endpoint grants its peer, and (once paired) the staging copy
-    # of the peer's region with the blocks written but not posted (slot offset, length, ring
-    # end of the block's record)
-    bulk: verbs.HostBuffer | None = None
-    bulk_mr: Any = None
-    brx: BulkRx | None = None
-    bstage: verbs.HostBuffer | None = None
-    bstage_mr: Any = None
-    btx: BulkTx | None = None
-    bulk_posts: collections.deque[tuple[int, int, int]] = field(default_factory=collections.deque)
-    bulk_backlog_bytes: int = 0
-
-    @property
-    def paired(self) -> bool:
-        return self.peer_info is not None
-
-    @property
-    def peer_ep(self) -> int:
-        return self.peer_info.ep if self.peer_info is not None else 0
-
-
-@dataclass(eq=False)
-class _Link:
-    """Per-peer state that outlives endpoints."""
-
-    peer: int
-    ep: _Endpoint | None = None
-    quiet_until: float = 0.0
-    dropped: int = 0
-    rx_tag: int = 0  # the peer endpoint id of the last tagged message delivered
-    rx_count: int = 0  # messages delivered with that tag
 
 
 class _ChannelHandler:
@@ -383,18 +295,11 @@ class RdmaTransport(Transport):
             ssl_client=ssl_client,
             max_frame=max_frame,
         )
-        self._device = device
-        self._port = port
-        self._gid_index = gid_index
         self.busy_poll = bool(busy_poll)
         self.inbox_bytes = inbox_bytes
-        self._pv: verbs.Pyverbs | None = None
-        self._ctx: Any = None
-        self._pd: Any = None
-        self.local: verbs.DevicePort | None = None
-        self._codes: WcCodes | None = None
-        self._links: dict[int, _Link] = {}
-        self._dirty: set[_Endpoint] = set()
+        self._device = Device(device, port, gid_index, self)
+        self._links: dict[int, Link] = {}
+        self._dirty: set[Endpoint] = set()
         self._flush_scheduled = False
         self._draining = 0
         self._drain_waiters: list[asyncio.Future[None]] = []
@@ -408,20 +313,23 @@ class RdmaTransport(Transport):
         """The tcp listen address peers use to reach this member."""
         return self._tcp.address
 
+    @property
+    def local(self) -> verbs.DevicePort | None:
+        """The RDMA port in use (None before start)."""
+        return self._device.local
+
     async def start(self, handler: TransportHandler) -> None:
         """Open the RDMA device, then start the tcp channel."""
         self._begin_start(handler)
         try:
-            pv = verbs.load_pyverbs()
-            ctx, local = verbs.choose_port(pv, self._device, self._port, self._gid_index)
-            self._pv, self._ctx, self.local = pv, ctx, local
-            self._pd = pv.pd.PD(ctx)
-            self._codes = WcCodes.from_enums(pv.enums)
+            pv = self._device.open()
             await self._tcp.start(_ChannelHandler(self))
         except BaseException:
             self._closed = True
-            self._close_device()
+            self._device.close()
             raise
+        local = self._device.local
+        assert local is not None
         log.info(
             "member %d: rdma on %s port %d gid index %d (pyverbs from %s); bulk path: %s; "
             "GPU payloads: %s",
@@ -460,14 +368,7 @@ class RdmaTransport(Transport):
         with contextlib.suppress(Exception):
             await self._tcp.close()
         self._gate.clear()
-        self._close_device()
-
-    def _close_device(self) -> None:
-        for obj in (self._pd, self._ctx):
-            if obj is not None:
-                with contextlib.suppress(Exception):
-                    obj.close()
-        self._pd = self._ctx = None
+        self._device.close()
 
     async def drain(self) -> None:
         """Wait until every push was written and completed locally (or its link failed) and
@@ -497,7 +398,7 @@ class RdmaTransport(Transport):
         if not self._closed:
             await self._tcp.drain()
 
-    def _drained(self, ep: _Endpoint) -> bool:
+    def _drained(self, ep: Endpoint) -> bool:
         if ep.dead:
             return True
         if ep.backlog or ep.bulk_posts:
@@ -544,10 +445,10 @@ class RdmaTransport(Transport):
         """Learn the tcp listen address of ``member_id`` (None keeps what is known)."""
         self._tcp.add_peer(member_id, address)
 
-    def _link(self, peer: int) -> _Link:
+    def _link(self, peer: int) -> Link:
         link = self._links.get(peer)
         if link is None:
-            link = self._links[peer] = _Link(peer)
+            link = self._links[peer] = Link(peer)
         return link
 
     # -- sending -----------------------------------------------------------------------------
@@ -617,7 +518,7 @@ class RdmaTransport(Transport):
             hdr = CHAN.pack(K_USER, 0, 0)
         self._tcp.send(to, b"".join((hdr, mv)))
 
-    def _queue_bulk(self, ep: _Endpoint, payload: object, mv: memoryview) -> None:
+    def _queue_bulk(self, ep: Endpoint, payload: object, mv: memoryview) -> None:
         """Queue a bulk message behind the link's pushes; it counts as one push for the order
         between the two channels."""
         n = len(mv)
@@ -635,7 +536,7 @@ class RdmaTransport(Transport):
         self._mark_dirty(ep)
 
     def _to_backlog(
-        self, ep: _Endpoint, view_id: int, offset: int, mv: memoryview, mb: int
+        self, ep: Endpoint, view_id: int, offset: int, mv: memoryview, mb: int
     ) -> None:
         if ep.backlog_bytes + len(mv) > self.max_backlog_bytes:
             self._fail(
@@ -648,7 +549,7 @@ class RdmaTransport(Transport):
         ep.backlog.append((view_id, offset, data, mb))
         ep.backlog_bytes += len(data)
 
-    def _stage(self, ep: _Endpoint, view_id: int, offset: int, mv: memoryview, mb: int) -> bool:
+    def _stage(self, ep: Endpoint, view_id: int, offset: int, mv: memoryview, mb: int) -> bool:
         """Copy one whole push into the mirror if it fits entirely; False otherwise."""
         tx = ep.tx
         assert tx is not None and ep.mirror is not None
@@ -680,7 +581,7 @@ class RdmaTransport(Transport):
 
     def _write_record(
         self,
-        ep: _Endpoint,
+        ep: Endpoint,
         place: Placement,
         flags: int,
         view_id: int,
@@ -697,7 +598,7 @@ class RdmaTransport(Transport):
             start = place.at + REC.size
             mm[start : start + len(data)] = data
 
-    def _drain_backlog(self, ep: _Endpoint) -> None:
+    def _drain_backlog(self, ep: Endpoint) -> None:
         """Stage backlog pushes (splitting as needed) while space lasts."""
         tx = ep.tx
         if tx is None:
@@ -724,7 +625,7 @@ class RdmaTransport(Transport):
                 ep.backlog[0] = (view_id, end, data[end - offset :], mb)
             ep.backlog_bytes -= end - offset
 
-    def _stage_bulk(self, ep: _Endpoint, sent: int, data: memoryview, mb: int) -> bool:
+    def _stage_bulk(self, ep: Endpoint, sent: int, data: memoryview, mb: int) -> bool:
         """Stage blocks of the bulk message at the head of the backlog while slots and ring
         space last; True when it was staged whole (and left the backlog)."""
         tx, btx, stage, mirror = ep.tx, ep.btx, ep.bstage, ep.mirror
@@ -766,7 +667,7 @@ class RdmaTransport(Transport):
         ep.backlog.popleft()
         return True
 
-    def _mark_dirty(self, ep: _Endpoint) -> None:
+    def _mark_dirty(self, ep: Endpoint) -> None:
         self._dirty.add(ep)
         if not self._flush_scheduled and self._loop is not None and not self._closed:
             self._flush_scheduled = True
@@ -780,13 +681,13 @@ class RdmaTransport(Transport):
                 self._flush(ep)
         self._wake_drainers()
 
-    def _flush(self, ep: _Endpoint) -> None:
+    def _flush(self, ep: Endpoint) -> None:
         """Post staged bytes (one WRITE per span, the last WITH_IMM) and any due credit."""
         tx = ep.tx
         if tx is None or ep.dead:
             return
         self._drain_backlog(ep)
-        pv = self._pv
+        pv = self._device.pv
         assert pv is not None and ep.peer_info is not None and ep.mirror_mr is not None
         if tx.staged > tx.posted:
             try:
@@ -809,10 +710,10 @@ class RdmaTransport(Transport):
         if self.busy_poll:
             self._start_spin(ep)
 
-    def _post_ring(self, ep: _Endpoint, upto: int | None, want: bool) -> None:
+    def _post_ring(self, ep: Endpoint, upto: int | None, want: bool) -> None:
         """Post the staged ring bytes (up to ``upto``) as one WRITE per contiguous span, the
         last one WITH_IMM carrying the new head. Raises pyverbs errors."""
-        pv, tx, info, mirror = self._pv, ep.tx, ep.peer_info, ep.mirror
+        pv, tx, info, mirror = self._device.pv, ep.tx, ep.peer_info, ep.mirror
         assert pv is not None and tx is not None and info is not None and mirror is not None
         e = pv.enums
         end = tx.posted  # ring position each write ends at (for local completion)
@@ -836,9 +737,9 @@ class RdmaTransport(Transport):
             end += n
             self._post(ep, wr, signal, end)
 
-    def _post_bulk_block(self, ep: _Endpoint, at: int, length: int) -> None:
+    def _post_bulk_block(self, ep: Endpoint, at: int, length: int) -> None:
         """One plain RDMA WRITE of a staged block into the same slot of the peer's region."""
-        pv, tx, info, stage = self._pv, ep.tx, ep.peer_info, ep.bstage
+        pv, tx, info, stage = self._device.pv, ep.tx, ep.peer_info, ep.bstage
         assert pv is not None and tx is not None and info is not None and stage is not None
         e = pv.enums
         signal = ep.unsignaled + 1 >= self.signal_every
@@ -853,7 +754,7 @@ class RdmaTransport(Transport):
         wr.set_wr_rdma(info.brkey, info.baddr + at)
         self._post(ep, wr, signal, tx.posted)
 
-    def _post(self, ep: _Endpoint, wr: Any, signal: bool, pos: int) -> None:
+    def _post(self, ep: Endpoint, wr: Any, signal: bool, pos: int) -> None:
         ep.qp.post_send(wr, None)
         ep.sq_seq += 1
         if signal:
@@ -862,9 +763,9 @@ class RdmaTransport(Transport):
         else:
             ep.unsignaled += 1
 
-    def _post_imm_send(self, ep: _Endpoint, imm: int, *, signal: bool = False) -> bool:
+    def _post_imm_send(self, ep: Endpoint, imm: int, *, signal: bool = False) -> bool:
         """A zero-length SEND_WITH_IMM (credit or no-op); False when the SQ is full."""
-        pv = self._pv
+        pv = self._device.pv
         if pv is None or ep.dead or not ep.paired:
             return False
         if ep.sq_seq - ep.sq_done + 1 > self.send_depth:
@@ -887,7 +788,7 @@ class RdmaTransport(Transport):
             return False
         return True
 
-    def _maybe_return_credit(self, ep: _Endpoint) -> None:
+    def _maybe_return_credit(self, ep: Endpoint) -> None:
         rx = ep.rx
         consumed = rx.tail - ep.returned
         if consumed <= 0 or not ep.paired:
@@ -900,7 +801,7 @@ class RdmaTransport(Transport):
                 ep.flush_wanted = True
 
     # -- endpoints ---------------------------------------------------------------------------
-    def _endpoint_for(self, peer: int, force: bool = False) -> _Endpoint | None:
+    def _endpoint_for(self, peer: int, force: bool = False) -> Endpoint | None:
         """The current endpoint to ``peer``, creating one (and sending CONNECT) if needed;
         None during the back-off after a failure, unless ``force``."""
         link = self._link(peer)
@@ -921,208 +822,47 @@ class RdmaTransport(Transport):
             self._send_connect(ep, 0)
         return ep
 
-    def _new_endpoint(self, link: _Link) -> _Endpoint | None:
-        pv, pd, ctx, local = self._pv, self._pd, self._ctx, self.local
-        assert pv is not None and local is not None and self._loop is not None
-        e = pv.enums
-        created: list[Any] = []
-        buffers: list[verbs.HostBuffer] = []
-        inbox: verbs.HostBuffer | None = None
+    def _new_endpoint(self, link: Link) -> Endpoint | None:
+        """A fresh endpoint for ``link``, watched for completions; None (reported, back-off)
+        when the device cannot make one."""
+        device = self._device
+        errors = device.errors()
+        assert self._loop is not None
+        ep: Endpoint | None = None
         try:
-            channel, fd = verbs.comp_channel_fd(lambda: pv.cq.CompChannel(ctx))
-            created.append(channel)
-            cq = pv.cq.CQ(ctx, self.send_depth + self.recv_depth + 8, None, channel, 0)
-            created.append(cq)
-            cap = pv.qp.QPCap(
-                max_send_wr=self.send_depth,
-                max_recv_wr=self.recv_depth,
-                max_send_sge=1,
-                max_recv_sge=1,
-            )
-            init = pv.qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap, sq_sig_all=0)
-            qp = pv.qp.QP(pd, init)
-            created.append(qp)
-            inbox = verbs.HostBuffer(self.inbox_bytes + 64)
-            remote = int(e.IBV_ACCESS_LOCAL_WRITE) | int(e.IBV_ACCESS_REMOTE_WRITE)
-            inbox_mr = pv.mr.MR(pd, self.inbox_bytes, remote, address=inbox.address)
-            created.append(inbox_mr)
-            scratch_mr = pv.mr.MR(
-                pd, 64, int(e.IBV_ACCESS_LOCAL_WRITE), address=inbox.address + self.inbox_bytes
-            )
-            created.append(scratch_mr)
-            bulk_mr = None
-            if self.bulk_threshold:
-                region = self.bulk_block * self.bulk_slots
-                bulk = verbs.HostBuffer(region)
-                buffers.append(bulk)
-                bulk_mr = pv.mr.MR(pd, region, remote, address=bulk.address)
-                created.append(bulk_mr)
-            attr = pv.qp.QPAttr(qp_state=e.IBV_QPS_INIT)
-            attr.pkey_index = 0
-            attr.port_num = local.port
-            attr.qp_access_flags = remote
-            qp.modify(
-                attr,
-                int(e.IBV_QP_STATE)
-                | int(e.IBV_QP_PKEY_INDEX)
-                | int(e.IBV_QP_PORT)
-                | int(e.IBV_QP_ACCESS_FLAGS),
-            )
-            ep = _Endpoint(
-                peer=link.peer,
-                id=self._rng.randrange(1, _U64),
-                qp=qp,
-                cq=cq,
-                channel=channel,
-                fd=fd,
-                inbox=inbox,
-                inbox_mr=inbox_mr,
-                scratch_mr=scratch_mr,
-                psn=self._rng.randrange(0, 1 << 24),
-                rx=RecvRing(self.inbox_bytes),
-            )
-            if bulk_mr is not None:
-                ep.bulk, ep.bulk_mr = buffers[0], bulk_mr
-                ep.brx = BulkRx(self.bulk_block, self.bulk_slots, self.bulk_max_message)
-            for i in range(self.recv_depth):
-                self._post_recv(ep, i)
-            cq.req_notify()
-            if fd is not None:
-                verbs.set_nonblocking(fd)
-                self._loop.add_reader(fd, self._on_cq_event, ep)
+            ep = device.create(link.peer, self._rng.randrange(1, _U64), self._rng.randrange(0, 1 << 24))
+            if ep.fd is not None:
+                self._loop.add_reader(ep.fd, self._on_cq_event, ep)
             else:
                 ep.spinning = True  # no fd found: poll from the loop
                 self._loop.call_soon(self._spin, ep, True)
-        except (pv.any_error, OSError, ValueError) as exc:
-            for obj in reversed(created):
-                with contextlib.suppress(Exception):
-                    obj.close()
-            if inbox is not None:
-                inbox.close()
-            for buf in buffers:
-                buf.close()
+        except errors as exc:
+            if ep is not None:
+                device.release(ep)
             reason = f"cannot create an rdma endpoint for member {link.peer}: {exc}"
             log.error("member %d: %s", self.member_id, reason)
             link.quiet_until = time.monotonic() + self.reconnect_backoff
-            assert self._loop is not None
             self._loop.call_soon(self._report_failure, link.peer, reason)
             return None
         link.ep = ep
         link.dropped = 0
         return ep
 
-    def _post_recv(self, ep: _Endpoint, i: int) -> None:
-        wr = ep.recv_wr
-        if wr is None:
-            pv = self._pv
-            assert pv is not None
-            sge = pv.wr.SGE(ep.inbox.address + self.inbox_bytes, 64, ep.scratch_mr.lkey)
-            wr = ep.recv_wr = pv.wr.RecvWR(wr_id=0, num_sge=1, sg=[sge])
-        wr.wr_id = RECV_WR | i
-        ep.qp.post_recv(wr, None)
-
-    def _connect_info(self, ep: _Endpoint, dst: int) -> ConnectInfo:
-        local = self.local
-        assert local is not None
-        return ConnectInfo(
-            ep=ep.id,
-            dst=dst,
-            qpn=int(ep.qp.qp_num),
-            psn=ep.psn,
-            gid=local.gid,
-            lid=local.lid,
-            mtu=local.active_mtu,
-            ethernet=local.link_layer_ethernet,
-            addr=int(ep.inbox_mr.buf),
-            rkey=int(ep.inbox_mr.rkey),
-            size=self.inbox_bytes,
-            baddr=int(ep.bulk_mr.buf) if ep.bulk_mr is not None else 0,
-            brkey=int(ep.bulk_mr.rkey) if ep.bulk_mr is not None else 0,
-            bblock=self.bulk_block if ep.bulk_mr is not None else 0,
-            bslots=self.bulk_slots if ep.bulk_mr is not None else 0,
-            bmax=self.bulk_max_message if ep.bulk_mr is not None else 0,
-        )
-
-    def _send_connect(self, ep: _Endpoint, dst: int) -> None:
-        body = self._connect_info(ep, dst).encode()
+    def _send_connect(self, ep: Endpoint, dst: int) -> None:
+        body = self._device.connect_info(ep, dst).encode()
         try:
             self._tcp.send(ep.peer, CHAN.pack(K_CONNECT, ep.id, 0) + body)
         except Exception as exc:  # the channel refused (closed): the endpoint is useless
             self._fail(ep, f"cannot send CONNECT to member {ep.peer}: {exc}", report=False)
 
-    def _pair(self, ep: _Endpoint, info: ConnectInfo) -> None:
-        """Connect ``ep``'s queue pair to the peer's (INIT -> RTR -> RTS) and build the mirror."""
-        pv, local = self._pv, self.local
-        assert pv is not None and local is not None
-        e = pv.enums
-        mirror: verbs.HostBuffer | None = None
-        stage: verbs.HostBuffer | None = None
+    def _pair(self, ep: Endpoint, info: ConnectInfo) -> None:
+        """Connect ``ep`` to the peer endpoint ``info`` describes; what waited for the pairing
+        is flushed."""
         try:
-            if info.ethernet != local.link_layer_ethernet:
-                raise ValueError("the peer's link layer differs from ours")
-            attr = pv.qp.QPAttr(qp_state=e.IBV_QPS_RTR)
-            attr.path_mtu = min(info.mtu, local.active_mtu)
-            attr.dest_qp_num = info.qpn
-            attr.rq_psn = info.psn
-            attr.max_dest_rd_atomic = 1
-            attr.min_rnr_timer = self.min_rnr_timer
-            if local.link_layer_ethernet:
-                gr = pv.addr.GlobalRoute(
-                    dgid=pv.addr.GID(verbs.gid_to_text(info.gid)), sgid_index=local.gid_index
-                )
-                attr.ah_attr = pv.addr.AHAttr(
-                    port_num=local.port, is_global=1, gr=gr, dlid=info.lid
-                )
-            else:
-                attr.ah_attr = pv.addr.AHAttr(port_num=local.port, is_global=0, dlid=info.lid)
-            ep.qp.modify(
-                attr,
-                int(e.IBV_QP_STATE)
-                | int(e.IBV_QP_AV)
-                | int(e.IBV_QP_PATH_MTU)
-                | int(e.IBV_QP_DEST_QPN)
-                | int(e.IBV_QP_RQ_PSN)
-                | int(e.IBV_QP_MAX_DEST_RD_ATOMIC)
-                | int(e.IBV_QP_MIN_RNR_TIMER),
-            )
-            attr = pv.qp.QPAttr(qp_state=e.IBV_QPS_RTS)
-            attr.timeout = self.qp_timeout
-            attr.retry_cnt = self.qp_retry_cnt
-            attr.rnr_retry = self.qp_rnr_retry
-            attr.sq_psn = ep.psn
-            attr.max_rd_atomic = 1
-            ep.qp.modify(
-                attr,
-                int(e.IBV_QP_STATE)
-                | int(e.IBV_QP_TIMEOUT)
-                | int(e.IBV_QP_RETRY_CNT)
-                | int(e.IBV_QP_RNR_RETRY)
-                | int(e.IBV_QP_SQ_PSN)
-                | int(e.IBV_QP_MAX_QP_RD_ATOMIC),
-            )
-            mirror = verbs.HostBuffer(info.size)
-            ep.mirror_mr = pv.mr.MR(
-                self._pd, info.size, int(e.IBV_ACCESS_LOCAL_WRITE), address=mirror.address
-            )
-            if info.bslots and self.bulk_threshold:
-                region = info.bblock * info.bslots
-                stage = verbs.HostBuffer(region)
-                ep.bstage_mr = pv.mr.MR(
-                    self._pd, region, int(e.IBV_ACCESS_LOCAL_WRITE), address=stage.address
-                )
-        except (pv.any_error, OSError, ValueError) as exc:
-            if mirror is not None:
-                mirror.close()
-            if stage is not None:
-                stage.close()
+            self._device.connect(ep, info)
+        except self._device.errors() as exc:
             self._fail(ep, f"cannot connect the rdma queue pair to member {ep.peer}: {exc}")
             return
-        ep.mirror = mirror
-        ep.tx = SendRing(info.size)
-        if stage is not None:
-            ep.bstage = stage
-            ep.btx = BulkTx(info.bblock, info.bslots)
-        ep.peer_info = info
         log.debug(
             "member %d: rdma link to member %d up (qpn %d -> %d)",
             self.member_id,
@@ -1132,7 +872,7 @@ class RdmaTransport(Transport):
         )
         self._mark_dirty(ep)
 
-    def _fail(self, ep: _Endpoint, reason: str, *, report: bool = True, tell: bool = True) -> None:
+    def _fail(self, ep: Endpoint, reason: str, *, report: bool = True, tell: bool = True) -> None:
         """Tear ``ep`` down (once); report ``reason`` as a failure of its peer."""
         if ep.dead:
             return
@@ -1154,12 +894,12 @@ class RdmaTransport(Transport):
             log.warning("member %d: %s", self.member_id, reason)
             self._loop.call_soon(self._report_failure, ep.peer, reason)
 
-    def _deliver_held(self, link: _Link, tag: int, held: list[bytes]) -> None:
+    def _deliver_held(self, link: Link, tag: int, held: list[bytes]) -> None:
         """Messages that waited for pushes of a torn-down endpoint (those pushes are lost)."""
         for payload in held:
             self._deliver_user(link, tag, payload)
 
-    def _destroy(self, ep: _Endpoint) -> list[bytes]:
+    def _destroy(self, ep: Endpoint) -> list[bytes]:
         """Release the endpoint's resources; returns the messages that waited for its pushes."""
         if ep.dead:
             return []
@@ -1168,36 +908,7 @@ class RdmaTransport(Transport):
         if ep.fd is not None and self._loop is not None:
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(ep.fd)
-        pv = self._pv
-        if pv is not None and ep.fd is not None:
-            # events read from the channel must all be acknowledged before the CQ goes
-            with contextlib.suppress(Exception):
-                while True:
-                    ep.channel.get_cq_event(ep.cq)
-                    ep.unacked += 1
-            with contextlib.suppress(Exception):
-                if ep.unacked:
-                    ep.cq.ack_events(ep.unacked)
-                    ep.unacked = 0
-        for obj in (
-            ep.recv_wr,
-            ep.imm_wr,
-            ep.qp,
-            ep.mirror_mr,
-            ep.bstage_mr,
-            ep.bulk_mr,
-            ep.inbox_mr,
-            ep.scratch_mr,
-            ep.cq,
-            ep.channel,
-        ):
-            if obj is not None:
-                with contextlib.suppress(Exception):
-                    obj.close()
-        ep.inbox.close()
-        for buf in (ep.mirror, ep.bulk, ep.bstage):
-            if buf is not None:
-                buf.close()
+        self._device.release(ep)
         if ep.brx is not None:
             if ep.brx.partial:
                 log.info(
@@ -1216,11 +927,11 @@ class RdmaTransport(Transport):
         return held
 
     # -- completions -------------------------------------------------------------------------
-    def _on_cq_event(self, ep: _Endpoint) -> None:
+    def _on_cq_event(self, ep: Endpoint) -> None:
         """The completion channel is readable: collect events, ack in batches, re-arm, drain."""
         if ep.dead:
             return
-        pv = self._pv
+        pv = self._device.pv
         assert pv is not None
         try:
             # One-shot notification: at most one event is pending per arm, and the CQ is
@@ -1241,13 +952,13 @@ class RdmaTransport(Transport):
         if self._drain_cq(ep) and self.busy_poll:
             self._start_spin(ep)
 
-    def _start_spin(self, ep: _Endpoint) -> None:
+    def _start_spin(self, ep: Endpoint) -> None:
         ep.spin_until = time.monotonic() + self.busy_poll_window
         if not ep.spinning and self._loop is not None:
             ep.spinning = True
             self._loop.call_soon(self._spin, ep, False)
 
-    def _spin(self, ep: _Endpoint, forever: bool) -> None:
+    def _spin(self, ep: Endpoint, forever: bool) -> None:
         """Busy-poll ``ep``'s CQ while completions keep coming (``forever``: no channel fd)."""
         if ep.dead or self._closed:
             ep.spinning = False
@@ -1263,9 +974,9 @@ class RdmaTransport(Transport):
         else:
             ep.spinning = False
 
-    def _drain_cq(self, ep: _Endpoint) -> bool:
+    def _drain_cq(self, ep: Endpoint) -> bool:
         """Poll every completion of ``ep`` and act on them; True if there were any."""
-        pv, codes = self._pv, self._codes
+        pv, codes = self._device.pv, self._device.codes
         assert pv is not None and codes is not None
         got = False
         doorbell = False
@@ -1300,7 +1011,7 @@ class RdmaTransport(Transport):
             return got
         try:
             for i in reposts:
-                self._post_recv(ep, i)
+                self._device.post_recv(ep, i)
         except pv.any_error as exc:
             self._fail(ep, f"reposting rdma receives for member {ep.peer} failed: {exc}")
             return got
@@ -1318,7 +1029,7 @@ class RdmaTransport(Transport):
             self._wake_drainers()
         return got
 
-    def _apply(self, ep: _Endpoint, ev: WcEvent) -> bool:
+    def _apply(self, ep: Endpoint, ev: WcEvent) -> bool:
         """Act on one completion; False when the endpoint was torn down."""
         if ev.kind == "send_done":
             while ep.signaled and ep.signaled[0][0] <= ev.wr_id:
@@ -1359,11 +1070,11 @@ class RdmaTransport(Transport):
         self._fail(ep, f"rdma link to member {ep.peer} failed: {detail}")
         return False
 
-    def _violation(self, ep: _Endpoint, why: str) -> None:
+    def _violation(self, ep: Endpoint, why: str) -> None:
         self._fail(ep, f"protocol violation by member {ep.peer}: {why}")
 
     # -- receiving ---------------------------------------------------------------------------
-    def _pump(self, ep: _Endpoint) -> None:
+    def _pump(self, ep: Endpoint) -> None:
         """Deliver inbox records and held messages of ``ep`` in their link order."""
         link = self._link(ep.peer)
         mm = ep.inbox.mm
@@ -1464,7 +1175,7 @@ class RdmaTransport(Transport):
         if ep is not None and not ep.dead and tag != 0 and ep.peer_ep == tag:
             self._pump(ep)  # pushes may have waited for this message
 
-    def _deliver_user(self, link: _Link, tag: int, body: bytes) -> None:
+    def _deliver_user(self, link: Link, tag: int, body: bytes) -> None:
         if tag:
             if link.rx_tag != tag:
                 link.rx_tag, link.rx_count = tag, 0
