@@ -1,96 +1,12 @@
 # Theory of operation
 # -------------------
-# Members on hosts with RDMA NICs (or Soft-RoCE). Two channels per pair of members:
-#
-# * the control/message channel is a composed ``TcpTransport`` (same listen address, peers and
-#   shared-secret authentication). It carries the user's messages (those below the bulk
-#   threshold, or sent before the link's queue pair is paired) and the rdma control messages
-#   (CONNECT, RESET); every payload on it starts with a 17-byte header (kind u8, endpoint u64,
-#   count u64).
-# * pushes, and messages of at least ``bulk_threshold`` bytes (the data plane's DATA frames),
-#   travel over one RC queue pair per peer as RDMA WRITEs.
-#
-# Inboxes. For every peer a member registers a private *inbox*: a ring of ``inbox_bytes`` in its
-# own memory region with remote-write access, whose address and rkey are sent to that peer only
-# (in its CONNECT). A peer can therefore write nothing but its own inbox: the NIC rejects any
-# other address (the writer's and the owner's queue pairs both go to the error state, which is
-# reported as a failure of the writer). A push is written into the receiver's inbox as a record
-# (32-byte header: type, flags, length, view_id, table offset, messages-before; then the bytes,
-# padded to 8) and handed to ``on_push`` after the receiver validated the header and passed the
-# push through the ``PushGate``, which confines it to the sender's row of that view. Rows are not
-# written in place: a later push to the same bytes would overwrite an earlier one before the
-# receiver read it, and the transport contract delivers every push, whole and in order.
-#
-# Sending. The sender keeps a registered staging mirror of the peer's inbox: ``push`` copies
-# header and bytes into the mirror at the ring position they will occupy remotely, and a flush
-# (once per loop iteration) posts the new bytes as one RDMA WRITE per contiguous span. The last
-# write of a flush is WRITE_WITH_IMM; its immediate value (bit 31 clear) carries the new ring
-# head in 8-byte units (mod 2**30) and bit 30 "please return credit". A record never wraps: a PAD
-# record fills the end of the ring (or, when fewer than 32 bytes are left, both sides skip them).
-# Pushes larger than a quarter of the inbox are split at 8-byte aligned table offsets.
-#
-# Credit. The receiver consumes records in order and returns its consumed position to the sender
-# as a zero-length SEND_WITH_IMM (bit 31 set) when a quarter of the ring was consumed since the
-# last return, or after consuming data the sender flagged. The sender reuses ring space only
-# when it is credited *and* its own writes covering it completed (signalled completions; every
-# 16th work request, and every flagged doorbell, is signalled). Pushes that do not fit wait in a
-# backlog (FIFO, bounded); posted receives are reposted as they complete; an empty receive queue
-# only delays the peer (RNR retry is infinite).
-#
-# Bulk messages. With each endpoint a member also registers a *bulk region* of ``bulk_slots``
-# blocks of ``bulk_block`` bytes (remote write), granted like the inbox to that one peer (its
-# address, rkey, block size, slot count and the largest message accepted travel in CONNECT). A
-# message of at least ``bulk_threshold`` bytes, once the link is paired, is queued behind the
-# link's pushes; when it reaches the head it is cut into full blocks (the last one shorter).
-# Block k of the link (counted over all its bulk messages) goes to slot k mod slots: the sender
-# copies it into a registered staging copy of the region, stages a BULK record in the ring
-# (type 3; length = block length, view_id = message length, offset = block offset, the usual
-# messages-before; no ring payload), and the flush posts, per block, a plain RDMA WRITE of the
-# block into the slot and then the ring up to that record with a WRITE_WITH_IMM doorbell asking
-# for credit. On an RC queue pair the block is placed before the doorbell's completion, so the
-# receiver, reading the record in ring order, copies the block out of its slot into the message
-# being assembled, consumes the record and returns credit; a slot is reused only once the ring
-# credit covers its record. Up to ``bulk_slots`` blocks are in flight (pipelined: credit for the
-# first returns while the others are written). The receiver checks every record against the
-# message in progress (first block at offset 0, total within its limit and unchanged, offsets
-# consecutive, full blocks except the final one, final flag exactly at the end): any mismatch is
-# a protocol violation of that peer (the link is torn down and reported), never a crash. A
-# completed message is handed to ``on_message`` and counts, for the order between the channels,
-# as one *push* of the link (a later small message waits for it; it waits for earlier small
-# messages like any push). A link torn down mid-transfer discards the partial message and the
-# queued ones, and reports the failure. Until a link is paired, large messages that fit a tcp
-# frame go over tcp (same order guarantees); larger ones wait for the pairing. GPU payloads are
-# staged through host memory by the data plane before they reach the transport (the dma-buf
-# registration in verbs.py is unverified and unused; the start-up line says which path holds).
-#
-# Order between the two channels. Each (sender, receiver) link is FIFO across pushes and
-# messages: a message carries the number of pushes the sender issued before it on its current
-# endpoint, a push record the number of messages; the receiver delivers a message only after
-# that many pushes, and a push only after that many messages. Messages overtake pushes that the
-# sender could not transmit yet (no endpoint paired, e.g. for a view the peer has not installed).
-#
-# Endpoints. An endpoint (queue pair, completion queue on its own completion channel, inbox,
-# mirror) has a random 64-bit id. Creating one sends CONNECT(src=id, dst=0); a member answering
-# a dst=0 CONNECT pairs with it and replies CONNECT(src=its id, dst=the peer's id); a CONNECT for
-# an endpoint that no longer exists is ignored, one from a peer endpoint that replaced the paired
-# one resets the link. Every received field (QP number, PSN, GID, address, rkey, size, bulk
-# region) is validated before use; nothing is unpickled or evaluated.
-#
-# Views. Connection data is exchanged per link when the link is first used -- at bootstrap, and
-# for a joiner when the first push or large message of the view that admits it goes out; the
-# joiner itself connects the same way. ``set_view`` closes the links to members of the previous
-# view that are not in the new one (graceful RESET, no failure report): their queue pairs are
-# destroyed and the regions granted to them deregistered, so a member that left keeps no rkey
-# into this member's memory; talking to it again builds a fresh endpoint with fresh keys.
-#
-# Completions. Each completion channel's fd is non-blocking and registered with
-# ``loop.add_reader``; the reader collects the channel's events, acknowledges them in batches,
-# re-arms the CQ, then drains it. With ``busy_poll`` the CQs are also polled from the loop
-# (``call_soon``) for as long as completions keep arriving. Completion errors, queue-pair errors
-# and retry exhaustion tear the endpoint down and report ``on_failure(peer, reason)``; the next
-# push after a short back-off builds a fresh endpoint. A lost tcp link also tears the endpoint
-# down (the counters that order the two channels are per endpoint).
-"""RDMA transport: pushes as RDMA WRITEs into per-peer inboxes, messages over tcp."""
+# ``RdmaTransport`` is the Transport API over the parts of this package. It validates its
+# settings (the parts read them when used), opens the device, starts the composed tcp channel
+# and parses what arrives there (user messages, CONNECT, RESET); it hands each push to the send
+# path of the peer's current endpoint, and sends each message over tcp or, from
+# ``bulk_threshold`` bytes on, down the bulk path; ``set_view`` revokes the links of members
+# that left the view. See docs/DESIGN.md §5.4.
+"""The rdma transport: the Transport API over the link table and the send and receive paths."""
 
 from __future__ import annotations
 
