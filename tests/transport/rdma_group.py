@@ -101,7 +101,8 @@ def joiner(fields: dict[str, Any], q: Any, big_size: int) -> None:
             members = list(g.view.members)
             digests = [await log.digest.at(m)() for m in members]
             t = g._driver.transport if g._driver is not None else None
-            links = getattr(t, "_links", {})
+            conns = getattr(t, "_conns", None)  # the rdma transport's link table
+            links = conns.links if conns is not None else {}
             rdma_blocks = {
                 m: link.ep.btx.seq
                 for m, link in links.items()

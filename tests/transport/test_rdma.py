@@ -35,36 +35,36 @@ from transport_support import SECRET, Cluster, Recorder, new_group
 
 from derecho_async.errors import ConfigError, DerechoError
 from derecho_async.launch import free_ports
-from derecho_async.transport import verbs
-from derecho_async.transport.rdma import (
+from derecho_async.transport.rdma import RdmaTransport, verbs
+from derecho_async.transport.rdma.bulk import piece_end
+from derecho_async.transport.rdma.codec import (
     CHAN,
-    IMM_CREDIT,
-    IMM_FLAG,
-    IMM_NOOP,
     MAX_BULK_BLOCK,
     MAX_BULK_SLOTS,
     MIN_BULK_BLOCK,
     MIN_INBOX,
     PROTOCOL_VERSION,
+    ConnectInfo,
+    Malformed,
+    decode_reset,
+    encode_reset,
+)
+from derecho_async.transport.rdma.completions import WcCodes, classify_wc
+from derecho_async.transport.rdma.rings import (
+    IMM_CREDIT,
+    IMM_FLAG,
+    IMM_NOOP,
     R_BULK,
     R_PAD,
     R_PUSH,
     REC,
     RF_FINAL,
-    ConnectInfo,
-    Malformed,
-    RdmaTransport,
     RecvRing,
     RingError,
     SendRing,
-    WcCodes,
     advance,
-    classify_wc,
-    decode_reset,
-    encode_reset,
     imm_credit,
     imm_doorbell,
-    piece_end,
 )
 from derecho_async.transport.tcp import TcpTransport
 
@@ -817,13 +817,13 @@ async def test_each_peer_gets_its_own_inbox_and_keys() -> None:
         regions = []
         for t in c.transports:
             assert isinstance(t, RdmaTransport)
-            for peer, link in t._links.items():
+            for peer, link in t._conns.links.items():
                 ep = link.ep
                 assert ep is not None and ep.paired and ep.peer_info is not None
                 # the peer's endpoint was told exactly my inbox for it, nothing else
                 other = c.transports[peer]
                 assert isinstance(other, RdmaTransport)
-                their = other._links[t.member_id].ep
+                their = other._conns.links[t.member_id].ep
                 assert their is not None and their.peer_info is not None
                 assert their.peer_info.addr == ep.inbox_mr.buf
                 assert their.peer_info.rkey == ep.inbox_mr.rkey
@@ -837,9 +837,9 @@ async def test_each_peer_gets_its_own_inbox_and_keys() -> None:
 
 async def _forge_write(t: RdmaTransport, peer: int, remote_offset: int) -> None:
     """Make ``t`` post a raw RDMA WRITE at ``remote_offset`` of its inbox at ``peer``."""
-    ep = t._links[peer].ep
+    ep = t._conns.links[peer].ep
     assert ep is not None and ep.peer_info is not None and ep.mirror_mr is not None
-    pv = t._pv
+    pv = t._device.pv
     assert pv is not None
     e = pv.enums
     wr = pv.wr.SendWR(
@@ -851,7 +851,7 @@ async def _forge_write(t: RdmaTransport, peer: int, remote_offset: int) -> None:
         send_flags=int(e.IBV_SEND_SIGNALED),
     )
     wr.set_wr_rdma(ep.peer_info.rkey, ep.peer_info.addr + remote_offset)
-    t._post(ep, wr, True, ep.tx.posted if ep.tx else 0)
+    t._send.post(ep, wr, True, ep.tx.posted if ep.tx else 0)
 
 
 @pytest.mark.rdma
@@ -864,7 +864,7 @@ async def test_write_outside_the_inbox_is_rejected_by_the_nic_and_reported() -> 
         t0 = c[0]
         assert isinstance(t0, RdmaTransport)
         # member 0 aims past its inbox at member 1 (where member 2's inbox might be)
-        await _forge_write(t0, 1, t0._links[1].ep.peer_info.size)  # type: ignore[union-attr]
+        await _forge_write(t0, 1, t0._conns.links[1].ep.peer_info.size)  # type: ignore[union-attr]
         await c.recs[1].wait_for(lambda: bool(c.recs[1].failures(0)))
         await c.recs[0].wait_for(lambda: bool(c.recs[0].failures(1)))
         assert "rdma" in c.recs[1].failures(0)[0]
@@ -887,10 +887,10 @@ async def test_queue_pair_error_is_reported_not_hung_and_the_link_recovers() -> 
         await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
         t0 = c[0]
         assert isinstance(t0, RdmaTransport)
-        ep = t0._links[1].ep
-        assert ep is not None and t0._pv is not None
-        e = t0._pv.enums
-        ep.qp.modify(t0._pv.qp.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
+        ep = t0._conns.links[1].ep
+        assert ep is not None and t0._device.pv is not None
+        e = t0._device.pv.enums
+        ep.qp.modify(t0._device.pv.qp.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
         c[0].push(1, 8, _word(2), [1])  # completes in error (flushed)
         await c.recs[0].wait_for(lambda: bool(c.recs[0].failures(1)))
         assert "error state" in c.recs[0].failures(1)[0]
@@ -915,7 +915,7 @@ async def test_retry_exhaustion_is_reported() -> None:
         # member 1's queue pair vanishes while its tcp channel stays up
         t1 = c[1]
         assert isinstance(t1, RdmaTransport)
-        ep1 = t1._links[0].ep
+        ep1 = t1._conns.links[0].ep
         assert ep1 is not None
         ep1.qp.close()
         c[0].push(1, 8, _word(2), [1])
@@ -962,7 +962,7 @@ SMALL_BULK: _BulkSettings = {"bulk_threshold": 32 << 10, "bulk_block": 16 << 10,
 
 
 def _bulk_blocks_sent(t: Any, peer: int) -> int:
-    ep = t._links[peer].ep
+    ep = t._conns.links[peer].ep
     return 0 if ep is None or ep.btx is None else int(ep.btx.seq)
 
 
@@ -1025,16 +1025,16 @@ async def test_bulk_message_broken_mid_transfer_is_reported_and_never_delivered(
         assert isinstance(t0, RdmaTransport) and isinstance(t1, RdmaTransport)
         big = os.urandom(16 << 20)
         c[0].send(1, big)
-        ep1 = t1._links[0].ep
+        ep1 = t1._conns.links[0].ep
         assert ep1 is not None and ep1.brx is not None
         deadline = time.monotonic() + support.WAIT
         while not ep1.brx.partial or ep1.brx.got < (1 << 20):
             assert time.monotonic() < deadline, "the bulk transfer never started"
             await asyncio.sleep(0.001)
         # the receiver's queue pair breaks while the message is half way
-        assert t1._pv is not None
-        e = t1._pv.enums
-        ep1.qp.modify(t1._pv.qp.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
+        assert t1._device.pv is not None
+        e = t1._device.pv.enums
+        ep1.qp.modify(t1._device.pv.qp.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
         await c.recs[0].wait_for(lambda: bool(c.recs[0].failures(1)))
         await c.recs[1].wait_for(lambda: bool(c.recs[1].failures(0)))
         await asyncio.sleep(0.2)
@@ -1069,7 +1069,7 @@ async def test_hostile_bulk_record_is_a_protocol_violation(
         await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
         t0 = c[0]
         assert isinstance(t0, RdmaTransport)
-        ep = t0._links[1].ep
+        ep = t0._conns.links[1].ep
         assert ep is not None and ep.tx is not None and ep.mirror is not None
         rec = {"total": 100_000, "offset": 0, "length": 16 << 10, "final": True} | fields
         place = ep.tx.place(0)
@@ -1084,7 +1084,7 @@ async def test_hostile_bulk_record_is_a_protocol_violation(
             rec["offset"],
             0,
         )
-        t0._post_ring(ep, None, True)
+        t0._send.post_ring(ep, None, True)
         await c.recs[1].wait_for(lambda: bool(c.recs[1].failures(0)))
         failure = c.recs[1].failures(0)[0]
         assert "protocol violation" in failure and why in failure, failure
@@ -1108,12 +1108,12 @@ async def test_a_member_leaving_the_view_loses_its_keys_and_a_new_link_gets_fres
             await c.recs[t].wait_for(both_pushes)
         t0 = c[0]
         assert isinstance(t0, RdmaTransport)
-        old = t0._links[2].ep
+        old = t0._conns.links[2].ep
         assert old is not None and old.paired
         old_keys = (old.inbox_mr.rkey, old.bulk_mr.rkey)
         for s in (0, 1):
             c[s].set_view(2, [0, 1], ROW)  # member 2 left
-        assert old.dead and t0._links[2].ep is None  # its queue pair and regions are gone
+        assert old.dead and t0._conns.links[2].ep is None  # its queue pair and regions are gone
         await asyncio.sleep(0.3)
         assert all(not r.failures() for r in c.recs)  # a quiet close, not a failure
         # the link comes back on demand, with new connection data
@@ -1123,7 +1123,7 @@ async def test_a_member_leaving_the_view_loses_its_keys_and_a_new_link_gets_fres
         c[0].send(2, big)
         await c.recs[2].wait_for(lambda: len(c.recs[2].messages(0)) == 3)
         assert c.recs[2].messages(0) == [b"still there?", big, big]
-        new = t0._links[2].ep
+        new = t0._conns.links[2].ep
         assert new is not None and new is not old
         assert (new.inbox_mr.rkey, new.bulk_mr.rkey) != old_keys
         deadline = time.monotonic() + support.WAIT

@@ -7,19 +7,21 @@ import random
 
 import pytest
 
-from derecho_async.transport.rdma import (
-    MIN_INBOX,
+from derecho_async.transport.rdma.bulk import (
+    BulkRx,
+    BulkTx,
+    bulk_blocks,
+)
+from derecho_async.transport.rdma.codec import MIN_INBOX
+from derecho_async.transport.rdma.rings import (
     R_BULK,
     R_PAD,
     R_PUSH,
     REC,
     RF_FINAL,
-    BulkRx,
-    BulkTx,
     RecvRing,
     RingError,
     SendRing,
-    bulk_blocks,
     imm_credit,
     imm_doorbell,
 )

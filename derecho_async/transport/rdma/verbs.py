@@ -1,27 +1,12 @@
 # Theory of operation
 # -------------------
-# The rdma transport reaches the verbs API through pyverbs, the Python binding shipped with
-# rdma-core. pyverbs is untyped and version-sensitive, so everything that touches it goes
-# through this module:
-#
-# * Discovery (``load_pyverbs``): import ``pyverbs`` normally; if that fails and the
-#   distribution's copy exists (``/usr/lib/python3/dist-packages/pyverbs``, Debian/Ubuntu
-#   ``python3-pyverbs``), load that one package from there by path -- the directory is never put
-#   on ``sys.path``, so no other distribution package can shadow the interpreter's own. Enum
-#   names live in ``pyverbs.libibverbs_enums`` (rdma-core >= 50) or ``pyverbs.enums`` (older).
-#   Failures raise one :class:`RdmaUnavailable` naming the fix.
-# * Device choice (``choose_port``): the named device or the first one with an active port; a
-#   RoCE v2 IPv4 GID index when none is given (RoCE), index 0 otherwise (InfiniBand).
-# * Completion-channel file descriptor (``comp_channel_fd``): pyverbs (rdma-core 44) does not
-#   expose it, so the descriptor the channel opened is found by comparing /proc/self/fd before
-#   and after creating it (the kernel names it ``anon_inode:[infinibandevent]``).
-# * GPUDirect registration (``register_device_memory``): dma-buf export of CUDA memory
-#   (``cuMemGetHandleForAddressRange`` via cuda-python or CuPy) registered as a pyverbs
-#   ``DmaBufMR``; otherwise a pinned host staging buffer registered as a plain MR. The caller is
-#   told which path was taken. UNVERIFIED: no machine here has both a GPU and an RDMA device.
-#
-# Everything pyverbs returns is typed ``Any``; the rest of the package sees only the small typed
-# surface below.
+# The only module that touches pyverbs, which is untyped and version-sensitive: discovery
+# (``load_pyverbs``: the interpreter's own pyverbs, else the distribution's copy loaded by path
+# without touching ``sys.path``), device and GID choice (``choose_port``), the completion
+# channel's descriptor (``comp_channel_fd``), host buffers for registration, and an unverified
+# GPUDirect dma-buf registration (``register_device_memory``). Everything pyverbs returns is
+# ``Any``; the rest of the package sees the small typed surface below. See docs/DESIGN.md §5.4
+# (pyverbs).
 """pyverbs discovery, device selection and small typed wrappers for the rdma transport."""
 
 from __future__ import annotations
