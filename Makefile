@@ -18,7 +18,7 @@ lint: $(STAMP)
 
 # The suite runs once on the native hot path, then the hot-path, transport, runtime and protocol
 # tests again on its pure-Python twin (the fallback when the C extension is missing).
-PURE_TESTS := tests/test_hotpath.py tests/transport tests/runtime tests/test_scenarios.py tests/test_sim_api.py
+PURE_TESTS := tests/hotpath tests/transport tests/runtime tests/test_scenarios.py tests/test_sim_api.py
 
 test: lint
 	$(BIN)/pytest

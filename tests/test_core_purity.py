@@ -35,7 +35,7 @@ FORBIDDEN = {
 }
 # derecho_async.hotpath is allowed deliberately: it is pure computation over the buffers it is
 # given (word loads, the slot scan, the frontier maths), the same results native or pure (see
-# tests/test_hotpath.py), with no clock, I/O or randomness. It reads one environment variable at
+# tests/hotpath/), with no clock, I/O or randomness. It reads one environment variable at
 # import to choose its implementation, which cannot change what the core computes.
 ALLOWED_PACKAGE_IMPORTS = ("derecho_async.core", "derecho_async.errors", "derecho_async.hotpath")
 

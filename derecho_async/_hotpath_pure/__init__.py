@@ -4,7 +4,7 @@ Theory of operation: one module per C file of ``native/``, under the same concer
 (``words``, ``ordering``, ``slotring``, ``shmring``, ``plaincall``, ``dispatch``,
 ``bytescopy``); this package is the twin of the extension module as a whole, as ``module.c`` is
 there, and gathers their functions. :mod:`derecho_async.hotpath` chooses between the two; the
-test suite runs both and checks them against each other (``tests/test_hotpath.py``). Every
+test suite runs both and checks them against each other (``tests/hotpath/``). Every
 offset, length and count read from a buffer that a peer writes is checked before it is used,
 exactly as the C code does (docs/DESIGN.md §8).
 """

@@ -1,0 +1,15 @@
+"""What the config tests share: the required keys and a secret long enough for tcp."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from derecho_async.config import Config
+
+BASE: dict[str, Any] = {"group": "g", "member_id": 0}
+SECRET = "s3cret-s3cret-s3cret"
+
+
+def make(**changes: Any) -> Config:
+    """A Config of the required keys, with ``changes`` over them."""
+    return Config(**{**BASE, **changes})
