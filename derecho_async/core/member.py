@@ -7,11 +7,12 @@ application's sends (:meth:`Member.submit`); then calls :meth:`Member.poll` to l
 react, takes :meth:`Member.ready`, calls :meth:`Member.advance` and carries it out. The member
 never performs I/O; all its output is data in the :class:`Ready`.
 
-Within a view the member runs ordered multicast (:mod:`.multicast`) for each shard it belongs to
-and watches heartbeats. Once anything calls for a view change it wedges and hands control to the
-view-change rules (:mod:`.view_change`), which end in :meth:`Member.install` of the next view
-with a fresh table. Pushes addressed to a view this member has not installed yet are held until
-it does; pushes for older views are dropped.
+Within a view the member runs ordered multicast (:mod:`.multicast`) for each shard it belongs
+to; its :class:`~.view_change.ViewChange` watches heartbeats and membership columns and, once
+anything calls for a view change, wedges the member and runs the agreement, asking the member for
+what it owns (pushes, the shards, the next view) through the :class:`~.view_change.Host`
+protocol. Pushes addressed to a view this member has not installed yet are held until it does;
+pushes for older views are dropped.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from derecho_async.core import view_change
 from derecho_async.core.effects import (
     DataKey,
     Evicted,
@@ -31,7 +31,6 @@ from derecho_async.core.effects import (
     Ready,
     Send,
     SendFailed,
-    Suspected,
     ViewInstalled,
 )
 from derecho_async.core.layout import Layout, ShardAssignment
@@ -40,6 +39,7 @@ from derecho_async.core.multicast import Outgoing, ShardState
 from derecho_async.core.schema import WORD, RowSchema
 from derecho_async.core.table import Table
 from derecho_async.core.view import View
+from derecho_async.core.view_change import ViewChange
 from derecho_async.errors import ProtocolViolation, UsageError
 
 __all__ = ["BufferFactory", "CoreConfig", "Member", "MemberState"]
@@ -92,10 +92,17 @@ class MemberState(enum.Enum):
 
 
 # The states the hot paths test, as module constants: ``MemberState.ACTIVE`` is a class
-# attribute lookup through the enum's descriptor (about 50 ns on Python 3.11, several times per
-# message), a module global is a dict read.
+# attribute lookup through the enum's descriptor (several times per message), a module global
+# is a dict read.
 _ACTIVE = MemberState.ACTIVE
 _JOINING = MemberState.JOINING
+
+# The state each way out of the group leaves a member in.
+_OUT_STATE: dict[type[Evicted | Partitioned | Left], MemberState] = {
+    Evicted: MemberState.EVICTED,
+    Partitioned: MemberState.PARTITIONED,
+    Left: MemberState.LEFT,
+}
 
 
 class Member:
@@ -126,16 +133,20 @@ class Member:
         self._landed_early: dict[DataKey, object] = {}
         self._held_data: dict[DataKey, object] = {}
         self._awaiting: dict[DataKey, ShardState] = {}
-        self.pending_joiners: list[int] = []
         self._contacts = contacts
         self._next_join_try = 0
         self._join_attempt = 0
-        self.leaving = False
         self.receiving = True  # False: read no new records (backpressure; see set_receiving)
-        self._leave_reason = ""  # what leave() was given: the Left event's reason
-        # What changed since the last poll: membership columns (other than heartbeats) and
-        # shard columns or local send work. A poll skips the scans nothing can have changed.
-        self._dirty_membership = True
+        self.view_change = ViewChange(
+            self,
+            member_id,
+            heartbeat_period=self.config.heartbeat_period,
+            suspect_after=self.config.suspect_after,
+            partition_safety=self.config.partition_safety,
+        )
+        """The view-change rules and their state (suspicions, wedge, joiners, leave)."""
+        # What changed since the last poll: shard columns or local send work (membership
+        # columns: ``view_change.changed``). A poll skips the scans nothing can have changed.
         self._dirty_multicast = True
         # Per-view state, set by _enter_view.
         self.view = View(-1, ())
@@ -145,11 +156,6 @@ class Member:
         self.table: Table
         self.assignment = ShardAssignment((), False)
         self.shards: list[ShardState | None] = []
-        self.suspected = 0
-        self.wedged = False
-        self._last_hb: list[int] = []
-        self._last_change: list[int] = []
-        self._final_frontiers: dict[int, int] = {}
         self._others: tuple[int, ...] = ()
         self._rank_of: dict[int, int] = {}
         if view is not None:
@@ -168,7 +174,7 @@ class Member:
         queuing nothing, when this member is not in a view, is out of the group, or its queue is
         full. While a view change is under way the message waits for the next view.
         """
-        if self.state is not _ACTIVE or self.leaving:
+        if self.state is not _ACTIVE or self.view_change.leaving:
             return None
         queue = self.queues.get(subgroup)
         if queue is None:
@@ -203,20 +209,7 @@ class Member:
             return
         if self.state is not _ACTIVE:
             return
-        t = self.table
-        sc = self.schema
-        if self.now % self.config.heartbeat_period == 0:
-            t.set(sc.heartbeat, t.mine(sc.heartbeat) + 1)
-            self.push_all(sc.heartbeat.offset, WORD)
-        for r in range(self.view_size):
-            if r == self.rank or self.suspected >> r & 1:
-                continue
-            hb = t.get(r, sc.heartbeat)
-            if hb != self._last_hb[r]:
-                self._last_hb[r] = hb
-                self._last_change[r] = self.now
-            elif self.now - self._last_change[r] >= self.config.suspect_after:
-                self._suspect(r)
+        self.view_change.tick(self.now)
 
     def receive_push(self, view_id: int, sender: int, offset: int, data: bytes) -> None:
         """A push from ``sender`` landed: bytes for table offset ``offset`` of view ``view_id``."""
@@ -236,7 +229,8 @@ class Member:
     def receive_message(self, sender: int, message: Message) -> None:
         """A channel message from ``sender`` arrived."""
         if isinstance(message, JoinRequest):
-            self._on_join_request(message.joiner)
+            if self.state is _ACTIVE:
+                self.view_change.join_request(message.joiner)
         elif isinstance(message, Welcome):
             self._on_welcome(sender, message)
 
@@ -272,7 +266,7 @@ class Member:
         """Traffic from ``member`` arrived (any message): it is alive, whatever its heartbeat
         push is queued behind (bulk data shares the link's FIFO with row pushes)."""
         if self.state is _ACTIVE and member in self.view.members:
-            self._last_change[self.view.members.index(member)] = self.now
+            self.view_change.heard_from(member, self.now)
 
     def report_failure(self, member: int) -> None:
         """The transport lost ``member`` (its link broke, pushes may have been lost): suspect it.
@@ -284,7 +278,7 @@ class Member:
         if self.state is not _ACTIVE or member == self.member_id:
             return
         if member in self.view.members:
-            self._suspect(self.view.members.index(member))
+            self.view_change.suspect(self.view.members.index(member))
 
     def leave(self, reason: str = "") -> None:
         """Leave the group: the others remove this member in the next view. ``reason`` (empty
@@ -296,41 +290,24 @@ class Member:
         view instead could leave a lone survivor with a new view whose other member never runs
         it, a failure that no majority outlives. Nothing new can be sent meanwhile.
         """
-        if self.state is not _ACTIVE or self.leaving:
+        if self.state is not _ACTIVE or self.view_change.leaving:
             return
-        self.leaving = True
-        self._leave_reason = reason
-        if self.wedged:
-            self._fail_queued("this member left the group")  # the rest when install departs
-        else:
-            self._depart()
-
-    def _depart(self) -> None:
-        reason = self._leave_reason
-        self._suspect(self.rank)
-        self._publish_suspicions()
-        self._fail_queued("this member left the group")
-        self.state = MemberState.LEFT
-        self._ready.events.append(Left(self.view.view_id, reason))
+        self.view_change.leave(reason)
 
     # -- the protocol step ---------------------------------------------------------------------
     def poll(self) -> None:
         """React to everything that changed since the last poll."""
         if self.state is not _ACTIVE:
             return
+        vc = self.view_change
         try:
-            if self._dirty_membership:
-                self._dirty_membership = False
-                self._scan_membership()
-                if self.state is not _ACTIVE:
-                    return
-                if self.wedged:
-                    view_change.step(self)
-            if not self.wedged and self._dirty_multicast:
+            if vc.changed and not vc.poll():
+                return  # out of the group
+            if not vc.wedged and self._dirty_multicast:
                 self._dirty_multicast = False
                 self._run_multicast()
-                if self.wedged:
-                    view_change.step(self)
+                if vc.wedged:
+                    vc.step()
         except ProtocolViolation as exc:
             self._on_violation(exc)
 
@@ -356,70 +333,87 @@ class Member:
         """True when a poll now would find nothing to do: an active member, not changing views,
         nothing marked changed since its last poll and nothing waiting in its Ready. Until an
         input arrives (a push, a message, a submit, a landing, a tick), it stays so."""
+        vc = self.view_change
         return (
             self.state is _ACTIVE
-            and not self.wedged
-            and not self.suspected
-            and not self._dirty_membership
+            and not vc.wedged
+            and not vc.suspected
+            and not vc.changed
             and not self._dirty_multicast
             and not self._ready
         )
 
-    # -- helpers used by view_change -----------------------------------------------------------
+    @property
+    def wedged(self) -> bool:
+        """True while a view change is under way here (this member stopped its shards)."""
+        return self.view_change.wedged
+
+    @property
+    def suspected(self) -> int:
+        """The ranks of the current view this member suspects, as a bit mask."""
+        return self.view_change.suspected
+
+    @property
+    def leaving(self) -> bool:
+        """A leave was asked for (see :meth:`leave`)."""
+        return self.view_change.leaving
+
+    # -- the view change's Host protocol (view_change.Host) -----------------------------------
     def push_all(self, row_offset: int, nbytes: int) -> None:
         """Push a range of my row to every unsuspected member of the view."""
         self._push(row_offset, nbytes, ())
 
-    def mark_changed(self) -> None:
-        """My own row changed in a way the next poll must look at (view-change progress)."""
-        self._dirty_membership = True
+    def freeze_shards(self) -> dict[int, int]:
+        """Publish each shard's progress, then freeze it; its final frontier by shard index."""
+        frontiers: dict[int, int] = {}
+        for sh in self.shards:
+            if sh is not None:
+                sh.publish_progress()
+                frontiers[sh.info.index] = sh.frontier
+                sh.freeze()
+        return frontiers
 
-    def final_frontier(self, shard_index: int) -> int:
-        return self._final_frontiers.get(shard_index, 0)
-
-    def install(self, prop: view_change.Proposal) -> None:
-        """Ragged trim, then the next view (rule 7 of :mod:`.view_change`)."""
-        removed, joiners, trims = prop
+    def ragged_trim(self, trims: tuple[int, ...]) -> None:
+        """Deliver each shard up to its trim, in seq order (rule 7 of :mod:`.view_change`)."""
         events = self._ready.events
         for sh in self.shards:
             if sh is not None:
                 sh.deliver_until(trims[sh.info.index], events)
-        old = self.view
-        survivors = tuple(m for r, m in enumerate(old.members) if not removed >> r & 1)
-        if self.member_id not in survivors:
-            if self.leaving:  # removed while a leave waited for this change: what it asked for
-                self._leave_group(Left(old.view_id, self._leave_reason), MemberState.LEFT)
-            else:
-                self._leave_group(Evicted(old.view_id), MemberState.EVICTED)
-            return
-        joined = tuple(j for j in dict.fromkeys(joiners) if j not in survivors)
-        departed = tuple(m for m in old.members if m not in survivors)
+
+    def next_view(
+        self, view: View, joined: tuple[int, ...], departed: tuple[int, ...]
+    ) -> None:
+        """Put my undelivered messages back at the front of their queues (re-sent in ``view``),
+        then enter ``view`` with a fresh table."""
         resend: dict[str, list[Outgoing]] = {}
         for sh in self.shards:
             if sh is not None and sh.my_index is not None:
                 resend.setdefault(sh.info.subgroup, []).extend(sh.leftovers())
         for sub, outs in resend.items():
             self.queues[sub].extendleft(reversed(outs))
-        new_view = View(old.view_id + 1, survivors + joined)
-        self._enter_view(new_view, joined, departed, state=None)
-        self.pending_joiners = [j for j in self.pending_joiners if j not in new_view.members]
-        if self.rank != 0:
-            self.pending_joiners = []
-        elif self.pending_joiners:
-            self._wedge()
-        if self.rank == 0:
-            for j in joined:
-                self._ready.sends.append(
-                    Send(j, Welcome(new_view.view_id, new_view.members), attach_state=True)
-                )
-        if self.leaving:
-            self._depart()  # asked for during the change just ended: leave the view it made
+        self._enter_view(view, joined, departed, state=None)
+
+    def fail_queued(self, reason: str) -> None:
+        """Fail every queued message with ``reason`` (a :class:`SendFailed` each)."""
+        for sub, q in self.queues.items():
+            for out in q:
+                self._ready.events.append(SendFailed(sub, out.msg_no, reason))
+            q.clear()
+
+    def leave_group(self, event: Evicted | Partitioned | Left) -> None:
+        """Leave the group for good as ``event`` says, then fail every queued message."""
+        state = _OUT_STATE[type(event)]
+        self.state = state
+        # The event first: a host fails every waiting call with the error it names (a
+        # PartitionedError for a partition), before the queued messages' own SendFailed.
+        self._ready.events.append(event)
+        self.fail_queued(f"this member is out of the group ({state.value})")
 
     # -- internals -----------------------------------------------------------------------------
     def _push(self, row_offset: int, nbytes: int, targets: tuple[int, ...]) -> None:
         if not targets:
             targets = self._others
-        suspected = self.suspected
+        suspected = self.view_change.suspected
         live = (
             targets
             if not suspected
@@ -473,13 +467,8 @@ class Member:
                 )
             else:
                 self.shards.append(None)
-        self.suspected = 0
-        self.wedged = False
-        self._dirty_membership = True
+        self.view_change.enter_view(view, self.table, self.assignment, self.now)
         self._dirty_multicast = True
-        self._final_frontiers = {}
-        self._last_hb = [0] * n
-        self._last_change = [self.now] * n
         self._landed_early = {k: v for k, v in self._held_data.items() if k.view_id == view.view_id}
         self._held_data = {k: v for k, v in self._held_data.items() if k.view_id > view.view_id}
         self._awaiting = {}
@@ -520,7 +509,7 @@ class Member:
         if lo < sc.membership_bytes:
             hb = sc.heartbeat.offset
             if not (lo >= hb and hi <= hb + WORD):
-                self._dirty_membership = True
+                self.view_change.changed = True
         if hi > sc.membership_bytes:
             self._dirty_multicast = True
 
@@ -529,67 +518,7 @@ class Member:
         if exc.member is not None and exc.member in self.view.members:
             r = self.view.members.index(exc.member)
             if r != self.rank:
-                self._suspect(r)
-
-    def _suspect(self, rank: int) -> None:
-        if self.suspected >> rank & 1:
-            return
-        self.suspected |= 1 << rank
-        self._dirty_membership = True
-        self.table.freeze(rank)
-        if rank != self.rank:
-            self._ready.events.append(Suspected(self.view.members[rank]))
-
-    def _publish_suspicions(self) -> None:
-        sc = self.schema
-        if self.table.mine(sc.suspected) != self.suspected:
-            self.table.set(sc.suspected, self.suspected)
-            self.push_all(sc.suspected.offset, WORD)
-
-    def _scan_membership(self) -> None:
-        t = self.table
-        sc = self.schema
-        mask = self.suspected
-        wedge_seen = False
-        leavers = 0
-        for r in range(self.view_size):
-            if r == self.rank:
-                continue
-            theirs = t.get(r, sc.suspected)
-            mask |= theirs
-            if theirs >> r & 1:
-                leavers += 1  # it suspects itself: it left voluntarily
-            if t.get(r, sc.wedged):
-                wedge_seen = True
-        mask &= (1 << self.view_size) - 1
-        for r in range(self.view_size):
-            if mask >> r & 1 and not self.suspected >> r & 1 and r != self.rank:
-                self._suspect(r)
-        if mask >> self.rank & 1:
-            self._leave_group(Evicted(self.view.view_id), MemberState.EVICTED)
-            return
-        self._publish_suspicions()
-        # Partition safety: the unsuspected members must be a strict majority of the view, not
-        # counting members that left voluntarily (they will never form a view of their own).
-        unsuspected = self.view_size - bin(self.suspected).count("1")
-        if self.config.partition_safety and 2 * unsuspected <= self.view_size - leavers:
-            self._leave_group(Partitioned(self.view.view_id), MemberState.PARTITIONED)
-            return
-        if self.suspected or wedge_seen:
-            self._wedge()
-
-    def _wedge(self) -> None:
-        if self.wedged:
-            return
-        for sh in self.shards:
-            if sh is not None:
-                sh.publish_progress()
-                self._final_frontiers[sh.info.index] = sh.frontier
-                sh.freeze()
-        self.wedged = True
-        self._dirty_membership = True
-        self.table.set(self.schema.wedged, 1)
-        self.push_all(self.schema.wedged.offset, WORD)
+                self.view_change.suspect(r)
 
     def _run_multicast(self) -> None:
         events = self._ready.events
@@ -606,38 +535,6 @@ class Member:
             sh.deliver_stable(events)
             sh.publish_progress()
 
-    def _fail_queued(self, reason: str) -> None:
-        for sub, q in self.queues.items():
-            for out in q:
-                self._ready.events.append(SendFailed(sub, out.msg_no, reason))
-            q.clear()
-
-    def _leave_group(self, event: Evicted | Partitioned | Left, state: MemberState) -> None:
-        self.state = state
-        # The event first: a host fails every waiting call with the error it names (a
-        # PartitionedError for a partition), before the queued messages' own SendFailed.
-        self._ready.events.append(event)
-        self._fail_queued(f"this member is out of the group ({state.value})")
-
-    def _on_join_request(self, joiner: int) -> None:
-        if self.state is not _ACTIVE:
-            return
-        if joiner in self.view.members:
-            # Its Welcome may have been lost with a failed sender: any member of the view can
-            # repeat it while the joiner has not been heard from (nothing is stable without it).
-            r = self.view.members.index(joiner)
-            if self.table.get(r, self.schema.heartbeat) == 0 and not self.wedged:
-                self._ready.sends.append(
-                    Send(joiner, Welcome(self.view.view_id, self.view.members), attach_state=True)
-                )
-            return
-        unsuspected = [r for r in range(self.view_size) if not self.suspected >> r & 1]
-        if not unsuspected or unsuspected[0] != self.rank:
-            return
-        if joiner not in self.pending_joiners:
-            self.pending_joiners.append(joiner)
-        self._wedge()
-
     def _on_welcome(self, sender: int, msg: Welcome) -> None:
         if self.state is not _JOINING or self.member_id not in msg.members:
             return
@@ -651,7 +548,7 @@ class Member:
         """Nothing queued, nothing in flight, nothing undelivered, no view change under way."""
         if self.state is not _ACTIVE:
             return True
-        if self.wedged or self.suspected or self.pending_joiners:
+        if not self.view_change.idle():
             return False
         if any(self.queues.values()) and self.assignment.adequate:
             return False
