@@ -18,6 +18,9 @@ every caller's outcome). ``check_actor_run`` (:mod:`.actorcheck`) checks the act
 (ran == delivered, virtual synchrony, joiners' state, replicas agreeing, replies, p2p reads,
 nothing lost) and raises ``InvariantViolation`` naming the seed and
 ``python -m derecho_async.testing.actor_sweep --seed S``, which replays it.
+
+For transports: ``check_transport(factory)`` (:mod:`.conformance`) runs the conformance suite
+every transport passes against the members a ``TransportFactory`` makes.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from derecho_async.testing.actorsim import (
     run_actor_schedule,
 )
 from derecho_async.testing.checker import Delivery, InvariantViolation
+from derecho_async.testing.conformance import TransportFactory, check_transport
 from derecho_async.testing.sim import SimCluster
 from derecho_async.testing.simnet import SimNetwork, SimTransport, TraceEvent, crash_group
 from derecho_async.testing.vloop import (
@@ -57,10 +61,12 @@ __all__ = [
     "SimTransport",
     "SimulationStalled",
     "TraceEvent",
+    "TransportFactory",
     "View",
     "VirtualTimeExceeded",
     "VirtualTimeLoop",
     "check_actor_run",
+    "check_transport",
     "crash_group",
     "run_actor_schedule",
     "run_virtual",

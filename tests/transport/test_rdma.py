@@ -1,7 +1,7 @@
 """The rdma transport: unit tests (no device needed) and, marked ``rdma``, tests on a real device.
 
 The device tests run inside rxe-vm (Soft-RoCE; ``scripts/rdma-tests.sh``): the whole transport
-conformance suite over rdma (reusing its test functions with an rdma cluster), busy polling,
+conformance suite over rdma (``check_transport`` with an rdma factory), busy polling,
 per-peer inbox keys, injected queue-pair faults, the bulk path for large messages (order with
 small messages and pushes, failure mid-transfer, hostile records, throughput), links closed at
 a view change, separate processes, a 3-member group whose member is SIGKILLed, and a process
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import multiprocessing
 import os
 import queue as queue_mod
@@ -22,19 +21,20 @@ import signal
 import sys
 import time
 import types
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
 import msgpack  # type: ignore[import-untyped]
 import pytest
-import test_transport_conformance as conformance
 import transport_support as support
 from member_process import ROW, expected_from
 from transport_support import SECRET, Cluster, Recorder, new_group
 
 from derecho_async.errors import ConfigError, DerechoError
 from derecho_async.launch import free_ports
+from derecho_async.testing.conformance import CASES, TransportFactory, check_transport
+from derecho_async.transport.base import Transport
 from derecho_async.transport.rdma import RdmaTransport, verbs
 from derecho_async.transport.rdma.bulk import piece_end
 from derecho_async.transport.rdma.codec import (
@@ -738,31 +738,38 @@ def rdma_cluster_factory(busy_poll: bool = False) -> Callable[..., Any]:
     return rdma_cluster
 
 
-CONFORMANCE = sorted(n for n in dir(conformance) if n.startswith("test_"))
+class RdmaFactory(TransportFactory):
+    """rdma members for the conformance suite, as the device tests make them."""
+
+    def __init__(self, busy_poll: bool) -> None:
+        self.busy_poll = busy_poll
+
+    def make(self, group: str, member: int, *, small_buffers: bool = False) -> Transport:
+        t: Transport = make_rdma_transport("rdma", member, group=group, busy_poll=self.busy_poll)
+        return t
+
+    def connect(self, transports: Sequence[Transport]) -> None:
+        for t in transports:
+            for u in transports:
+                if u is not t:
+                    assert isinstance(u, RdmaTransport)
+                    t.add_peer(u.member_id, u.address)
 
 
-async def _run_case(
-    case: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, busy: bool
-) -> None:
-    monkeypatch.setattr(conformance, "cluster", rdma_cluster_factory(busy))
-    monkeypatch.setattr(conformance, "make_transport", make_rdma_transport)
-    fn = getattr(conformance, case)
-    params = inspect.signature(fn).parameters
-    kwargs: dict[str, Any] = {"kind": "rdma"}
-    if "monkeypatch" in params:
-        kwargs["monkeypatch"] = monkeypatch
-    if "caplog" in params:
-        kwargs["caplog"] = caplog
-    await fn(**kwargs)
+CONFORMANCE = list(CASES)
+
+
+async def _run_case(case: str, monkeypatch: pytest.MonkeyPatch, busy: bool) -> None:
+    if case == "send_to_absent_member_reports_failure":  # the channel gives up dialling soon
+        monkeypatch.setattr(TcpTransport, "retry_delays", (0.0, 0.01, 0.02))
+    await check_transport(RdmaFactory(busy), only=[case])
 
 
 @pytest.mark.rdma
 @needs_device
 @pytest.mark.parametrize("case", CONFORMANCE)
-async def test_conformance_over_rdma(
-    case: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    await _run_case(case, monkeypatch, caplog, busy=False)
+async def test_conformance_over_rdma(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    await _run_case(case, monkeypatch, busy=False)
 
 
 @pytest.mark.rdma
@@ -770,14 +777,14 @@ async def test_conformance_over_rdma(
 @pytest.mark.parametrize(
     "case",
     [
-        "test_fifo_per_link_with_interleaved_messages",
-        "test_big_messages_and_bursts_beyond_ring_capacity",
+        "fifo_per_link_with_interleaved_messages",
+        "big_messages_and_bursts_beyond_ring_capacity",
     ],
 )
 async def test_conformance_over_rdma_busy_poll(
-    case: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await _run_case(case, monkeypatch, caplog, busy=True)
+    await _run_case(case, monkeypatch, busy=True)
 
 
 @contextlib.asynccontextmanager

@@ -1,87 +1,54 @@
 """The transport conformance suite over SimTransport (derecho_async.testing.simnet).
 
-Every case of test_transport_conformance.py runs unchanged over a SimNetwork without faults:
-with zero delays on stock asyncio and uvloop (this directory's loop factories), and with random
-delays on the VirtualTimeLoop. One case is left out on purpose:
-``test_send_to_absent_member_reports_failure``: a simulated network, like a real one, cannot know
-that nobody will ever take an id, so it holds what is sent to an id without an endpoint until one
-starts (and drops what is sent to a crashed or closed one), never reporting a failure: detecting
-dead peers is the protocol's job. The test below checks that contract instead.
+Every conformance case runs over a SimNetwork without faults: with zero delays on stock asyncio
+and uvloop (this directory's loop factories), and with random delays on the VirtualTimeLoop. One
+case is left out on purpose: ``send_to_absent_member_reports_failure``: a simulated network, like
+a real one, cannot know that nobody will ever take an id, so it holds what is sent to an id
+without an endpoint until one starts (and drops what is sent to a crashed or closed one), never
+reporting a failure: detecting dead peers is the protocol's job. The test below checks that
+contract instead.
 """
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import random
-from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import pytest
-import test_transport_conformance as conformance
-from transport_support import Cluster, Recorder, new_group
 
+from derecho_async.testing.conformance import CASES, Recorder, TransportFactory, check_transport
 from derecho_async.testing.simnet import SimNetwork, SimTransport
 from derecho_async.testing.vloop import run_virtual
 
 #: conformance cases whose contract point SimNetwork deliberately does otherwise (see above)
-NOT_SIM = {"test_send_to_absent_member_reports_failure"}
-CASES = sorted(n for n in dir(conformance) if n.startswith("test_") and n not in NOT_SIM)
+NOT_SIM = {"send_to_absent_member_reports_failure"}
+SIM_CASES = [case for case in CASES if case not in NOT_SIM]
 
 
-def sim_cluster_factory(max_delay_s: float, seed: int) -> Callable[..., Any]:
-    @contextlib.asynccontextmanager
-    async def sim_cluster(kind: str, n: int = 3, **opts: Any) -> AsyncIterator[Cluster]:
-        assert kind == "sim"
-        network = SimNetwork(random.Random(seed), max_delay_s=max_delay_s)
-        ts = [network.transport(i) for i in range(n)]
-        recs = [Recorder(me=i) for i in range(n)]
-        try:
-            for t, r in zip(ts, recs, strict=True):
-                await t.start(r)
-            yield Cluster(kind, new_group(), list(ts), recs)
-        finally:
-            for t in ts:
-                await t.close()
+class SimFactory(TransportFactory):
+    """Endpoints of one SimNetwork per group, seeded with ``seed``."""
 
-    return sim_cluster
+    def __init__(self, seed: int, max_delay_s: float) -> None:
+        self.seed = seed
+        self.max_delay_s = max_delay_s
+        self._networks: dict[str, SimNetwork] = {}
+
+    def make(self, group: str, member: int, *, small_buffers: bool = False) -> SimTransport:
+        network = self._networks.get(group)
+        if network is None:
+            network = SimNetwork(random.Random(self.seed), max_delay_s=self.max_delay_s)
+            self._networks[group] = network
+        return network.transport(member)
 
 
-def make_sim_transport(kind: str, member: int, **opts: Any) -> SimTransport:
-    assert kind == "sim"
-    return SimNetwork(random.Random(0)).transport(member)
+@pytest.mark.parametrize("case", SIM_CASES)
+async def test_conformance_on_a_real_loop(case: str) -> None:
+    await check_transport(SimFactory(seed=len(case), max_delay_s=0.0), only=[case])
 
 
-def _case(
-    case: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-    max_delay_s: float,
-) -> Any:
-    """The coroutine of conformance case ``case`` over SimTransport."""
-    monkeypatch.setattr(conformance, "cluster", sim_cluster_factory(max_delay_s, seed=len(case)))
-    monkeypatch.setattr(conformance, "make_transport", make_sim_transport)
-    fn = getattr(conformance, case)
-    params = inspect.signature(fn).parameters
-    kwargs: dict[str, Any] = {"kind": "sim"}
-    if "monkeypatch" in params:
-        kwargs["monkeypatch"] = monkeypatch
-    if "caplog" in params:
-        kwargs["caplog"] = caplog
-    return fn(**kwargs)
-
-
-@pytest.mark.parametrize("case", CASES)
-async def test_conformance_on_a_real_loop(
-    case: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    await _case(case, monkeypatch, caplog, max_delay_s=0.0)
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_conformance_on_the_virtual_loop_with_delays(
-    case: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+@pytest.mark.parametrize("case", SIM_CASES)
+def test_conformance_on_the_virtual_loop_with_delays(case: str) -> None:
     async def main() -> None:
-        await _case(case, monkeypatch, caplog, max_delay_s=0.003)
+        await check_transport(SimFactory(seed=len(case), max_delay_s=0.003), only=[case])
 
     run_virtual(main, max_virtual_s=600.0)
 
