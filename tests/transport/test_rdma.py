@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 import types
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
@@ -31,7 +31,17 @@ import pytest
 import test_transport_conformance as conformance
 import transport_support as support
 from member_process import ROW, expected_from
-from transport_support import SECRET, Cluster, Recorder, new_group
+from rdma_support import (
+    DEVICE_PROBLEM,
+    bulk_blocks_sent,
+    loop_name,
+    make_rdma_transport,
+    needs_device,
+    rdma_cluster_factory,
+    rdma_pair,
+    word,
+)
+from transport_support import SECRET, Recorder
 
 from derecho_async.errors import ConfigError, DerechoError
 from derecho_async.launch import free_ports
@@ -69,26 +79,6 @@ from derecho_async.transport.rdma.rings import (
 from derecho_async.transport.tcp import TcpTransport
 
 HERE = Path(__file__).parent
-
-
-# -- is there a device? ------------------------------------------------------------------------
-def _device_problem() -> str | None:
-    try:
-        pv = verbs.load_pyverbs()
-        ctx, _ = verbs.choose_port(pv, os.environ.get("RXE_DEV"))
-        ctx.close()
-    except verbs.RdmaUnavailable as exc:
-        return str(exc)
-    except Exception as exc:  # a broken installation: say so, do not crash collection
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-DEVICE_PROBLEM = _device_problem()
-needs_device = pytest.mark.skipif(
-    DEVICE_PROBLEM is not None,
-    reason=f"no usable RDMA device ({DEVICE_PROBLEM}); run scripts/rdma-tests.sh (rxe-vm)",
-)
 
 
 # ============================================================================================
@@ -666,77 +656,6 @@ async def test_start_without_a_device_raises_one_clear_error() -> None:
 # Device tests (rxe-vm)
 # ============================================================================================
 
-_orig_make_transport = support.make_transport
-_orig_cluster = support.cluster
-
-
-def make_rdma_transport(
-    kind: str,
-    member: int,
-    *,
-    group: str,
-    fabric: Any = None,
-    ring_bytes: int = 64 << 10,
-    secret: bytes = SECRET,
-    max_frame: int = 64 << 20,
-    busy_poll: bool = False,
-    bulk_threshold: int = 256 << 10,
-    bulk_block: int = 1 << 20,
-    bulk_slots: int = 8,
-) -> Any:
-    if kind != "rdma":
-        return _orig_make_transport(
-            kind,
-            member,
-            group=group,
-            fabric=fabric,
-            ring_bytes=ring_bytes,
-            secret=secret,
-            max_frame=max_frame,
-        )
-    return RdmaTransport(
-        member,
-        ("127.0.0.1", 0),
-        secret=secret,
-        max_frame=max_frame,
-        device=os.environ.get("RXE_DEV"),
-        inbox_bytes=max(MIN_INBOX, ring_bytes),
-        busy_poll=busy_poll,
-        bulk_threshold=bulk_threshold,
-        bulk_block=bulk_block,
-        bulk_slots=bulk_slots,
-    )
-
-
-def rdma_cluster_factory(busy_poll: bool = False) -> Callable[..., Any]:
-    @contextlib.asynccontextmanager
-    async def rdma_cluster(kind: str, n: int = 3, **opts: Any) -> AsyncIterator[Cluster]:
-        if kind != "rdma":
-            async with _orig_cluster(kind, n, **opts) as c:
-                yield c
-            return
-        group = new_group()
-        ts = [
-            make_rdma_transport(kind, i, group=group, busy_poll=busy_poll, **opts) for i in range(n)
-        ]
-        recs = [Recorder(me=i) for i in range(n)]
-        started = []
-        try:
-            for t, r in zip(ts, recs, strict=True):
-                await t.start(r)
-                started.append(t)
-            for t in ts:
-                for u in ts:
-                    if u is not t:
-                        t.add_peer(u.member_id, u.address)
-            c = Cluster(kind, group, ts, recs)
-            yield c
-        finally:
-            for t in ts:
-                await t.close()
-
-    return rdma_cluster
-
 
 CONFORMANCE = sorted(n for n in dir(conformance) if n.startswith("test_"))
 
@@ -780,16 +699,6 @@ async def test_conformance_over_rdma_busy_poll(
     await _run_case(case, monkeypatch, caplog, busy=True)
 
 
-@contextlib.asynccontextmanager
-async def rdma_pair(n: int = 3, **kw: Any) -> AsyncIterator[Cluster]:
-    async with rdma_cluster_factory(kw.pop("busy_poll", False))("rdma", n, **kw) as c:
-        yield c
-
-
-def _word(i: int) -> bytes:
-    return i.to_bytes(8, "little")
-
-
 def _fds(*needles: str) -> set[str]:
     out = set()
     for fd in os.listdir("/proc/self/fd"):
@@ -807,7 +716,7 @@ async def test_each_peer_gets_its_own_inbox_and_keys() -> None:
     async with rdma_pair() as c:
         c.set_view(1, [0, 1, 2], ROW)
         for s in range(3):
-            c[s].push(1, s * ROW, _word(s), [0, 1, 2])
+            c[s].push(1, s * ROW, word(s), [0, 1, 2])
         for r in c.recs:
 
             def both_pushes(r: Recorder = r) -> bool:
@@ -859,7 +768,7 @@ async def _forge_write(t: RdmaTransport, peer: int, remote_offset: int) -> None:
 async def test_write_outside_the_inbox_is_rejected_by_the_nic_and_reported() -> None:
     async with rdma_pair() as c:
         c.set_view(1, [0, 1, 2], ROW)
-        c[0].push(1, 0, _word(1), [1, 2])
+        c[0].push(1, 0, word(1), [1, 2])
         await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
         t0 = c[0]
         assert isinstance(t0, RdmaTransport)
@@ -870,12 +779,12 @@ async def test_write_outside_the_inbox_is_rejected_by_the_nic_and_reported() -> 
         assert "rdma" in c.recs[1].failures(0)[0]
         assert c.recs[1].pushes(2) == []
         # the other links are unaffected
-        c[2].push(1, 2 * ROW, _word(2), [1])
+        c[2].push(1, 2 * ROW, word(2), [1])
         await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(2)) == 1)
         # after the back-off, member 0's pushes reach member 1 on a fresh queue pair
         await asyncio.sleep(t0.reconnect_backoff + 0.1)
-        c[0].push(1, 8, _word(3), [1])
-        await c.recs[1].wait_for(lambda: (1, 0, 8, _word(3)) in c.recs[1].pushes(0))
+        c[0].push(1, 8, word(3), [1])
+        await c.recs[1].wait_for(lambda: (1, 0, 8, word(3)) in c.recs[1].pushes(0))
 
 
 @pytest.mark.rdma
@@ -883,7 +792,7 @@ async def test_write_outside_the_inbox_is_rejected_by_the_nic_and_reported() -> 
 async def test_queue_pair_error_is_reported_not_hung_and_the_link_recovers() -> None:
     async with rdma_pair(2) as c:
         c.set_view(1, [0, 1], ROW)
-        c[0].push(1, 0, _word(1), [1])
+        c[0].push(1, 0, word(1), [1])
         await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
         t0 = c[0]
         assert isinstance(t0, RdmaTransport)
@@ -891,15 +800,15 @@ async def test_queue_pair_error_is_reported_not_hung_and_the_link_recovers() -> 
         assert ep is not None and t0._device.pv is not None
         e = t0._device.pv.enums
         ep.qp.modify(t0._device.pv.qp.QPAttr(qp_state=e.IBV_QPS_ERR), int(e.IBV_QP_STATE))
-        c[0].push(1, 8, _word(2), [1])  # completes in error (flushed)
+        c[0].push(1, 8, word(2), [1])  # completes in error (flushed)
         await c.recs[0].wait_for(lambda: bool(c.recs[0].failures(1)))
         assert "error state" in c.recs[0].failures(1)[0]
         await c.recs[1].wait_for(lambda: bool(c.recs[1].failures(0)))  # told by RESET
         await asyncio.sleep(t0.reconnect_backoff + 0.1)
-        c[0].push(1, 16, _word(3), [1])
+        c[0].push(1, 16, word(3), [1])
         c[0].send(1, b"after")
         await c.recs[1].wait_for(lambda: c.recs[1].messages(0) == [b"after"])
-        assert (1, 0, 16, _word(3)) in c.recs[1].pushes(0)
+        assert (1, 0, 16, word(3)) in c.recs[1].pushes(0)
 
 
 @pytest.mark.rdma
@@ -910,7 +819,7 @@ async def test_retry_exhaustion_is_reported() -> None:
         assert isinstance(t0, RdmaTransport)
         t0.qp_timeout, t0.qp_retry_cnt = 10, 2  # ~4 ms per try, 3 tries
         c.set_view(1, [0, 1], ROW)
-        c[0].push(1, 0, _word(1), [1])
+        c[0].push(1, 0, word(1), [1])
         await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
         # member 1's queue pair vanishes while its tcp channel stays up
         t1 = c[1]
@@ -918,7 +827,7 @@ async def test_retry_exhaustion_is_reported() -> None:
         ep1 = t1._conns.links[0].ep
         assert ep1 is not None
         ep1.qp.close()
-        c[0].push(1, 8, _word(2), [1])
+        c[0].push(1, 8, word(2), [1])
         await c.recs[0].wait_for(lambda: bool(c.recs[0].failures(1)))
         assert "retries exhausted" in c.recs[0].failures(1)[0], c.recs[0].failures(1)
 
@@ -928,8 +837,8 @@ async def test_retry_exhaustion_is_reported() -> None:
 async def test_a_restarted_member_gets_a_fresh_link() -> None:
     async with rdma_pair(2) as c:
         c.set_view(1, [0, 1], ROW)
-        c[0].push(1, 0, _word(1), [1])
-        c[1].push(1, ROW, _word(1), [0])
+        c[0].push(1, 0, word(1), [1])
+        c[1].push(1, ROW, word(1), [0])
         await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
         await c.recs[0].wait_for(lambda: len(c.recs[0].pushes(1)) == 1)
         await c[1].close()  # says goodbye: member 0 drops its endpoint quietly
@@ -941,12 +850,12 @@ async def test_a_restarted_member_gets_a_fresh_link() -> None:
         c[0].add_peer(1, t1.address)
         t1.set_view(1, [0, 1], ROW)
         await asyncio.sleep(0.2)
-        c[0].push(1, 8, _word(2), [1])
-        t1.push(1, ROW + 8, _word(2), [0])
+        c[0].push(1, 8, word(2), [1])
+        t1.push(1, ROW + 8, word(2), [0])
         c[0].send(1, b"welcome back")
         await rec.wait_for(lambda: rec.messages(0) == [b"welcome back"])
-        assert rec.pushes(0) == [(1, 0, 8, _word(2))]
-        await c.recs[0].wait_for(lambda: (1, 1, ROW + 8, _word(2)) in c.recs[0].pushes(1))
+        assert rec.pushes(0) == [(1, 0, 8, word(2))]
+        await c.recs[0].wait_for(lambda: (1, 1, ROW + 8, word(2)) in c.recs[0].pushes(1))
         assert rec.failures() == []
 
 
@@ -961,11 +870,6 @@ class _BulkSettings(TypedDict):
 SMALL_BULK: _BulkSettings = {"bulk_threshold": 32 << 10, "bulk_block": 16 << 10, "bulk_slots": 4}
 
 
-def _bulk_blocks_sent(t: Any, peer: int) -> int:
-    ep = t._conns.links[peer].ep
-    return 0 if ep is None or ep.btx is None else int(ep.btx.seq)
-
-
 @pytest.mark.rdma
 @needs_device
 async def test_bulk_messages_keep_link_order_with_small_messages_and_pushes() -> None:
@@ -974,9 +878,9 @@ async def test_bulk_messages_keep_link_order_with_small_messages_and_pushes() ->
         c.set_view(1, [0, 1, 2], ROW)
         want: dict[int, list[tuple[object, ...]]] = {1: [], 2: []}
         # until a link is paired its large messages go over tcp (still in order): pair first
-        c[0].push(1, 0, _word(0), [1, 2])
+        c[0].push(1, 0, word(0), [1, 2])
         for t in (1, 2):
-            want[t].append(("push", 1, 0, 0, _word(0)))
+            want[t].append(("push", 1, 0, 0, word(0)))
 
             def first_push(t: int = t) -> bool:
                 return len(c.recs[t].pushes(0)) == 1
@@ -987,8 +891,8 @@ async def test_bulk_messages_keep_link_order_with_small_messages_and_pushes() ->
                 r = rnd.random()
                 if r < 0.5:
                     off = (i % 8) * 8
-                    c[0].push(1, off, _word(i), [t])
-                    want[t].append(("push", 1, 0, off, _word(i)))
+                    c[0].push(1, off, word(i), [t])
+                    want[t].append(("push", 1, 0, off, word(i)))
                 else:
                     size = rnd.choice((5, 1000, (32 << 10) - 1, 32 << 10, 100_000, 300_001))
                     msg = rnd.randbytes(size)
@@ -1009,7 +913,7 @@ async def test_bulk_messages_keep_link_order_with_small_messages_and_pushes() ->
 
             await rec.wait_for(caught_up)
             assert rec.from_sender(0) == want[t]  # whole, and in link order
-            assert _bulk_blocks_sent(c[0], t) > 0, "the large messages did not use rdma"
+            assert bulk_blocks_sent(c[0], t) > 0, "the large messages did not use rdma"
         await c[0].drain()
         assert all(not r.failures() for r in c.recs)
 
@@ -1019,7 +923,7 @@ async def test_bulk_messages_keep_link_order_with_small_messages_and_pushes() ->
 async def test_bulk_message_broken_mid_transfer_is_reported_and_never_delivered() -> None:
     async with rdma_pair(2, bulk_threshold=64 << 10, bulk_block=64 << 10, bulk_slots=2) as c:
         c.set_view(1, [0, 1], ROW)
-        c[0].push(1, 0, _word(1), [1])
+        c[0].push(1, 0, word(1), [1])
         await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
         t0, t1 = c[0], c[1]
         assert isinstance(t0, RdmaTransport) and isinstance(t1, RdmaTransport)
@@ -1065,7 +969,7 @@ async def test_hostile_bulk_record_is_a_protocol_violation(
 ) -> None:
     async with rdma_pair(2, **SMALL_BULK) as c:
         c.set_view(1, [0, 1], ROW)
-        c[0].push(1, 0, _word(1), [1])
+        c[0].push(1, 0, word(1), [1])
         await c.recs[1].wait_for(lambda: len(c.recs[1].pushes(0)) == 1)
         t0 = c[0]
         assert isinstance(t0, RdmaTransport)
@@ -1099,7 +1003,7 @@ async def test_a_member_leaving_the_view_loses_its_keys_and_a_new_link_gets_fres
     async with rdma_pair(3, **SMALL_BULK) as c:
         c.set_view(1, [0, 1, 2], ROW)
         for s in range(3):
-            c[s].push(1, s * ROW, _word(s), [t for t in range(3) if t != s])
+            c[s].push(1, s * ROW, word(s), [t for t in range(3) if t != s])
         for t in range(3):
 
             def both_pushes(t: int = t) -> bool:
@@ -1132,7 +1036,7 @@ async def test_a_member_leaving_the_view_loses_its_keys_and_a_new_link_gets_fres
             await asyncio.sleep(0.01)
         c[0].send(2, big)  # the new link is paired: this one goes by rdma
         await c.recs[2].wait_for(lambda: len(c.recs[2].messages(0)) == 4)
-        assert c.recs[2].messages(0)[-1] == big and _bulk_blocks_sent(t0, 2) > 0
+        assert c.recs[2].messages(0)[-1] == big and bulk_blocks_sent(t0, 2) > 0
         assert all(not r.failures() for r in c.recs)
 
 
@@ -1152,18 +1056,18 @@ async def test_a_peer_without_a_bulk_region_gets_large_messages_over_tcp() -> No
         ts[1].add_peer(0, ts[0].address)
         for t in ts:
             t.set_view(1, [0, 1], ROW)
-        ts[0].push(1, 0, _word(1), [1])
-        ts[1].push(1, ROW, _word(1), [0])
+        ts[0].push(1, 0, word(1), [1])
+        ts[1].push(1, ROW, word(1), [0])
         await recs[1].wait_for(lambda: len(recs[1].pushes(0)) == 1)
         await recs[0].wait_for(lambda: len(recs[0].pushes(1)) == 1)
         big = os.urandom(200_000)
         ts[0].send(1, big)
-        ts[0].push(1, 8, _word(2), [1])
+        ts[0].push(1, 8, word(2), [1])
         ts[1].send(0, big)
         await recs[1].wait_for(lambda: len(recs[1].from_sender(0)) == 3)
-        assert recs[1].from_sender(0)[1:] == [("msg", 0, big), ("push", 1, 0, 8, _word(2))]
+        assert recs[1].from_sender(0)[1:] == [("msg", 0, big), ("push", 1, 0, 8, word(2))]
         await recs[0].wait_for(lambda: recs[0].messages(1) == [big])
-        assert _bulk_blocks_sent(ts[0], 1) == 0 and _bulk_blocks_sent(ts[1], 0) == 0
+        assert bulk_blocks_sent(ts[0], 1) == 0 and bulk_blocks_sent(ts[1], 0) == 0
         assert recs[0].failures() == recs[1].failures() == []
     finally:
         for t in ts:
@@ -1229,16 +1133,16 @@ async def test_measure_push_latency_and_bandwidth(mode: str) -> None:
         for t in ts:
             t.set_view(1, [0, 1], row)
         # warm up (connection setup), then ping-pong 8-byte pushes: one-way = round trip / 2
-        ts[0].push(1, 0, _word(0), [1])
+        ts[0].push(1, 0, word(0), [1])
         await hs[1].until(1)
-        ts[1].push(1, row, _word(0), [0])
+        ts[1].push(1, row, word(0), [0])
         await hs[0].until(1)
         rtts = []
         for i in range(1, 301):
             t0 = time.perf_counter()
-            ts[0].push(1, 0, _word(i), [1])
+            ts[0].push(1, 0, word(i), [1])
             await hs[1].until(i + 1)
-            ts[1].push(1, row, _word(i), [0])
+            ts[1].push(1, row, word(i), [0])
             await hs[0].until(i + 1)
             rtts.append(time.perf_counter() - t0)
         rtts.sort()
@@ -1256,7 +1160,7 @@ async def test_measure_push_latency_and_bandwidth(mode: str) -> None:
         m, base = 4000, hs[1].pushes
         t0 = time.perf_counter()
         for i in range(m):
-            ts[0].push(1, (i % 64) * 8, _word(i), [1])
+            ts[0].push(1, (i % 64) * 8, word(i), [1])
             if i % 20 == 19:
                 await asyncio.sleep(0)
         await hs[1].until(base + m)
@@ -1331,7 +1235,7 @@ async def test_measure_large_payload_throughput(mode: str, mib: int) -> None:
         payload = os.urandom(mib << 20)
         for h in hs:
             h.expect = payload
-        ts[0].push(1, 0, _word(0), [1, 2])  # set the links up first
+        ts[0].push(1, 0, word(0), [1, 2])  # set the links up first
         await asyncio.sleep(0.5)
         count = 3
         t0 = time.perf_counter()
@@ -1342,15 +1246,15 @@ async def test_measure_large_payload_throughput(mode: str, mib: int) -> None:
         await hs[2].until(count * len(payload))
         elapsed = time.perf_counter() - t0
         rate = 2 * count * len(payload) / elapsed / 1e6
-        used = "" if mode == "tcp" else f", {_bulk_blocks_sent(ts[0], 1)} rdma blocks to member 1"
+        used = "" if mode == "tcp" else f", {bulk_blocks_sent(ts[0], 1)} rdma blocks to member 1"
         print(
-            f"\nmeasured [{mode}, {_loop_name()}, 3 members, {mib} MiB x {count} to 2 receivers]: "
+            f"\nmeasured [{mode}, {loop_name()}, 3 members, {mib} MiB x {count} to 2 receivers]: "
             f"{rate:.1f} MB/s delivered ({elapsed:.2f} s{used})"
         )
         assert hs[1].bad == hs[2].bad == 0
         assert all(not h.failures for h in hs)
         if mode == "rdma":
-            assert _bulk_blocks_sent(ts[0], 1) >= count * (mib << 20) // ts[0].bulk_block
+            assert bulk_blocks_sent(ts[0], 1) >= count * (mib << 20) // ts[0].bulk_block
     finally:
         for t in ts:
             await t.close()
@@ -1361,15 +1265,11 @@ async def test_measure_large_payload_throughput(mode: str, mib: int) -> None:
 SCRIPT = HERE / "rdma_member.py"
 
 
-def _loop_name() -> str:
-    return "uvloop" if "uvloop" in type(asyncio.get_running_loop()).__module__ else "asyncio"
-
-
 async def _spawn(mode: str, member: int, arg: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
         str(SCRIPT),
-        _loop_name(),
+        loop_name(),
         mode,
         str(member),
         arg,
@@ -1452,7 +1352,7 @@ async def test_sigkilled_rdma_member_is_reported() -> None:
         assert len(rec.pushes(1)) == 50
         os.kill(proc.pid, signal.SIGKILL)
         await proc.wait()
-        t.push(1, 0, _word(1), [1])  # into the void: must end in a report, not a hang
+        t.push(1, 0, word(1), [1])  # into the void: must end in a report, not a hang
         await rec.wait_for(lambda: bool(rec.failures(1)))
         assert any("connection lost" in f or "rdma" in f for f in rec.failures(1))
     finally:
