@@ -1,4 +1,4 @@
-"""Group members over ``transport="rdma"`` in spawned processes (for test_rdma.py).
+"""Group members over ``transport="rdma"`` in spawned processes (for test_rdma_processes.py).
 
 Until ``derecho_async.api.group._make_transport`` builds an :class:`RdmaTransport` itself, the child
 installs an equivalent factory (the change proposed for group.py) before starting the group.

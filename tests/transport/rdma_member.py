@@ -1,4 +1,4 @@
-"""A group member over the rdma transport in its own process, driven by test_rdma.py.
+"""A group member over the rdma transport in its own process, driven by test_rdma_processes.py.
 
 Usage: rdma_member.py LOOP MODE MEMBER_ID HOST:PORT:SECRET_HEX
   LOOP  asyncio | uvloop;   MODE  run | crash;   the address and secret are member 0's.

@@ -1,5 +1,5 @@
 """The rdma bulk path's bookkeeping, without a device: block placement, slot credit,
-reassembly, and hostile BULK records (the device tests are in test_rdma.py)."""
+reassembly, and hostile BULK records (on a device: test_rdma_bulk_device.py)."""
 
 from __future__ import annotations
 
