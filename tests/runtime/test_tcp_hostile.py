@@ -15,7 +15,7 @@ from derecho_async.launch import free_ports
 from derecho_async.transport.tcp import framing, handshake
 from derecho_async.workload import ReplicatedLog
 
-SECRET = "correct horse battery staple"
+SECRET = "Xg5_Nd8qWm2-Ht7Lp4Zc9Bv1Ky6Rf3Js0Ua8Eo2Ti5"
 
 
 async def _tcp_group(n: int) -> list[da.Group]:
@@ -61,6 +61,7 @@ async def _authenticated(port: int, my_id: int, frames: list[bytes]) -> None:
         my_id=my_id,
         my_addr=("127.0.0.1", 1),
         expect=None,
+        group="hostile",
     )
     assert verdict == "accept", why
     for f in frames:
@@ -93,10 +94,11 @@ async def test_garbage_wrong_secret_bad_frames_do_not_hurt_the_group(
             await handshake.client_handshake(
                 reader,
                 writer,
-                secret=b"wrong secret!!!!!!",
+                secret=b"Wrong-Secret_Rq8Lz3Vn6Kt1Hb9Xm4Pd7Jc2Yf5Gs0",
                 my_id=42,
                 my_addr=("127.0.0.1", 1),
                 expect=None,
+                group="hostile",
             )
         writer.close()
         # an authenticated impostor (not in the view) sending junk frames

@@ -65,8 +65,8 @@ async def read_close_reason(reader: asyncio.StreamReader) -> str:
 async def test_wrong_secret_is_refused_with_clear_errors(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
     ra, rb = Recorder(), Recorder()
-    a = await started(0, ra, secret=b"right secret")
-    b = await started(1, rb, secret=b"wrong secret")
+    a = await started(0, ra, secret=SECRET)
+    b = await started(1, rb, secret=b"Qn6-Tz3Hb8Wx1_Lk5Ry9Mc2Vd7Fp4Gs0Ja3Ue8Io6Yt")
     try:
         a.add_peer(1, b.address)
         a.send(1, b"let me in")

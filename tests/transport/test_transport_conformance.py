@@ -13,7 +13,7 @@ import derecho_async as da
 from derecho_async.testing.conformance import CASES, TransportFactory, check_transport
 from derecho_async.transport import Transport, registry
 
-SECRET = "conformance-secret"
+SECRET = "Mh3Rt8_Qw1Vz6Kb9-Nd4Lx7Pc2Jg5Fs0Ye3Ua8To1Wi"
 
 #: registered transports this machine cannot run: rdma needs an RDMA device (it runs the suite
 #: inside rxe-vm, tests/transport/test_rdma.py)

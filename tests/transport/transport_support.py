@@ -15,7 +15,7 @@ from derecho_async.transport.tcp import TcpTransport
 
 __all__ = ["SECRET", "WAIT", "Cluster", "Recorder", "cluster", "make_transport", "new_group"]
 
-SECRET = b"conformance-secret"
+SECRET = b"tV8_Kp3mQx6-Rz1LwN9bHc4YjF7dGs2EuA5oTi0XeP"
 
 
 @dataclass

@@ -69,8 +69,9 @@ class _ChannelHandler:
 class RdmaTransport(Transport):
     """Transport over RDMA (pyverbs): pushes as RDMA WRITEs, messages over authenticated tcp.
 
-    ``listen``, ``secret``, ``peers``, ``ssl_server``, ``ssl_client`` and ``max_frame`` are those
-    of the composed :class:`TcpTransport` (peers are addressed by their tcp listen address).
+    ``listen``, ``secret``, ``group``, ``peers``, ``ssl_server``, ``ssl_client`` and ``max_frame``
+    are those of the composed :class:`TcpTransport` (peers are addressed by their tcp listen
+    address).
     ``device``/``port``/``gid_index`` choose the RDMA port (None: first device with an active
     ``port``; a RoCE v2 IPv4 GID). ``inbox_bytes`` is the ring each peer writes into (also the
     size of this member's staging mirror per peer). ``busy_poll`` polls the completion queues
@@ -108,6 +109,7 @@ class RdmaTransport(Transport):
         listen: tuple[str, int],
         *,
         secret: bytes,
+        group: str = "",
         peers: Mapping[int, tuple[str, int] | str] = {},
         device: str | None = None,
         port: int = 1,
@@ -180,6 +182,7 @@ class RdmaTransport(Transport):
             member_id,
             listen,
             secret=secret,
+            group=group,
             peers=peers,
             ssl_server=ssl_server,
             ssl_client=ssl_client,
@@ -396,6 +399,7 @@ def from_config(config: Config) -> RdmaTransport:
         config.member_id,
         parse_hostport(config.listen, "listen"),
         secret=config.secret.encode(),
+        group=config.group,
         peers={m: parse_hostport(a, "peers") for m, a in config.peers.items()},
         device=config.rdma_device,
         port=config.rdma_port,

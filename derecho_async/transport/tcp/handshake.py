@@ -1,28 +1,34 @@
 """The tcp transport's handshake: mutual proof of the group's secret, ids and addresses.
 
 Theory of operation (DESIGN.md §5.3). Each message is a u32 length and a msgpack map (at most
-4 KiB):
+4 KiB). The initiator proves first, and the acceptor sends nothing derived from the secret until
+that proof checked out:
 
-1. initiator -> acceptor: protocol tag, initiator id, listen address, 32-byte nonce Nc
-2. acceptor -> initiator: acceptor id, listen address, nonce Ns,
-   HMAC-SHA256(secret, "server" | transcript)
-3. initiator -> acceptor: HMAC-SHA256(secret, "client" | transcript)
-4. acceptor -> initiator: verdict "accept" | "dup" | "reject" (+ why)
+1. initiator -> acceptor: protocol tag, group, initiator id, listen address, 32-byte nonce Nc
+2. acceptor -> initiator: acceptor id, listen address, nonce Ns (nothing secret-derived)
+3. initiator -> acceptor: HMAC-SHA256(K, protocol | "initiator" | transcript)
+4. acceptor -> initiator: verdict "accept" | "dup" | "reject" (+ why) and, only if the
+   initiator's proof was valid, HMAC-SHA256(K, protocol | "acceptor" | transcript | verdict)
 
-The transcript binds both ids, both listen addresses and both nonces, and the role tags stop
-reflection; nothing but HMACs of fresh nonces crosses the wire, so the secret never does.
-:func:`client_handshake` runs the initiator's side, :func:`server_handshake` the acceptor's up
-to the verdict, which the transport decides (one stream per pair) and sends with
-:func:`send_verdict`.
+The transcript binds the group, both ids, both listen addresses and both nonces; the role tags
+stop reflection. A stranger who fails the proof gets a fixed "reject" and the close: no byte of
+it depends on the secret, so one connection gives it nothing to test guesses against. K is the
+secret stretched with scrypt, salted with the protocol and the group name (:func:`group_key`,
+once per process, not per connection), so a guess costs an scrypt even to someone who recorded
+a handshake. :func:`client_handshake` runs the initiator's side, :func:`server_handshake` the
+acceptor's up to its verdict, which the transport decides (one stream per pair) and sends with
+:meth:`Proven.answer`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import os
 import struct
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
@@ -31,28 +37,38 @@ from derecho_async.errors import UsageError
 from derecho_async.transport.tcp.framing import MAX_REASON, U63
 
 __all__ = [
+    "AUTH_FAILED",
     "NONCE",
     "PROTOCOL",
     "Address",
     "AuthError",
     "HandshakeError",
+    "Proven",
     "check_address",
     "client_handshake",
     "field_addr",
     "field_bytes",
     "field_id",
+    "group_key",
     "mac",
     "read_hs",
-    "send_verdict",
     "server_handshake",
     "transcript",
     "write_hs",
 ]
 
-PROTOCOL = "derecho_async/tcp/1"
+PROTOCOL = "derecho_async/tcp/2"
+AUTH_FAILED = "authentication failed"
+"""The acceptor's reason for a failed proof (the same for every stranger)."""
 _HS_LEN = struct.Struct("<I")
 _HS_MAX = 4096
 NONCE = 32
+_MAC = 32
+_VERDICTS = ("accept", "dup", "reject")
+# scrypt cost: 2**14 x 8 x 128 bytes = 16 MiB and some tens of ms per guess
+_KDF_N = 1 << 14
+_KDF_R = 8
+_KDF_P = 1
 
 Address = tuple[str, int]
 
@@ -85,18 +101,33 @@ def check_address(addr: object, what: str) -> Address:
     raise UsageError(f"{what} must be a (host, port) pair or a 'host:port' string, got {addr!r}")
 
 
-def mac(secret: bytes, role: bytes, transcript: bytes) -> bytes:
-    """HMAC-SHA256 of ``transcript`` under ``secret``, tagged with the protocol and ``role``."""
+@functools.lru_cache(maxsize=32)
+def group_key(secret: bytes, group: str) -> bytes:
+    """The key the handshake's MACs use: ``secret`` stretched by scrypt (16 MiB, tens of ms),
+    salted with the protocol tag and ``group``. Cached: a process pays it once per group, not
+    per connection; a guesser pays it per guess."""
+    salt = f"{PROTOCOL}|{group}".encode()
+    return hashlib.scrypt(secret, salt=salt, n=_KDF_N, r=_KDF_R, p=_KDF_P, dklen=32)
+
+
+def mac(key: bytes, role: bytes, transcript: bytes) -> bytes:
+    """HMAC-SHA256 of ``transcript`` under ``key``, tagged with the protocol and ``role``."""
     return hmac.new(
-        secret, PROTOCOL.encode() + b"|" + role + b"|" + transcript, hashlib.sha256
+        key, PROTOCOL.encode() + b"|" + role + b"|" + transcript, hashlib.sha256
     ).digest()
 
 
 def transcript(
-    c_id: int, c_addr: Address, nc: bytes, s_id: int, s_addr: Address, ns: bytes
+    group: str, c_id: int, c_addr: Address, nc: bytes, s_id: int, s_addr: Address, ns: bytes
 ) -> bytes:
-    """What both MACs cover: both ids, both listen addresses, both nonces."""
-    packed: bytes = msgpack.packb([c_id, list(c_addr), nc, s_id, list(s_addr), ns])
+    """What both proofs cover: the group, both ids, both listen addresses, both nonces."""
+    packed: bytes = msgpack.packb([group, c_id, list(c_addr), nc, s_id, list(s_addr), ns])
+    return packed
+
+
+def _verdict_script(script: bytes, verdict: str, why: str) -> bytes:
+    """What the acceptor's proof covers: the transcript and its verdict."""
+    packed: bytes = msgpack.packb([script, verdict, why])
     return packed
 
 
@@ -157,39 +188,73 @@ async def client_handshake(
     my_id: int,
     my_addr: Address,
     expect: int | None,
+    group: str = "",
 ) -> tuple[int, Address, str, str]:
     """Run the initiator's side of the handshake on an open stream.
 
     Returns (peer id, peer listen address, verdict, why). Raises :class:`AuthError` if the peer
-    did not prove the secret, :class:`HandshakeError` for malformed or unexpected answers. Used
-    by :class:`~.transport.TcpTransport`; tests drive raw streams with it.
+    refused our proof or did not prove the secret itself, :class:`HandshakeError` for malformed
+    or unexpected answers. ``group`` salts the key and is part of the transcript. Used by
+    :class:`~.transport.TcpTransport`; tests drive raw streams with it.
     """
+    key = group_key(secret, group)
     nc = os.urandom(NONCE)
-    write_hs(writer, {"proto": PROTOCOL, "id": my_id, "addr": list(my_addr), "nonce": nc})
+    write_hs(
+        writer,
+        {"proto": PROTOCOL, "group": group, "id": my_id, "addr": list(my_addr), "nonce": nc},
+    )
     ch = await read_hs(reader)
     if ch.get("proto") != PROTOCOL:
         why = ch.get("why") if isinstance(ch.get("why"), str) else "unknown protocol"
-        raise HandshakeError(f"peer refused the handshake: {why}")
+        raise HandshakeError(f"peer refused the handshake: {str(why)[:MAX_REASON]}")
     s_id = field_id(ch, "id")
     s_addr = field_addr(ch, "addr")
     ns = field_bytes(ch, "nonce", NONCE)
-    s_mac = field_bytes(ch, "mac", 32)
-    script = transcript(my_id, my_addr, nc, s_id, s_addr, ns)
-    ok = hmac.compare_digest(s_mac, mac(secret, b"server", script))
-    write_hs(writer, {"mac": mac(secret, b"client", script)})
-    if not ok:
+    script = transcript(group, my_id, my_addr, nc, s_id, s_addr, ns)
+    write_hs(writer, {"mac": mac(key, b"initiator", script)})
+    vd = await read_hs(reader)
+    verdict = vd.get("verdict")
+    why = vd.get("why", "")
+    if verdict not in _VERDICTS or not isinstance(why, str):
+        raise HandshakeError(f"bad handshake verdict {verdict!r}")
+    why = why[:MAX_REASON]
+    s_mac = vd.get("mac")
+    if s_mac is None and verdict == "reject":
+        raise AuthError(
+            f"authentication failed: member {s_id} refused our proof ({why});"
+            " is the secret the same on both sides?"
+        )
+    expected = mac(key, b"acceptor", _verdict_script(script, verdict, why))
+    if not isinstance(s_mac, bytes) or not hmac.compare_digest(s_mac, expected):
         raise AuthError(
             f"authentication failed: member {s_id} did not prove the shared secret"
             " (is the secret the same on both sides?)"
         )
     if expect is not None and s_id != expect:
         raise HandshakeError(f"the address answers as member {s_id}, not member {expect}")
-    vd = await read_hs(reader)
-    verdict = vd.get("verdict")
-    why = vd.get("why", "")
-    if verdict not in ("accept", "dup", "reject") or not isinstance(why, str):
-        raise HandshakeError(f"bad handshake verdict {verdict!r}")
-    return s_id, s_addr, verdict, why[:MAX_REASON]
+    return s_id, s_addr, verdict, why
+
+
+@dataclass(frozen=True, slots=True)
+class Proven:
+    """An initiator whose proof checked out: its id and announced listen address.
+
+    :meth:`answer` sends the acceptor's verdict with the acceptor's own proof.
+    """
+
+    member: int
+    addr: Address
+    _key: bytes = field(repr=False)
+    _script: bytes = field(repr=False)
+
+    def answer(self, writer: asyncio.StreamWriter, verdict: str, why: str = "") -> None:
+        """Send the verdict: "accept", "dup" (the peer keeps its own stream to us) or "reject",
+        with the reason ``why``, and the acceptor's proof over the transcript and verdict."""
+        if verdict not in _VERDICTS:
+            raise ValueError(f"not a verdict: {verdict!r}")
+        why = why[:MAX_REASON]
+        proof = mac(self._key, b"acceptor", _verdict_script(self._script, verdict, why))
+        write_hs(writer, {"verdict": verdict, "why": why, "mac": proof})
 
 
 async def server_handshake(
@@ -199,45 +264,35 @@ async def server_handshake(
     secret: bytes,
     my_id: int,
     my_addr: Address,
-) -> tuple[int, Address]:
+    group: str = "",
+) -> Proven:
     """Run the acceptor's side of the handshake up to the verdict on an accepted stream.
 
-    Returns (peer id, peer's announced listen address); the caller decides the verdict and
-    sends it with :func:`send_verdict`. Raises :class:`AuthError` (after sending a "reject"
-    verdict) if the peer did not prove the secret, :class:`HandshakeError` for malformed
-    messages.
+    Returns the proven initiator; the caller decides the verdict and sends it with
+    :meth:`Proven.answer`. Nothing sent before that depends on the secret. Raises
+    :class:`AuthError` (after a plain "reject", no proof of ours) if the peer did not prove the
+    secret, :class:`HandshakeError` for malformed messages or another protocol or group.
     """
     hello = await read_hs(reader)
     if hello.get("proto") != PROTOCOL:
         write_hs(writer, {"why": f"expected protocol {PROTOCOL}"})
-        raise HandshakeError(f"unknown protocol {hello.get('proto')!r}")
+        raise HandshakeError(f"unknown protocol {str(hello.get('proto'))[:64]!r}")
+    if hello.get("group") != group:
+        write_hs(writer, {"why": "the group name differs"})
+        raise HandshakeError("the peer names another group")
     c_id = field_id(hello, "id")
     c_addr = field_addr(hello, "addr")
     nc = field_bytes(hello, "nonce", NONCE)
     ns = os.urandom(NONCE)
-    script = transcript(c_id, c_addr, nc, my_id, my_addr, ns)
-    write_hs(
-        writer,
-        {
-            "proto": PROTOCOL,
-            "id": my_id,
-            "addr": list(my_addr),
-            "nonce": ns,
-            "mac": mac(secret, b"server", script),
-        },
-    )
+    write_hs(writer, {"proto": PROTOCOL, "id": my_id, "addr": list(my_addr), "nonce": ns})
     proof = await read_hs(reader)
-    c_mac = field_bytes(proof, "mac", 32)
-    if not hmac.compare_digest(c_mac, mac(secret, b"client", script)):
-        send_verdict(writer, "reject", "authentication failed")
+    c_mac = field_bytes(proof, "mac", _MAC)
+    key = group_key(secret, group)
+    script = transcript(group, c_id, c_addr, nc, my_id, my_addr, ns)
+    if not hmac.compare_digest(c_mac, mac(key, b"initiator", script)):
+        write_hs(writer, {"verdict": "reject", "why": AUTH_FAILED})
         raise AuthError(
             f"authentication failed: the peer claiming to be member {c_id} did not prove"
             " the shared secret"
         )
-    return c_id, c_addr
-
-
-def send_verdict(writer: asyncio.StreamWriter, verdict: str, why: str = "") -> None:
-    """Send the acceptor's verdict: "accept", "dup" (the peer keeps its own stream to us) or
-    "reject", with the reason ``why``."""
-    write_hs(writer, {"verdict": verdict, "why": why})
+    return Proven(c_id, c_addr, key, script)

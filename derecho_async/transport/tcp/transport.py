@@ -52,7 +52,7 @@ from derecho_async.transport.tcp.handshake import (
     HandshakeError,
     check_address,
     client_handshake,
-    send_verdict,
+    group_key,
     server_handshake,
 )
 
@@ -98,7 +98,9 @@ class TcpTransport(Transport):
     """Transport over TCP (optionally TLS): one authenticated stream per pair of members.
 
     ``listen`` is the (host, port) to bind (port 0 picks a free port; see :attr:`address`).
-    ``secret`` is the group's shared secret; ``peers`` maps member ids to listen addresses,
+    ``secret`` is the group's shared secret and ``group`` its name (the handshake's key is the
+    secret stretched once, salted with the group; a peer of another group is refused); ``peers``
+    maps member ids to listen addresses,
     (host, port) or ``"host:port"`` (more with :meth:`add_peer`; a peer that dials in is learned
     automatically).
     ``ssl_server``/``ssl_client`` enable TLS for accepted/dialled streams. ``max_frame`` bounds
@@ -118,6 +120,7 @@ class TcpTransport(Transport):
         listen: tuple[str, int],
         *,
         secret: bytes,
+        group: str = "",
         peers: Mapping[int, tuple[str, int] | str] = {},
         ssl_server: ssl.SSLContext | None = None,
         ssl_client: ssl.SSLContext | None = None,
@@ -130,7 +133,11 @@ class TcpTransport(Transport):
             raise ConfigError("listen", "a (host: str, port: int) pair", listen) from exc
         if not isinstance(secret, bytes) or not secret:
             raise ConfigError("secret", "non-empty bytes", "<hidden>")
+        if not isinstance(group, str):
+            raise ConfigError("group", "a group name", group)
         self._secret = secret
+        self._group = group
+        group_key(secret, group)  # stretched once, here, rather than at the first handshake
         if isinstance(max_frame, bool) or not isinstance(max_frame, int):
             raise ConfigError("max_frame", "an int from 4096 to 2**32", max_frame)
         if not 4096 <= max_frame <= 1 << 32:
@@ -402,6 +409,7 @@ class TcpTransport(Transport):
                     my_id=self.member_id,
                     my_addr=self.address,
                     expect=peer,
+                    group=self._group,
                 )
             if verdict == "dup":
                 raise _Duplicate()
@@ -504,11 +512,17 @@ class TcpTransport(Transport):
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peername: object
     ) -> _Conn | None:
         async with asyncio.timeout(self.handshake_timeout):
-            c_id, c_addr = await server_handshake(
-                reader, writer, secret=self._secret, my_id=self.member_id, my_addr=self.address
+            peer = await server_handshake(
+                reader,
+                writer,
+                secret=self._secret,
+                my_id=self.member_id,
+                my_addr=self.address,
+                group=self._group,
             )
+        c_id, c_addr = peer.member, peer.addr
         if c_id == self.member_id:
-            send_verdict(writer, "reject", "same member id as the acceptor")
+            peer.answer(writer, "reject", "same member id as the acceptor")
             log.warning("member %d: refused a stream claiming my own id from %s", c_id, peername)
             return None
         if self._closed:
@@ -518,13 +532,13 @@ class TcpTransport(Transport):
         if self.member_id < c_id and (
             link.handshaking or (link.conn is not None and link.conn.initiator == self.member_id)
         ):
-            send_verdict(writer, "dup", "lower id's stream wins")
+            peer.answer(writer, "dup", "lower id's stream wins")
             return None
         host, port = c_addr
         if host in _WILDCARDS and isinstance(peername, tuple):
             host = str(peername[0])
         link.addr = (host, port)
-        send_verdict(writer, "accept")
+        peer.answer(writer, "accept")
         conn = _Conn(c_id, c_id, reader, writer)
         if link.dialler is not None and not link.dialler.done() and link.handshaking:
             link.dialler.cancel()  # the lower id's stream (this one) wins
@@ -656,6 +670,7 @@ def from_config(config: Config) -> TcpTransport:
         config.member_id,
         parse_hostport(config.listen, "listen"),
         secret=config.secret.encode(),
+        group=config.group,
         peers={m: parse_hostport(a, "peers") for m, a in config.peers.items()},
         ssl_server=server_ctx,
         ssl_client=client_ctx,
