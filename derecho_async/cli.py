@@ -1,10 +1,11 @@
-"""The ``derecho-async`` command: ``demo``, ``bench``, ``member`` and ``status``.
+"""The ``derecho-async`` command: ``demo``, ``bench``, ``member``, ``status`` and ``secret``.
 
 ``demo`` and ``bench`` start a local group as separate processes (spawned, so each member is a
 real process with its own event loop), run the replicated-log workload of
 :mod:`derecho_async.workload` and print what happened; ``demo`` also SIGKILLs one member halfway
 and shows the view change. ``member`` runs one member of a multi-host group from a TOML file.
-``status`` lists the shared-memory segments of local groups.
+``status`` lists the shared-memory segments of local groups. ``secret`` prints a fresh shared
+secret for the ``secret`` key (256 random bits; see :mod:`derecho_async.config.strength`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import time
 from typing import Any
 
+from derecho_async.config.strength import new_secret
 from derecho_async.launch import free_ports
 from derecho_async.transport import registry
 
@@ -98,7 +100,7 @@ class _Run:
         if networked:
             ports = free_ports(members)
             base["peers"] = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
-            base["secret"] = secrets.token_hex(16)
+            base["secret"] = new_secret()
         self.base = base
         for i in range(members):
             fields = dict(base, member_id=i)
@@ -377,6 +379,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_secret(args: argparse.Namespace) -> int:
+    print(new_secret())
+    return 0
+
+
 def _count(text: str) -> int:
     """An argparse type: an integer of at least 1."""
     try:
@@ -423,6 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     member.set_defaults(fn=cmd_member)
     status = sub.add_parser("status", help="list local groups' shared-memory segments")
     status.set_defaults(fn=cmd_status)
+    secret = sub.add_parser(
+        "secret", help="print a fresh shared secret for the `secret` key (256 random bits)"
+    )
+    secret.set_defaults(fn=cmd_secret)
     args = parser.parse_args(argv)
     if getattr(args, "members", 2) < 2 and args.cmd in ("demo", "bench"):
         parser.error("--members must be at least 2")

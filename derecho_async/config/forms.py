@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import ClassVar, Final
 
+from derecho_async.config import strength
 from derecho_async.errors import ConfigError
 
 __all__ = [
@@ -124,23 +125,28 @@ class Text(Form):
 
 
 class Secret(Form):
-    """A string of at least ``min_length`` characters, never shown in errors."""
+    """A secret estimated to carry at least ``min_bits`` bits (:mod:`.strength`), never shown
+    in errors; a rejection says why and how to make one."""
 
     type_name = "str"
     hidden = True
 
-    def __init__(self, min_length: int) -> None:
-        self.min_length = min_length
+    def __init__(self, min_bits: int) -> None:
+        self.min_bits = min_bits
 
     def expected(self) -> str:
-        return f"a shared secret of at least {self.min_length} characters"
+        return (f"a random secret of at least {self.min_bits} bits (make one with "
+                "`derecho-async secret`)")
 
     def allowed(self) -> str:
-        return f"{self.min_length}+ characters"
+        return f"{self.min_bits}+ bits: `derecho-async secret`"
 
     def accept(self, value: object, seen: Mapping[str, object]) -> object:
-        if not isinstance(value, str) or len(value) < self.min_length:
+        if not isinstance(value, str):
             raise Rejected
+        why = strength.weakness(value, self.min_bits)
+        if why is not None:
+            raise Rejected(f"; {why}")
         return value
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Self
 
-from derecho_async.config import sources
+from derecho_async.config import sources, strength
 from derecho_async.config.forms import (
     Choice,
     Flag,
@@ -77,7 +77,8 @@ class Config:
     listen: str = field(default="127.0.0.1:0", metadata=key(
         HostPort(allow_port_zero=True), "tcp: this member's address (port 0: any free port)"))
     secret: str | None = field(default=None, repr=False, metadata=key(
-        Secret(16), "tcp, rdma: shared secret (required); a member without it is refused"))
+        Secret(strength.MIN_BITS),
+        "tcp, rdma: shared secret (required); a member without it is refused"))
     tls_cert: str | None = field(default=None, metadata=key(
         Text("the path of a PEM certificate file", "a path"),
         "tcp: this member's PEM certificate (optional TLS; set with `tls_key`)"))

@@ -366,7 +366,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--secret",
         default=os.environ.get("INFERENCE_SECRET"),
-        help="tcp: shared secret, 16+ characters (default: $INFERENCE_SECRET)",
+        help="tcp: shared secret, 128+ bits: `derecho-async secret` (default: $INFERENCE_SECRET)",
     )
     p.add_argument("--heartbeat-ms", type=float, default=50.0)
     p.add_argument("--suspect-ms", type=float, default=1000.0)

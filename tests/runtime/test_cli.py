@@ -105,3 +105,13 @@ def test_status_lists_a_groups_shared_memory_segments(capsys: pytest.CaptureFixt
         seg.unlink()
     assert main(["status"]) == 0
     assert group not in capsys.readouterr().out
+
+
+def test_secret_prints_a_fresh_secret_that_config_accepts() -> None:
+    first, second = _cli("secret", timeout=30), _cli("secret", timeout=30)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    a, b = first.stdout.strip(), second.stdout.strip()
+    assert a != b and len(a) == 43 and first.stdout == a + "\n"
+    for text in (a, b):
+        c = da.Config(group="g", member_id=0, transport="tcp", secret=text)
+        assert c.secret == text

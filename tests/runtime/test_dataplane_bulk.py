@@ -54,7 +54,7 @@ def _configs(transport: str, n: int) -> list[da.Config]:
     if transport == "tcp":
         ports = free_ports(n)
         extra["peers"] = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
-        extra["secret"] = secrets.token_hex(8)
+        extra["secret"] = secrets.token_hex(16)
     out = []
     for i in range(n):
         fields = dict(extra)
