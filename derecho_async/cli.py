@@ -4,8 +4,9 @@
 real process with its own event loop), run the replicated-log workload of
 :mod:`derecho_async.workload` and print what happened; ``demo`` also SIGKILLs one member halfway
 and shows the view change. ``member`` runs one member of a multi-host group from a TOML file.
-``status`` lists the shared-memory segments of local groups. ``secret`` prints a fresh shared
-secret for the ``secret`` key (256 random bits; see :mod:`derecho_async.config.strength`).
+``status`` lists the shared-memory segments of local groups and whether their owners are alive;
+``status --clean`` removes those of dead owners. ``secret`` prints a fresh shared secret for the
+``secret`` key (256 random bits; see :mod:`derecho_async.config.strength`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ import secrets
 import signal
 import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from derecho_async.config.strength import new_secret
 from derecho_async.launch import free_ports
 from derecho_async.transport import registry
+
+if TYPE_CHECKING:
+    from derecho_async.transport.shm.cleanup import SegmentFile
 
 __all__ = ["main"]
 
@@ -355,27 +360,45 @@ def cmd_member(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from derecho_async.transport.shm.files import PREFIX, SHM_DIR
+def _mib(files: Sequence[SegmentFile]) -> str:
+    return f"{sum(f.size for f in files) / (1 << 20):.1f} MiB"
 
-    groups: dict[str, list[tuple[str, int]]] = {}
-    for name in sorted(os.listdir(SHM_DIR)):
-        if not name.startswith(PREFIX):
-            continue
-        group = name[len(PREFIX):].split(".", 1)[0]
-        try:
-            size = os.stat(os.path.join(SHM_DIR, name)).st_size
-        except FileNotFoundError:  # removed while we looked
-            continue
-        groups.setdefault(group, []).append((name, size))
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """List local groups' shared-memory segments with their owners' liveness; with ``--clean``
+    remove those of dead owners (never a live owner's)."""
+    from derecho_async.transport.shm.cleanup import remove_dead_owners, survey
+
+    groups = survey()
+    if args.groups:
+        groups = {g: files for g, files in groups.items() if g in args.groups}
     if not groups:
-        print("no derecho_async shared-memory segments on this host")
+        print("no derecho_async shared-memory segments on this host"
+              + (f" of {', '.join(args.groups)}" if args.groups else ""))
         return 0
-    for group, segs in groups.items():
-        total = sum(size for _, size in segs)
-        print(f"group {group}: {len(segs)} segments, {total / (1 << 20):.1f} MiB")
-        for name, size in segs:
-            print(f"  {name}  {size} bytes")
+    removed_all = 0
+    for group, files in groups.items():
+        alive = sorted({f.owner for f in files if f.alive and f.owner is not None})
+        dead = sorted({f.owner for f in files if f.alive is False and f.owner is not None})
+        other = sum(1 for f in files if f.alive is None)
+        owners = (f"owners alive: {', '.join(map(str, alive)) or 'none'}; "
+                  f"dead: {', '.join(map(str, dead)) or 'none'}")
+        if other:
+            owners += f"; {other} not judged (another user's, or a foreign name)"
+        print(f"group {group}: {len(files)} segments, {_mib(files)}; {owners}")
+        for f in files:
+            state = ("alive" if f.alive else "dead") if f.alive is not None else (
+                "another user's" if not f.mine else "not a segment name")
+            who = f"owner {f.owner}" if f.owner is not None else "owner ?"
+            print(f"  {f.name}  {f.size} bytes  {who} ({state})")
+        if args.clean and dead:
+            gone = remove_dead_owners(group)
+            removed_all += len(gone)
+            print(f"  removed {len(gone)} segments of dead owners "
+                  f"{', '.join(map(str, sorted({f.owner for f in gone if f.owner is not None})))}: {_mib(gone)}")
+    if args.clean:
+        print(f"removed {removed_all} segments in all" if removed_all else
+              "nothing to remove: no segment of a dead owner")
     return 0
 
 
@@ -428,7 +451,14 @@ def main(argv: list[str] | None = None) -> int:
     member.add_argument("--size", type=_count, default=1024)
     member.add_argument("--depth", type=_count, default=32)
     member.set_defaults(fn=cmd_member)
-    status = sub.add_parser("status", help="list local groups' shared-memory segments")
+    status = sub.add_parser(
+        "status", help="list local groups' shared-memory segments and whether their owners "
+        "are alive")
+    status.add_argument("--clean", action="store_true",
+                        help="remove the segments of dead owners (a live owner's are never "
+                        "touched)")
+    status.add_argument("groups", nargs="*", metavar="GROUP",
+                        help="only these groups (default: every group on this host)")
     status.set_defaults(fn=cmd_status)
     secret = sub.add_parser(
         "secret", help="print a fresh shared secret for the `secret` key (256 random bits)"

@@ -34,7 +34,10 @@ in any order; the allocator coalesces neighbours.
 
 Cleanup of names: the owner unlinks its segments when it closes (and any leftover of an earlier
 incarnation when it creates one); the survivors of a view change unlink the segments of departed
-members whose process is gone (SIGKILL), and ``ShmTransport.cleanup_group`` does the same.
+members whose process is gone (SIGKILL): their transport does it, with their rings, at
+``set_view`` (see :mod:`derecho_async.transport.shm.transport`), and here their mappings are
+dropped. ``ShmTransport.cleanup_group`` and ``derecho-async status --clean`` remove what a group
+whose members all died left.
 """
 
 from __future__ import annotations
@@ -319,10 +322,9 @@ class ShmPlane:
             for key in [k for k in self.outstanding if k[0] < vid]:
                 self._release(key)
             members = set(event.view.members)
+            # (their files: the transport's view change removes those of dead departed members)
             for pk in [pk for pk in self._peers if pk[0] not in members]:
                 self._unmap(self._peers.pop(pk))
-            if event.departed:
-                shmpool.cleanup_pool(self.group, set(event.departed))
         elif isinstance(event, Evicted | Partitioned | Left):
             for key in list(self.outstanding):
                 self._release(key)

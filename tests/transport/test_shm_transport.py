@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Callable
 
 import pytest
 from transport_support import Recorder, new_group
@@ -14,6 +15,7 @@ from derecho_async._hotpath_pure.shmring import _RING as _HEADER
 from derecho_async._hotpath_pure.shmring import _ring_write as ring_write
 from derecho_async.errors import ConfigError, UsageError
 from derecho_async.transport.shm import ShmTransport, doorbell, files, ring
+from derecho_async.transport.shm import pool as shmpool
 
 LOGGER = "derecho_async.transport"
 ROW = 64
@@ -251,4 +253,45 @@ async def test_segments_are_private_and_named_from_group_and_ids() -> None:
     finally:
         await t0.close()
         await t1.close()
+    assert ShmTransport.segments(group) == []
+
+
+async def _until(pred: Callable[[], bool], timeout: float) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+async def test_a_view_change_removes_every_segment_of_departed_members_once_dead() -> None:
+    """Issue 26 finding 4: the survivors remove the rings from and to every dead departed
+    member, the ring pair between two of them included, and their pool segments; a departed
+    member still alive (its doorbell bound) keeps its segments until it dies."""
+    group = new_group()
+    t = ShmTransport(group, 0, ring_bytes=64 << 10)
+    rec = Recorder()
+    live3 = doorbell.Doorbell(group, 3, 9)  # member 3's process is alive; 1 and 2 will die
+    try:
+        t.set_view(0, [0, 1, 2, 3], ROW)
+        await t.start(rec)
+        # what members 1, 2 and 3 made while the view lasted (1 and 2 then died)
+        for s, r in ((1, 2), (2, 1), (1, 0), (2, 0), (1, 3), (3, 1), (3, 4)):
+            ring.create_ring(ring.ring_path(group, s, r), s, r, 64 << 10, 7).close()
+        shmpool.create_pool_segment(group, 2, 0, shmpool.MIN_CAPACITY).close()
+        shmpool.create_pool_segment(group, 3, 0, shmpool.MIN_CAPACITY).close()
+        t.send(3, b"to three")  # my ring to member 3
+        assert len(ShmTransport.segments(group)) == 10
+        t.set_view(1, [0], ROW)  # 1, 2 and 3 departed
+        left = {os.path.basename(p).removeprefix(f"derecho_async.{group}.")
+                for p in ShmTransport.segments(group)}
+        assert left == {"0.3", "3.4", "3.pool0"}  # only the live member's, and mine to it
+        live3.close()  # member 3 dies: the next sweep finds it dead
+        assert await _until(lambda: ShmTransport.segments(group) == [], 10.0)
+        assert not rec.failures()
+    finally:
+        live3.close()
+        await t.close()
+        ShmTransport.cleanup_group(group)
     assert ShmTransport.segments(group) == []

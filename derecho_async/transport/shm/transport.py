@@ -14,7 +14,10 @@ with ``spin_us`` and dense traffic it polls a while first. A full fence separate
 store from its load of the other side's word, and a slow sweep timer (50 ms backing off to 1 s)
 re-polls and retries doorbells, so a lost wake-up costs latency, never data or liveness.
 Lifetime: ``close()`` marks its rings closed and unlinks every segment it is an end of; ``start()``
-binds the doorbell, then removes stale segments (:mod:`.cleanup`) and tells restarted peers.
+binds the doorbell, then removes stale segments (:mod:`.cleanup`) and tells restarted peers. At
+each view (``set_view``) the members that left it are *departed*: once a departed member is dead
+(the doorbell rule), every segment owned by or paired with it is removed (its links here are
+dropped); one still alive is probed again at each sweep until it is dead or back in a view.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import collections
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -163,6 +166,8 @@ class ShmTransport(Transport):
         self._sleeping = False
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._sweep_interval = self._SWEEP_MIN
+        self._members: frozenset[int] | None = None  # of the latest view (set_view)
+        self._departed: set[int] = set()  # left a view, alive when last probed
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, handler: TransportHandler) -> None:
@@ -184,6 +189,47 @@ class ShmTransport(Transport):
             self._attach(sender, None)
         self._schedule_poll()
         self._schedule_sweep(self._SWEEP_MIN)
+        if self._departed:  # a view installed before start
+            self._remove_departed()
+
+    def set_view(self, view_id: int, members: Sequence[int], row_bytes: int) -> None:
+        """Install view ``view_id``; the members of the previous view that are not in it are
+        departed: the segments owned by or paired with each of them are removed once it is dead
+        (now, or at a later sweep)."""
+        super().set_view(view_id, members, row_bytes)
+        now = frozenset(members)
+        if self._members is not None:
+            self._departed |= self._members - now
+        self._members = now
+        self._departed -= now
+        self._departed.discard(self.member_id)
+        if self._departed:
+            self._remove_departed()
+
+    def _remove_departed(self) -> None:
+        """Remove the segments of the departed members that are dead; the others stay departed
+        (probed again at the next sweep)."""
+        bell = self._bell
+        if bell is None or self._closed:
+            return
+        dead = {m for m in self._departed if not bell.alive(m)}
+        if not dead:
+            return
+        self._departed -= dead
+        self._forget(dead)
+        removed = cleanup.remove_members(self.group, dead)
+        log.info("member %d: removed %d shared-memory segments of departed members %s",
+                 self.member_id, removed, sorted(dead))
+
+    def _forget(self, members: Iterable[int]) -> None:
+        """Drop (and unlink) my links with ``members``, which are gone for good."""
+        for m in members:
+            link = self._out.get(m)
+            if link is not None:
+                self._drop_out(link)
+            inl = self._in.get(m)
+            if inl is not None:
+                self._drop_in(inl)
 
     @staticmethod
     def cleanup_group(group: str) -> int:
@@ -649,10 +695,13 @@ class ShmTransport(Transport):
         self._sweep_handle = self._loop.call_later(delay, self._sweep)
 
     def _sweep(self) -> None:
-        """Periodic re-check: rings with data, backlogs, doorbells owed; backs off when idle."""
+        """Periodic re-check: rings with data, backlogs, doorbells owed, departed members still
+        alive; backs off when idle."""
         self._sweep_handle = None
         if self._closed:
             return
+        if self._departed:
+            self._remove_departed()
         busy = False
         if any(inl.ring.words[W_HEAD] != inl.tail for inl in self._in.values()):
             busy = True
