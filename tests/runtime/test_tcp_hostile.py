@@ -1,5 +1,6 @@
 """Hostile input against a running tcp group: every bad connection is closed with a logged
-reason, the group keeps working and nothing is lost."""
+reason, the group keeps working and nothing is lost. (Attacks on a group of member processes,
+with rates and memory measured: test_tcp_attacks.py.)"""
 
 from __future__ import annotations
 
@@ -130,9 +131,10 @@ async def test_garbage_wrong_secret_bad_frames_do_not_hurt_the_group(
         logs = [g.local(ReplicatedLog).items for g in groups]  # type: ignore[attr-defined]
         assert logs[0] == logs[1] == logs[2] and len(logs[0]) == 40
         assert all(g.view.view_id == 0 for g in groups), "nobody was removed"
-        text = caplog.text.lower()
-        assert "authentication" in text or "secret" in text
-        assert "frame" in text or "length" in text
     finally:
         for g in groups:
             await g.leave()
+    # a few logged one by one, the rest counted by reason in a summary (at the latest on leave)
+    text = caplog.text.lower()
+    assert "authentication failed" in text
+    assert "bad frame before admission: 4" in text

@@ -2,12 +2,14 @@
 
 Theory of operation (DESIGN.md §5.3), by module: :mod:`.handshake` (mutual proof of the group's
 secret, ids and listen addresses), :mod:`.framing` (the frames a stream carries and the check
-of a received header) and :mod:`.transport` (:class:`TcpTransport`: one stream per pair, dialling,
+of a received header), :mod:`.limits` (what connections not admitted may cost: caps, deadline,
+rate-limited logs) and :mod:`.transport` (:class:`TcpTransport`: one stream per pair, dialling,
 accepting, reading). The registry (``transport.registry``) names :func:`from_config`.
 """
 
 from __future__ import annotations
 
+from derecho_async.transport.tcp.limits import TcpLimits
 from derecho_async.transport.tcp.transport import TcpTransport, from_config
 
-__all__ = ["TcpTransport", "from_config"]
+__all__ = ["TcpLimits", "TcpTransport", "from_config"]

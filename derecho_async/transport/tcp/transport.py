@@ -17,14 +17,27 @@ is no stream, to the link's queue, which a dialler task (bounded retries with ba
 first once connected. A stream that dies without BYE is reported as lost; the next send dials
 again. Pushes longer than ``max_frame`` are split at 8-byte aligned table offsets; a longer
 message is refused with UsageError.
+
+Strangers (DESIGN.md §5.3, :mod:`.limits`): the transport accepts on its own listening sockets
+and decides at accept time, before reading a byte, whether to hold a connection (caps per peer
+address and in total, descriptors kept free); the handshake, TLS included, must end within
+``TcpLimits.handshake_s``. With ``admission`` on (the runtime's setting), a peer that
+authenticated but is neither given an address by the owner nor a member of a recent view may
+send only handshake-sized frames until a view names it (pushes held meanwhile, all of it
+bounded). Payloads above 1 MiB are read in pieces as they arrive, never into one buffer sized
+from the header, and what a closed stream leaves behind is freed off the loop. Refused and
+closed hostile connections are logged through a rate-limited :class:`~.limits.RefusalLog`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import logging
 import socket
 import ssl
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from derecho_async.errors import ConfigError, ProtocolViolation, UsageError
 from derecho_async.transport.base import (
     GROUP_MESSAGE_LIMIT,
+    KEEP_VIEWS,
     Transport,
     TransportHandler,
     check_member_id,
@@ -55,6 +69,12 @@ from derecho_async.transport.tcp.handshake import (
     group_key,
     server_handshake,
 )
+from derecho_async.transport.tcp.limits import (
+    PendingTable,
+    RefusalLog,
+    TcpLimits,
+    descriptor_limit,
+)
 
 if TYPE_CHECKING:
     from derecho_async.config import Config
@@ -68,15 +88,55 @@ class _Duplicate(Exception):
     """The peer keeps its own stream to us (simultaneous dial)."""
 
 
+#: payloads up to this size are read in one piece; longer ones in pieces of this size
+_PIECE = 1 << 20
+#: a payload cut short at close is freed on the loop up to this size, off the loop above it
+_FREE_ON_LOOP = 8 << 20
+#: accepts taken in a row before the accept loop yields to the others
+_ACCEPT_BURST = 16
+#: errors of accept() that mean "out of descriptors or memory": wait, then accept again
+_ACCEPT_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+class _Truncated(Exception):
+    """A payload read in pieces ended at EOF after ``got`` of ``want`` bytes."""
+
+    def __init__(self, got: int, want: int) -> None:
+        super().__init__(f"{got} of {want} bytes")
+        self.got = got
+        self.want = want
+
+
 @dataclass(eq=False)
 class _Conn:
-    """One authenticated stream to ``peer``; ``initiator`` is the id that dialled it."""
+    """One authenticated stream to ``peer``; ``initiator`` is the id that dialled it.
+
+    ``admitted`` is False while the peer may send only handshake-sized frames (``budget``
+    bytes in all); its pushes wait in ``held`` until it is admitted. ``accepted`` is the
+    pending-connection record of an accepted stream until admission."""
 
     peer: int
     initiator: int
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     closed: bool = False
+    task: asyncio.Task[None] | None = None
+    admitted: bool = True
+    budget: int = 0
+    held: list[tuple[int, int, bytes]] = field(default_factory=list)
+    accepted: _Accepted | None = None
+    host: str = ""
+
+
+@dataclass(eq=False)
+class _Accepted:
+    """An accepted connection, pending from accept until its peer is admitted (or it ends)."""
+
+    host: str
+    peer: object
+    sock: socket.socket | None
+    writer: asyncio.StreamWriter | None = None
+    conn: _Conn | None = None
     task: asyncio.Task[None] | None = None
 
 
@@ -105,11 +165,19 @@ class TcpTransport(Transport):
     automatically).
     ``ssl_server``/``ssl_client`` enable TLS for accepted/dialled streams. ``max_frame`` bounds
     one frame's payload: received frames above it are protocol violations.
+
+    ``limits`` bounds what connections that are not admitted may cost (:class:`TcpLimits`).
+    With ``admission`` on, an authenticated peer is admitted only if it is in ``peers``, was
+    given an address with :meth:`add_peer`, or is a member of one of the last views set with
+    :meth:`set_view`; until then it may send only frames of ``limits.pre_admission_frame``
+    bytes (``limits.pre_admission_bytes`` in all). The runtime turns it on (``from_config``); a
+    transport that is never told the views (such as rdma's channel) leaves it off.
+    :attr:`refusals` counts refused and closed hostile connections by reason.
     """
 
     #: delays before each dial attempt (bounded retries with backoff); tests may shorten them
     retry_delays: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
-    #: seconds one handshake may take
+    #: seconds one handshake this member dials may take (accepted ones: ``limits.handshake_s``)
     handshake_timeout: float = 5.0
     #: seconds a "dup" loser waits for the winning stream before dialling again
     dup_wait: float = 2.0
@@ -125,6 +193,8 @@ class TcpTransport(Transport):
         ssl_server: ssl.SSLContext | None = None,
         ssl_client: ssl.SSLContext | None = None,
         max_frame: int = 64 << 20,
+        limits: TcpLimits | None = None,
+        admission: bool = False,
     ) -> None:
         super().__init__(member_id)
         try:
@@ -151,7 +221,16 @@ class TcpTransport(Transport):
                 self._link(check_member_id(pid, "peer id")).addr = check_address(paddr, "address")
             except UsageError as exc:
                 raise ConfigError("peers", "a mapping of member id to (host, port)", peers) from exc
-        self._server: asyncio.Server | None = None
+        self.limits = limits if limits is not None else TcpLimits()
+        self.admission = bool(admission)
+        # ids admitted without a view: the owner gave their address (peers, add_peer)
+        self._given: set[int] = set(self._links)
+        self._views: dict[int, frozenset[int]] = {}  # the last KEEP_VIEWS views set
+        self._newest_view = -1
+        self._unadmitted: set[_Conn] = set()
+        self._pending: PendingTable[_Accepted] = PendingTable(self.limits)
+        self.refusals = RefusalLog(member_id, log, self.limits)
+        self._listeners: list[socket.socket] = []
         self._address: Address | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -165,25 +244,24 @@ class TcpTransport(Transport):
 
     async def start(self, handler: TransportHandler) -> None:
         """Bind the listen address and start accepting streams."""
-        self._begin_start(handler)
+        loop = self._begin_start(handler)
+        self.refusals.bind(loop)
         host, port = self._listen
         try:
-            self._server = await asyncio.start_server(
-                self._on_accept, host or None, port, ssl=self._ssl_server, reuse_address=True
-            )
+            self._listeners = await _listen(loop, host or None, port)
         except BaseException:
             self._closed = True
             raise
-        sockname = self._server.sockets[0].getsockname()
+        sockname = self._listeners[0].getsockname()
         self._address = (host if host in _WILDCARDS else str(sockname[0]), int(sockname[1]))
+        for lsock in self._listeners:
+            self._spawn(self._accept_loop(lsock))
 
     async def close(self) -> None:
         """Say goodbye on every stream, close them and the listener; idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self._server is not None:
-            self._server.close()
         conns = []
         for link in self._links.values():
             link.queue.clear()
@@ -204,13 +282,13 @@ class TcpTransport(Transport):
             t.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5)
+        for lsock in self._listeners:  # after the accept loops ended (their fds unregistered)
+            lsock.close()
         for conn in conns:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(conn.writer.wait_closed(), 2)
-        if self._server is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
         self._gate.clear()
+        self.refusals.flush()
 
     async def drain(self) -> None:
         """Wait until queued frames reached a stream (or failed) and every write buffer is empty."""
@@ -263,6 +341,47 @@ class TcpTransport(Transport):
         addr = check_address(address, "address")
         if not self._closed:
             self._link(member_id).addr = addr
+            self._given.add(member_id)
+            self._admit_waiting()
+
+    def set_view(self, view_id: int, members: Sequence[int], row_bytes: int) -> None:
+        """Install view ``view_id`` for validating pushes; its members are admitted."""
+        super().set_view(view_id, members, row_bytes)
+        if view_id > self._newest_view:
+            self._views[view_id] = frozenset(members)
+            self._newest_view = view_id
+            while len(self._views) > KEEP_VIEWS:
+                del self._views[min(self._views)]
+            self._admit_waiting()
+
+    # -- admission ---------------------------------------------------------------------------
+    def _is_admitted(self, peer: int) -> bool:
+        if not self.admission or peer in self._given:
+            return True
+        return any(peer in members for members in self._views.values())
+
+    def _admit_waiting(self) -> None:
+        for conn in list(self._unadmitted):
+            if self._is_admitted(conn.peer):
+                self._admit(conn)
+
+    def _admit(self, conn: _Conn) -> None:
+        """``conn``'s peer is admitted now: lift the limits; its held pushes go to the gate
+        (from a loop callback: never from inside the driver's call)."""
+        conn.admitted = True
+        self._unadmitted.discard(conn)
+        if conn.accepted is not None:
+            self._pending.discard(conn.accepted)
+            conn.accepted = None
+        if conn.held and self._loop is not None:
+            self._loop.call_soon(self._release_held, conn)
+
+    def _release_held(self, conn: _Conn) -> None:
+        held, conn.held = conn.held, []
+        if conn.closed:
+            return
+        for view_id, offset, data in held:
+            self._gate.push_arrived(view_id, conn.peer, offset, data)
 
     async def connect(self, member_id: int) -> None:
         """Establish the stream to ``member_id`` now (streams are otherwise dialled on demand).
@@ -433,7 +552,13 @@ class TcpTransport(Transport):
             reason = (
                 "connection replaced by a newer one from the peer (frames in flight may be lost)"
             )
-            log.warning("member %d: member %d: %s", self.member_id, link.peer, reason)
+            if conn.admitted:
+                log.warning("member %d: member %d: %s", self.member_id, link.peer, reason)
+            else:
+                self.refusals.note(
+                    "replaced before admission",
+                    f"member {link.peer} (not admitted, from {conn.host}): {reason}",
+                )
             assert self._loop is not None
             self._loop.call_soon(self._report_failure, link.peer, reason)
         if link.queue:
@@ -464,66 +589,163 @@ class TcpTransport(Transport):
         self._report_failure(link.peer, reason)
 
     # -- accepting ---------------------------------------------------------------------------
-    async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        peername = writer.get_extra_info("peername")
-        try:
+    async def _accept_loop(self, lsock: socket.socket) -> None:
+        """Accept connections on ``lsock`` until close; each is judged before anything is read."""
+        assert self._loop is not None
+        loop = self._loop
+        burst = 0
+        while not self._closed:
             try:
-                conn = await self._accept_handshake(reader, writer, peername)
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, HandshakeError) as exc:
-                if isinstance(exc, AuthError):
-                    log.error(
-                        "member %d: refused stream from %s: %s", self.member_id, peername, exc
-                    )
-                elif isinstance(exc, asyncio.IncompleteReadError | ConnectionError):
-                    # the dialler went away mid-handshake (e.g. it lost a simultaneous dial)
-                    log.info(
-                        "member %d: handshake with %s ended early: %r",
-                        self.member_id,
-                        peername,
-                        exc,
+                sock, peer = await loop.sock_accept(lsock)
+            except OSError as exc:
+                if self._closed:
+                    return
+                if exc.errno in _ACCEPT_EXHAUSTED:
+                    self.refusals.note(
+                        "descriptor limit",
+                        f"accept failed: {exc}; accepting again in 0.1 s",
+                        logging.ERROR,
                     )
                 else:
-                    log.warning(
-                        "member %d: handshake with %s failed: %s: %s",
-                        self.member_id,
-                        peername,
-                        type(exc).__name__,
-                        exc,
+                    log.warning("member %d: accept failed: %r", self.member_id, exc)
+                await asyncio.sleep(0.1)
+                continue
+            self._on_accepted(sock, peer)
+            burst += 1
+            if burst >= _ACCEPT_BURST:  # a backlog of connections must not hog the loop
+                burst = 0
+                await asyncio.sleep(0)
+
+    def _on_accepted(self, sock: socket.socket, peer: object) -> None:
+        """Hold or refuse a connection just accepted (synchronously: nothing read yet)."""
+        host = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
+        if self._closed:
+            _reset(sock)
+            return
+        reason, victim = self._pending.offer(host, sock.fileno(), descriptor_limit())
+        if reason is not None:
+            self.refusals.note(
+                reason,
+                f"refused a connection from {host}: {reason} ({len(self._pending)} pending,"
+                f" {self._pending.count(host)} from that address)",
+            )
+            _reset(sock)
+            return
+        if victim is not None:
+            self.refusals.note(
+                "evicted",
+                f"closed a pending connection from {victim.host} (held since it connected) to"
+                f" make room for one from {host}",
+            )
+            self._evict(victim)
+        sock.setblocking(False)
+        acc = _Accepted(host, peer, sock)
+        self._pending.add(acc, host)
+        acc.task = self._spawn(self._serve(acc))
+
+    def _evict(self, acc: _Accepted) -> None:
+        """Close a pending connection now (its descriptor is freed at once)."""
+        self._pending.discard(acc)
+        conn = acc.conn
+        if conn is not None:
+            self._lost(conn, "evicted: pending connections at their cap", hostile=False)
+        if acc.writer is not None:
+            _abort(acc.writer.transport)
+        elif acc.sock is not None:
+            _reset(acc.sock)
+            acc.sock = None
+        if acc.task is not None:
+            acc.task.cancel()
+
+    async def _serve(self, acc: _Accepted) -> None:
+        """An accepted connection: TLS and handshake within the deadline, then its frames."""
+        assert self._loop is not None and acc.sock is not None
+        loop = self._loop
+        conn: _Conn | None = None
+        try:
+            try:
+                async with asyncio.timeout(self.limits.handshake_s):
+                    reader = asyncio.StreamReader(loop=loop)
+                    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+                    tls: dict[str, Any] = {}
+                    if self._ssl_server is not None:  # (the deadline above ends it first)
+                        tls = {
+                            "ssl": self._ssl_server,
+                            "ssl_handshake_timeout": 2 * self.limits.handshake_s,
+                        }
+                    # the transport owns the socket from here, and closes it if this fails
+                    sock, acc.sock = acc.sock, None
+                    transport, _ = await loop.connect_accepted_socket(
+                        lambda: protocol, sock, **tls
                     )
-                writer.close()
+                    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+                    acc.writer = writer
+                    conn = await self._accept_handshake(reader, writer, acc)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, HandshakeError) as exc:
+                self._handshake_failed(acc, exc)
                 return
             if conn is None:
-                writer.close()
                 return
-            conn.task = task
+            conn.task = acc.task
             await self._read_loop(conn)
         except asyncio.CancelledError:
-            # close() cancels the stream handlers; on Python 3.11 asyncio would log a
-            # cancelled handler as an error, so end quietly (the stream is being torn down).
-            writer.close()
+            # close() or an eviction cancels the stream handlers; on Python 3.11 asyncio would
+            # log a cancelled handler as an error, so end quietly (the stream is torn down).
+            pass
         finally:
-            if task is not None:
-                self._tasks.discard(task)
+            self._pending.discard(acc)
+            if conn is not None:
+                self._unadmitted.discard(conn)
+            if acc.writer is not None and (conn is None or conn.closed or self._closed):
+                acc.writer.close()
+            elif acc.sock is not None:
+                _reset(acc.sock)
+                acc.sock = None
+
+    def _handshake_failed(self, acc: _Accepted, exc: BaseException) -> None:
+        """Log (rate-limited) a handshake that failed, ran out of time or was cut off; close."""
+        where = f"handshake with {acc.peer}"
+        if isinstance(exc, AuthError):
+            self.refusals.note(
+                "authentication failed", f"refused stream from {acc.peer}: {exc}", logging.ERROR
+            )
+        elif isinstance(exc, TimeoutError):
+            self.refusals.note(
+                "handshake deadline",
+                f"{where} failed: not done within {self.limits.handshake_s:g} s",
+            )
+        elif isinstance(exc, ssl.SSLError):
+            self.refusals.note("TLS handshake failed", f"{where} failed: TLS: {exc}")
+        elif isinstance(exc, asyncio.IncompleteReadError | ConnectionError):
+            # the dialler went away mid-handshake (e.g. it lost a simultaneous dial)
+            self.refusals.note(
+                "ended during handshake", f"{where} ended early: {exc!r}", logging.INFO
+            )
+        else:
+            self.refusals.note(
+                "bad handshake", f"{where} failed: {type(exc).__name__}: {exc}"
+            )
+        if acc.writer is not None:
+            acc.writer.close()
 
     async def _accept_handshake(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peername: object
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, acc: _Accepted
     ) -> _Conn | None:
-        async with asyncio.timeout(self.handshake_timeout):
-            peer = await server_handshake(
-                reader,
-                writer,
-                secret=self._secret,
-                my_id=self.member_id,
-                my_addr=self.address,
-                group=self._group,
-            )
+        peername = acc.peer
+        peer = await server_handshake(
+            reader,
+            writer,
+            secret=self._secret,
+            my_id=self.member_id,
+            my_addr=self.address,
+            group=self._group,
+        )
         c_id, c_addr = peer.member, peer.addr
         if c_id == self.member_id:
             peer.answer(writer, "reject", "same member id as the acceptor")
-            log.warning("member %d: refused a stream claiming my own id from %s", c_id, peername)
+            self.refusals.note(
+                "claimed my own id", f"refused a stream claiming my own id from {peername}"
+            )
             return None
         if self._closed:
             return None
@@ -539,7 +761,15 @@ class TcpTransport(Transport):
             host = str(peername[0])
         link.addr = (host, port)
         peer.answer(writer, "accept")
-        conn = _Conn(c_id, c_id, reader, writer)
+        conn = _Conn(c_id, c_id, reader, writer, host=acc.host)
+        acc.conn = conn
+        if self._is_admitted(c_id):
+            self._pending.discard(acc)
+        else:
+            conn.admitted = False
+            conn.budget = self.limits.pre_admission_bytes
+            conn.accepted = acc
+            self._unadmitted.add(conn)
         if link.dialler is not None and not link.dialler.done() and link.handshaking:
             link.dialler.cancel()  # the lower id's stream (this one) wins
             link.handshaking = False
@@ -564,20 +794,32 @@ class TcpTransport(Transport):
                     return
                 typ, flags, view_id, offset, length = FRAME.unpack(hdr)
                 problem = check_header(typ, flags, view_id, offset, length, self.max_frame)
+                if problem is None and not conn.admitted:
+                    problem = self._before_admission(conn, typ, view_id, length)
                 if problem is not None:
                     self._violate(conn, problem)
                     return
                 try:
-                    payload = await reader.readexactly(length) if length else b""
+                    payload = await _read_payload(reader, length) if length else b""
                 except asyncio.IncompleteReadError as exc:
                     self._violate(
                         conn,
                         f"truncated frame at EOF ({len(exc.partial)} of {length} payload bytes)",
                     )
                     return
+                except _Truncated as exc:
+                    self._violate(
+                        conn, f"truncated frame at EOF ({exc.got} of {exc.want} payload bytes)"
+                    )
+                    return
                 if conn.closed:
                     return
                 if typ == F_PUSH:
+                    if not conn.admitted:  # held until a view names it (bounded by budget)
+                        conn.held.append((view_id, offset, payload))
+                        continue
+                    if conn.held:  # admitted meanwhile: what it sent before goes first
+                        self._release_held(conn)
                     self._gate.push_arrived(view_id, conn.peer, offset, payload)
                 elif typ == F_MSG:
                     self._deliver_message(conn.peer, payload)
@@ -592,6 +834,25 @@ class TcpTransport(Transport):
         except (ConnectionError, OSError) as exc:
             self._lost(conn, f"connection lost: {type(exc).__name__}: {exc}")
 
+    def _before_admission(self, conn: _Conn, typ: int, view_id: int, length: int) -> str | None:
+        """What is wrong with a frame from a peer not admitted yet (None: nothing); charges its
+        bytes to the stream's budget."""
+        lim = self.limits
+        if length > lim.pre_admission_frame:
+            return (
+                f"frame of {length} bytes before admission (member {conn.peer} is in no recent"
+                f" view; at most {lim.pre_admission_frame} bytes per frame until it is)"
+            )
+        conn.budget -= FRAME.size + length
+        if conn.budget < 0:
+            return (
+                f"more than {lim.pre_admission_bytes} bytes sent before admission (member"
+                f" {conn.peer} is in no recent view)"
+            )
+        if typ == F_PUSH and view_id <= self._newest_view:
+            return f"push for view {view_id} from member {conn.peer}, which is not in it"
+        return None
+
     def _detach(self, conn: _Conn) -> bool:
         """Close ``conn``; True if it was its link's current stream."""
         current = False
@@ -601,19 +862,44 @@ class TcpTransport(Transport):
             link.established.clear()
             current = True
         self._retire(conn)
+        if (
+            link is not None
+            and link.conn is None
+            and not link.queue
+            and not link.waiters
+            and (link.dialler is None or link.dialler.done())
+            and not self._is_admitted(conn.peer)
+        ):
+            # a peer that never was admitted leaves nothing behind (strangers come in any number)
+            del self._links[conn.peer]
         return current
 
     def _retire(self, conn: _Conn) -> None:
         if conn.closed:
             return
         conn.closed = True
+        self._unadmitted.discard(conn)
+        conn.held.clear()
+        if conn.accepted is not None:
+            self._pending.discard(conn.accepted)
+            conn.accepted = None
         conn.writer.close()
 
-    def _lost(self, conn: _Conn, reason: str) -> None:
+    def _lost(self, conn: _Conn, reason: str, *, hostile: bool = True) -> None:
         if conn.closed:
             return
+        admitted = conn.admitted
         if self._detach(conn) and not self._closed:
-            log.warning("member %d: stream to member %d: %s", self.member_id, conn.peer, reason)
+            if admitted:
+                log.warning(
+                    "member %d: stream to member %d: %s", self.member_id, conn.peer, reason
+                )
+            elif hostile:
+                self.refusals.note(
+                    "closed before admission",
+                    f"stream from {conn.host} claiming member {conn.peer} (not admitted): {reason}",
+                    logging.INFO,
+                )
             self._report_failure(conn.peer, reason)
 
     def _violate(self, conn: _Conn, why: str) -> None:
@@ -621,9 +907,16 @@ class TcpTransport(Transport):
         if conn.closed:
             return
         reason = f"protocol violation by member {conn.peer}: {why}"
-        log.warning(
-            "member %d: closing stream from member %d: %s", self.member_id, conn.peer, reason
-        )
+        if conn.admitted:
+            log.warning(
+                "member %d: closing stream from member %d: %s", self.member_id, conn.peer, reason
+            )
+        else:
+            self.refusals.note(
+                "bad frame before admission",
+                f"closing stream from {conn.host} claiming member {conn.peer} (not admitted):"
+                f" {reason}",
+            )
         if not conn.writer.transport.is_closing():
             conn.writer.writelines(close_frames(reason))
         self._detach(conn)
@@ -639,6 +932,95 @@ class TcpTransport(Transport):
                 conn.writer.writelines(close_frames(reason))
             self._detach(conn)
         self._report_failure(sender, reason)
+
+
+async def _read_payload(reader: asyncio.StreamReader, length: int) -> bytes:
+    """``length`` payload bytes. Above :data:`_PIECE` they are read in pieces as they arrive:
+    memory follows what the peer really sent, never the length its header announced, and a
+    stream cut short leaves pieces that are freed off the loop (raises :class:`_Truncated`)."""
+    if length <= _PIECE:
+        return await reader.readexactly(length)
+    pieces: list[bytes] = []
+    got = 0
+    try:
+        while got < length:
+            piece = await reader.read(min(length - got, _PIECE))
+            if not piece:
+                raise _Truncated(got, length)
+            pieces.append(piece)
+            got += len(piece)
+        return b"".join(pieces)
+    finally:
+        if got < length and got > _FREE_ON_LOOP:
+            _free_off_loop(pieces)
+
+
+def _free_off_loop(pieces: list[bytes]) -> None:
+    """Drop ``pieces`` in a worker thread: freeing hundreds of MiB page by page is not the
+    loop's work (a stream closed mid-frame must not stall the member)."""
+    with contextlib.suppress(RuntimeError):  # no running loop: free here
+        asyncio.get_running_loop().run_in_executor(None, pieces.clear)
+        return
+    pieces.clear()
+
+
+async def _listen(
+    loop: asyncio.AbstractEventLoop, host: str | None, port: int
+) -> list[socket.socket]:
+    """Listening sockets for ``host`` (None: every interface) and ``port`` (0: a free one, the
+    same for every address family where it can be), as ``asyncio.start_server`` binds them."""
+    infos = await loop.getaddrinfo(
+        host, port, family=socket.AF_UNSPEC, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    seen: set[tuple[int, object]] = set()
+    socks: list[socket.socket] = []
+    try:
+        for family, type_, proto, _canon, addr in infos:
+            if (family, addr) in seen:
+                continue
+            seen.add((family, addr))
+            if socks and port == 0:  # the port the first family got
+                addr = (addr[0], socks[0].getsockname()[1], *addr[2:])
+            try:
+                sock = socket.socket(family, type_, proto)
+            except OSError:
+                continue  # a family this host does not have
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(addr)
+            except OSError as exc:
+                sock.close()
+                if socks and (port == 0 or exc.errno == errno.EADDRNOTAVAIL):
+                    continue  # another family is listening: it suffices
+                raise
+            sock.listen(128)
+            sock.setblocking(False)
+            socks.append(sock)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    if not socks:
+        raise OSError(f"no address to listen on for {host!r}:{port}")
+    return socks
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close ``sock`` at once with a reset (no lingering state for a refused connection)."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def _abort(transport: asyncio.WriteTransport) -> None:
+    """Abort ``transport`` with a reset (see :func:`_reset`)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def _tune(writer: asyncio.StreamWriter) -> None:
@@ -675,4 +1057,5 @@ def from_config(config: Config) -> TcpTransport:
         ssl_server=server_ctx,
         ssl_client=client_ctx,
         max_frame=GROUP_MESSAGE_LIMIT,
+        admission=True,
     )
