@@ -3,8 +3,10 @@
 Theory of operation (DESIGN.md §5.3), by module: :mod:`.handshake` (mutual proof of the group's
 secret, ids and listen addresses), :mod:`.framing` (the frames a stream carries and the check
 of a received header), :mod:`.limits` (what connections not admitted may cost: caps, deadline,
-rate-limited logs) and :mod:`.transport` (:class:`TcpTransport`: one stream per pair, dialling,
-accepting, reading). The registry (``transport.registry``) names :func:`from_config`.
+rate-limited logs), :mod:`.streams` (streams, links and the state the sides share),
+:mod:`.dialling` and :mod:`.accepting` (the two sides of a stream's start) and :mod:`.transport`
+(:class:`TcpTransport`: one stream per pair, admission, sending, reading). The registry
+(``transport.registry``) names :func:`from_config`.
 """
 
 from __future__ import annotations

@@ -27,30 +27,30 @@ send only handshake-sized frames until a view names it (pushes held meanwhile, a
 bounded). Payloads above 1 MiB are read in pieces as they arrive, never into one buffer sized
 from the header, and what a closed stream leaves behind is freed off the loop. Refused and
 closed hostile connections are logged through a rate-limited :class:`~.limits.RefusalLog`.
+
+This module holds the lifecycle, admission, sending and reading; dialling is in
+:mod:`.dialling`, accepting in :mod:`.accepting`, the shared state and helpers in :mod:`.streams`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
-import socket
 import ssl
-import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from derecho_async.errors import ConfigError, ProtocolViolation, UsageError
+from derecho_async.errors import ConfigError, UsageError
 from derecho_async.transport.base import (
     GROUP_MESSAGE_LIMIT,
     KEEP_VIEWS,
-    Transport,
     TransportHandler,
     check_member_id,
     log,
 )
+from derecho_async.transport.tcp.accepting import AcceptingSide
+from derecho_async.transport.tcp.dialling import DiallingSide
 from derecho_async.transport.tcp.framing import (
     F_BYE,
     F_MSG,
@@ -60,20 +60,15 @@ from derecho_async.transport.tcp.framing import (
     check_header,
     close_frames,
 )
-from derecho_async.transport.tcp.handshake import (
-    Address,
-    AuthError,
-    HandshakeError,
-    check_address,
-    client_handshake,
-    group_key,
-    server_handshake,
-)
-from derecho_async.transport.tcp.limits import (
-    PendingTable,
-    RefusalLog,
-    TcpLimits,
-    descriptor_limit,
+from derecho_async.transport.tcp.handshake import check_address, group_key
+from derecho_async.transport.tcp.limits import PendingTable, RefusalLog, TcpLimits
+from derecho_async.transport.tcp.streams import (
+    WILDCARDS,
+    Accepted,
+    Conn,
+    Truncated,
+    listen_sockets,
+    read_payload,
 )
 
 if TYPE_CHECKING:
@@ -81,80 +76,8 @@ if TYPE_CHECKING:
 
 __all__ = ["TcpTransport", "from_config"]
 
-_WILDCARDS = {"", "0.0.0.0", "::"}
 
-
-class _Duplicate(Exception):
-    """The peer keeps its own stream to us (simultaneous dial)."""
-
-
-#: payloads up to this size are read in one piece; longer ones in pieces of this size
-_PIECE = 1 << 20
-#: a payload cut short at close is freed on the loop up to this size, off the loop above it
-_FREE_ON_LOOP = 8 << 20
-#: accepts taken in a row before the accept loop yields to the others
-_ACCEPT_BURST = 16
-#: errors of accept() that mean "out of descriptors or memory": wait, then accept again
-_ACCEPT_EXHAUSTED = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-
-
-class _Truncated(Exception):
-    """A payload read in pieces ended at EOF after ``got`` of ``want`` bytes."""
-
-    def __init__(self, got: int, want: int) -> None:
-        super().__init__(f"{got} of {want} bytes")
-        self.got = got
-        self.want = want
-
-
-@dataclass(eq=False)
-class _Conn:
-    """One authenticated stream to ``peer``; ``initiator`` is the id that dialled it.
-
-    ``admitted`` is False while the peer may send only handshake-sized frames (``budget``
-    bytes in all); its pushes wait in ``held`` until it is admitted. ``accepted`` is the
-    pending-connection record of an accepted stream until admission."""
-
-    peer: int
-    initiator: int
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    closed: bool = False
-    task: asyncio.Task[None] | None = None
-    admitted: bool = True
-    budget: int = 0
-    held: list[tuple[int, int, bytes]] = field(default_factory=list)
-    accepted: _Accepted | None = None
-    host: str = ""
-
-
-@dataclass(eq=False)
-class _Accepted:
-    """An accepted connection, pending from accept until its peer is admitted (or it ends)."""
-
-    host: str
-    peer: object
-    sock: socket.socket | None
-    writer: asyncio.StreamWriter | None = None
-    conn: _Conn | None = None
-    task: asyncio.Task[None] | None = None
-
-
-@dataclass(eq=False)
-class _Link:
-    """Everything about one peer: address, current stream, dialler, queued frames, waiters."""
-
-    peer: int
-    addr: Address | None = None
-    conn: _Conn | None = None
-    dialler: asyncio.Task[None] | None = None
-    handshaking: bool = False
-    queue: list[bytes] = field(default_factory=list)
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)
-    established: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-class TcpTransport(Transport):
+class TcpTransport(DiallingSide, AcceptingSide):
     """Transport over TCP (optionally TLS): one authenticated stream per pair of members.
 
     ``listen`` is the (host, port) to bind (port 0 picks a free port; see :attr:`address`).
@@ -215,7 +138,7 @@ class TcpTransport(Transport):
         self.max_frame = max_frame
         self._ssl_server = ssl_server
         self._ssl_client = ssl_client
-        self._links: dict[int, _Link] = {}
+        self._links = {}
         for pid, paddr in peers.items():
             try:
                 self._link(check_member_id(pid, "peer id")).addr = check_address(paddr, "address")
@@ -227,33 +150,26 @@ class TcpTransport(Transport):
         self._given: set[int] = set(self._links)
         self._views: dict[int, frozenset[int]] = {}  # the last KEEP_VIEWS views set
         self._newest_view = -1
-        self._unadmitted: set[_Conn] = set()
-        self._pending: PendingTable[_Accepted] = PendingTable(self.limits)
+        self._unadmitted: set[Conn] = set()
+        self._pending: PendingTable[Accepted] = PendingTable(self.limits)
         self.refusals = RefusalLog(member_id, log, self.limits)
-        self._listeners: list[socket.socket] = []
-        self._address: Address | None = None
+        self._listeners = []
+        self._address = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
-    @property
-    def address(self) -> Address:
-        """The bound listen address (host, port); available after :meth:`start`."""
-        if self._address is None:
-            raise UsageError("the transport is not started: no address yet")
-        return self._address
-
     async def start(self, handler: TransportHandler) -> None:
         """Bind the listen address and start accepting streams."""
         loop = self._begin_start(handler)
         self.refusals.bind(loop)
         host, port = self._listen
         try:
-            self._listeners = await _listen(loop, host or None, port)
+            self._listeners = await listen_sockets(loop, host or None, port)
         except BaseException:
             self._closed = True
             raise
         sockname = self._listeners[0].getsockname()
-        self._address = (host if host in _WILDCARDS else str(sockname[0]), int(sockname[1]))
+        self._address = (host if host in WILDCARDS else str(sockname[0]), int(sockname[1]))
         for lsock in self._listeners:
             self._spawn(self._accept_loop(lsock))
 
@@ -365,7 +281,7 @@ class TcpTransport(Transport):
             if self._is_admitted(conn.peer):
                 self._admit(conn)
 
-    def _admit(self, conn: _Conn) -> None:
+    def _admit(self, conn: Conn) -> None:
         """``conn``'s peer is admitted now: lift the limits; its held pushes go to the gate
         (from a loop callback: never from inside the driver's call)."""
         conn.admitted = True
@@ -376,39 +292,12 @@ class TcpTransport(Transport):
         if conn.held and self._loop is not None:
             self._loop.call_soon(self._release_held, conn)
 
-    def _release_held(self, conn: _Conn) -> None:
+    def _release_held(self, conn: Conn) -> None:
         held, conn.held = conn.held, []
         if conn.closed:
             return
         for view_id, offset, data in held:
             self._gate.push_arrived(view_id, conn.peer, offset, data)
-
-    async def connect(self, member_id: int) -> None:
-        """Establish the stream to ``member_id`` now (streams are otherwise dialled on demand).
-
-        Raises :class:`ProtocolViolation` if authentication fails and :class:`ConnectionError`
-        if the peer stays unreachable.
-        """
-        self._check_usable()
-        check_member_id(member_id)
-        if member_id == self.member_id:
-            raise UsageError("cannot connect to myself")
-        link = self._link(member_id)
-        if link.conn is not None:
-            return
-        assert self._loop is not None
-        fut: asyncio.Future[None] = self._loop.create_future()
-        link.waiters.append(fut)
-        self._ensure_dialler(link)
-        await fut
-        if link.conn is None:
-            raise ConnectionError(f"member {member_id} is not connected")
-
-    def _link(self, peer: int) -> _Link:
-        link = self._links.get(peer)
-        if link is None:
-            link = self._links[peer] = _Link(peer)
-        return link
 
     # -- sending ----------------------------------------------------------------------------
     def push(
@@ -451,333 +340,8 @@ class TcpTransport(Transport):
             link.queue.extend(frames)
             self._ensure_dialler(link)
 
-    # -- dialling ----------------------------------------------------------------------------
-    def _spawn(self, coro: Any) -> asyncio.Task[None]:
-        assert self._loop is not None
-        task: asyncio.Task[None] = self._loop.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    def _ensure_dialler(self, link: _Link) -> None:
-        if self._closed:
-            return
-        if link.dialler is None or link.dialler.done():
-            link.dialler = self._spawn(self._dial_loop(link))
-
-    async def _dial_loop(self, link: _Link) -> None:
-        last = "no attempt made"
-        attempts = 0
-        for delay in self.retry_delays:
-            if delay:
-                await asyncio.sleep(delay)
-            if self._closed or link.conn is not None:
-                return
-            if link.addr is None:
-                last = "no address known for it"
-                continue
-            attempts += 1
-            addr = link.addr
-            link.handshaking = True
-            try:
-                conn = await self._dial(link.peer, addr)
-            except AuthError as exc:
-                self._link_failed(link, f"{exc} (at {addr[0]}:{addr[1]})", auth=True)
-                return
-            except _Duplicate:
-                link.handshaking = False
-                try:
-                    await asyncio.wait_for(link.established.wait(), self.dup_wait)
-                except TimeoutError:
-                    last = "it kept a duplicate stream that never arrived"
-                    continue
-                return
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, HandshakeError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                log.debug(
-                    "member %d: dial to member %d failed: %s", self.member_id, link.peer, last
-                )
-                continue
-            finally:
-                link.handshaking = False
-            if self._closed:
-                conn.writer.close()
-                return
-            self._install(link, conn)
-            conn.task = self._spawn(self._read_loop(conn))
-            return
-        self._link_failed(
-            link, f"member {link.peer} unreachable after {attempts} dial attempts: {last}"
-        )
-
-    async def _dial(self, peer: int, addr: Address) -> _Conn:
-        host, port = addr
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
-                host, port, ssl=self._ssl_client, server_hostname=host if self._ssl_client else None
-            ),
-            self.handshake_timeout,
-        )
-        ok = False
-        try:
-            async with asyncio.timeout(self.handshake_timeout):
-                s_id, _s_addr, verdict, why = await client_handshake(
-                    reader,
-                    writer,
-                    secret=self._secret,
-                    my_id=self.member_id,
-                    my_addr=self.address,
-                    expect=peer,
-                    group=self._group,
-                )
-            if verdict == "dup":
-                raise _Duplicate()
-            if verdict != "accept":
-                if "authentication" in why:
-                    raise AuthError(f"authentication failed: member {s_id} refused us: {why}")
-                raise HandshakeError(f"member {s_id} refused the stream: {why}")
-            ok = True
-            return _Conn(peer, self.member_id, reader, writer)
-        finally:
-            if not ok:
-                writer.close()
-
-    def _install(self, link: _Link, conn: _Conn) -> None:
-        """Make ``conn`` the link's stream (synchronously with the verdict) and flush the queue."""
-        old = link.conn
-        link.conn = conn
-        _tune(conn.writer)
-        if old is not None and old is not conn:
-            self._retire(old)
-            reason = (
-                "connection replaced by a newer one from the peer (frames in flight may be lost)"
-            )
-            if conn.admitted:
-                log.warning("member %d: member %d: %s", self.member_id, link.peer, reason)
-            else:
-                self.refusals.note(
-                    "replaced before admission",
-                    f"member {link.peer} (not admitted, from {conn.host}): {reason}",
-                )
-            assert self._loop is not None
-            self._loop.call_soon(self._report_failure, link.peer, reason)
-        if link.queue:
-            conn.writer.writelines(link.queue)
-            link.queue.clear()
-        link.established.set()
-        self._resolve(link, None)
-
-    def _resolve(self, link: _Link, exc: BaseException | None) -> None:
-        waiters, link.waiters = link.waiters, []
-        for fut in waiters:
-            if not fut.done():
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
-
-    def _link_failed(self, link: _Link, reason: str, *, auth: bool = False) -> None:
-        dropped = len(link.queue) // 2
-        link.queue.clear()
-        if auth:
-            log.error("member %d: %s", self.member_id, reason)
-            exc: BaseException = ProtocolViolation(reason, link.peer)
-        else:
-            log.warning("member %d: %s (%d frames dropped)", self.member_id, reason, dropped)
-            exc = ConnectionError(reason)
-        self._resolve(link, exc)
-        self._report_failure(link.peer, reason)
-
-    # -- accepting ---------------------------------------------------------------------------
-    async def _accept_loop(self, lsock: socket.socket) -> None:
-        """Accept connections on ``lsock`` until close; each is judged before anything is read."""
-        assert self._loop is not None
-        loop = self._loop
-        burst = 0
-        while not self._closed:
-            try:
-                sock, peer = await loop.sock_accept(lsock)
-            except OSError as exc:
-                if self._closed:
-                    return
-                if exc.errno in _ACCEPT_EXHAUSTED:
-                    self.refusals.note(
-                        "descriptor limit",
-                        f"accept failed: {exc}; accepting again in 0.1 s",
-                        logging.ERROR,
-                    )
-                else:
-                    log.warning("member %d: accept failed: %r", self.member_id, exc)
-                await asyncio.sleep(0.1)
-                continue
-            self._on_accepted(sock, peer)
-            burst += 1
-            if burst >= _ACCEPT_BURST:  # a backlog of connections must not hog the loop
-                burst = 0
-                await asyncio.sleep(0)
-
-    def _on_accepted(self, sock: socket.socket, peer: object) -> None:
-        """Hold or refuse a connection just accepted (synchronously: nothing read yet)."""
-        host = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
-        if self._closed:
-            _reset(sock)
-            return
-        reason, victim = self._pending.offer(host, sock.fileno(), descriptor_limit())
-        if reason is not None:
-            self.refusals.note(
-                reason,
-                f"refused a connection from {host}: {reason} ({len(self._pending)} pending,"
-                f" {self._pending.count(host)} from that address)",
-            )
-            _reset(sock)
-            return
-        if victim is not None:
-            self.refusals.note(
-                "evicted",
-                f"closed a pending connection from {victim.host} (held since it connected) to"
-                f" make room for one from {host}",
-            )
-            self._evict(victim)
-        sock.setblocking(False)
-        acc = _Accepted(host, peer, sock)
-        self._pending.add(acc, host)
-        acc.task = self._spawn(self._serve(acc))
-
-    def _evict(self, acc: _Accepted) -> None:
-        """Close a pending connection now (its descriptor is freed at once)."""
-        self._pending.discard(acc)
-        conn = acc.conn
-        if conn is not None:
-            self._lost(conn, "evicted: pending connections at their cap", hostile=False)
-        if acc.writer is not None:
-            _abort(acc.writer.transport)
-        elif acc.sock is not None:
-            _reset(acc.sock)
-            acc.sock = None
-        if acc.task is not None:
-            acc.task.cancel()
-
-    async def _serve(self, acc: _Accepted) -> None:
-        """An accepted connection: TLS and handshake within the deadline, then its frames."""
-        assert self._loop is not None and acc.sock is not None
-        loop = self._loop
-        conn: _Conn | None = None
-        try:
-            try:
-                async with asyncio.timeout(self.limits.handshake_s):
-                    reader = asyncio.StreamReader(loop=loop)
-                    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
-                    tls: dict[str, Any] = {}
-                    if self._ssl_server is not None:  # (the deadline above ends it first)
-                        tls = {
-                            "ssl": self._ssl_server,
-                            "ssl_handshake_timeout": 2 * self.limits.handshake_s,
-                        }
-                    # the transport owns the socket from here, and closes it if this fails
-                    sock, acc.sock = acc.sock, None
-                    transport, _ = await loop.connect_accepted_socket(
-                        lambda: protocol, sock, **tls
-                    )
-                    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-                    acc.writer = writer
-                    conn = await self._accept_handshake(reader, writer, acc)
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, HandshakeError) as exc:
-                self._handshake_failed(acc, exc)
-                return
-            if conn is None:
-                return
-            conn.task = acc.task
-            await self._read_loop(conn)
-        except asyncio.CancelledError:
-            # close() or an eviction cancels the stream handlers; on Python 3.11 asyncio would
-            # log a cancelled handler as an error, so end quietly (the stream is torn down).
-            pass
-        finally:
-            self._pending.discard(acc)
-            if conn is not None:
-                self._unadmitted.discard(conn)
-            if acc.writer is not None and (conn is None or conn.closed or self._closed):
-                acc.writer.close()
-            elif acc.sock is not None:
-                _reset(acc.sock)
-                acc.sock = None
-
-    def _handshake_failed(self, acc: _Accepted, exc: BaseException) -> None:
-        """Log (rate-limited) a handshake that failed, ran out of time or was cut off; close."""
-        where = f"handshake with {acc.peer}"
-        if isinstance(exc, AuthError):
-            self.refusals.note(
-                "authentication failed", f"refused stream from {acc.peer}: {exc}", logging.ERROR
-            )
-        elif isinstance(exc, TimeoutError):
-            self.refusals.note(
-                "handshake deadline",
-                f"{where} failed: not done within {self.limits.handshake_s:g} s",
-            )
-        elif isinstance(exc, ssl.SSLError):
-            self.refusals.note("TLS handshake failed", f"{where} failed: TLS: {exc}")
-        elif isinstance(exc, asyncio.IncompleteReadError | ConnectionError):
-            # the dialler went away mid-handshake (e.g. it lost a simultaneous dial)
-            self.refusals.note(
-                "ended during handshake", f"{where} ended early: {exc!r}", logging.INFO
-            )
-        else:
-            self.refusals.note(
-                "bad handshake", f"{where} failed: {type(exc).__name__}: {exc}"
-            )
-        if acc.writer is not None:
-            acc.writer.close()
-
-    async def _accept_handshake(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, acc: _Accepted
-    ) -> _Conn | None:
-        peername = acc.peer
-        peer = await server_handshake(
-            reader,
-            writer,
-            secret=self._secret,
-            my_id=self.member_id,
-            my_addr=self.address,
-            group=self._group,
-        )
-        c_id, c_addr = peer.member, peer.addr
-        if c_id == self.member_id:
-            peer.answer(writer, "reject", "same member id as the acceptor")
-            self.refusals.note(
-                "claimed my own id", f"refused a stream claiming my own id from {peername}"
-            )
-            return None
-        if self._closed:
-            return None
-        # decide and install synchronously: no await from here to the installed stream
-        link = self._link(c_id)
-        if self.member_id < c_id and (
-            link.handshaking or (link.conn is not None and link.conn.initiator == self.member_id)
-        ):
-            peer.answer(writer, "dup", "lower id's stream wins")
-            return None
-        host, port = c_addr
-        if host in _WILDCARDS and isinstance(peername, tuple):
-            host = str(peername[0])
-        link.addr = (host, port)
-        peer.answer(writer, "accept")
-        conn = _Conn(c_id, c_id, reader, writer, host=acc.host)
-        acc.conn = conn
-        if self._is_admitted(c_id):
-            self._pending.discard(acc)
-        else:
-            conn.admitted = False
-            conn.budget = self.limits.pre_admission_bytes
-            conn.accepted = acc
-            self._unadmitted.add(conn)
-        if link.dialler is not None and not link.dialler.done() and link.handshaking:
-            link.dialler.cancel()  # the lower id's stream (this one) wins
-            link.handshaking = False
-        self._install(link, conn)
-        return conn
-
     # -- receiving ----------------------------------------------------------------------------
-    async def _read_loop(self, conn: _Conn) -> None:
+    async def _read_loop(self, conn: Conn) -> None:
         reader = conn.reader
         try:
             while not conn.closed:
@@ -800,14 +364,14 @@ class TcpTransport(Transport):
                     self._violate(conn, problem)
                     return
                 try:
-                    payload = await _read_payload(reader, length) if length else b""
+                    payload = await read_payload(reader, length) if length else b""
                 except asyncio.IncompleteReadError as exc:
                     self._violate(
                         conn,
                         f"truncated frame at EOF ({len(exc.partial)} of {length} payload bytes)",
                     )
                     return
-                except _Truncated as exc:
+                except Truncated as exc:
                     self._violate(
                         conn, f"truncated frame at EOF ({exc.got} of {exc.want} payload bytes)"
                     )
@@ -834,7 +398,7 @@ class TcpTransport(Transport):
         except (ConnectionError, OSError) as exc:
             self._lost(conn, f"connection lost: {type(exc).__name__}: {exc}")
 
-    def _before_admission(self, conn: _Conn, typ: int, view_id: int, length: int) -> str | None:
+    def _before_admission(self, conn: Conn, typ: int, view_id: int, length: int) -> str | None:
         """What is wrong with a frame from a peer not admitted yet (None: nothing); charges its
         bytes to the stream's budget."""
         lim = self.limits
@@ -853,7 +417,7 @@ class TcpTransport(Transport):
             return f"push for view {view_id} from member {conn.peer}, which is not in it"
         return None
 
-    def _detach(self, conn: _Conn) -> bool:
+    def _detach(self, conn: Conn) -> bool:
         """Close ``conn``; True if it was its link's current stream."""
         current = False
         link = self._links.get(conn.peer)
@@ -874,7 +438,7 @@ class TcpTransport(Transport):
             del self._links[conn.peer]
         return current
 
-    def _retire(self, conn: _Conn) -> None:
+    def _retire(self, conn: Conn) -> None:
         if conn.closed:
             return
         conn.closed = True
@@ -885,7 +449,7 @@ class TcpTransport(Transport):
             conn.accepted = None
         conn.writer.close()
 
-    def _lost(self, conn: _Conn, reason: str, *, hostile: bool = True) -> None:
+    def _lost(self, conn: Conn, reason: str, *, hostile: bool = True) -> None:
         if conn.closed:
             return
         admitted = conn.admitted
@@ -902,7 +466,7 @@ class TcpTransport(Transport):
                 )
             self._report_failure(conn.peer, reason)
 
-    def _violate(self, conn: _Conn, why: str) -> None:
+    def _violate(self, conn: Conn, why: str) -> None:
         """Close ``conn`` because its peer broke the protocol; tell it why, log, report."""
         if conn.closed:
             return
@@ -932,108 +496,6 @@ class TcpTransport(Transport):
                 conn.writer.writelines(close_frames(reason))
             self._detach(conn)
         self._report_failure(sender, reason)
-
-
-async def _read_payload(reader: asyncio.StreamReader, length: int) -> bytes:
-    """``length`` payload bytes. Above :data:`_PIECE` they are read in pieces as they arrive:
-    memory follows what the peer really sent, never the length its header announced, and a
-    stream cut short leaves pieces that are freed off the loop (raises :class:`_Truncated`)."""
-    if length <= _PIECE:
-        return await reader.readexactly(length)
-    pieces: list[bytes] = []
-    got = 0
-    try:
-        while got < length:
-            piece = await reader.read(min(length - got, _PIECE))
-            if not piece:
-                raise _Truncated(got, length)
-            pieces.append(piece)
-            got += len(piece)
-        return b"".join(pieces)
-    finally:
-        if got < length and got > _FREE_ON_LOOP:
-            _free_off_loop(pieces)
-
-
-def _free_off_loop(pieces: list[bytes]) -> None:
-    """Drop ``pieces`` in a worker thread: freeing hundreds of MiB page by page is not the
-    loop's work (a stream closed mid-frame must not stall the member)."""
-    with contextlib.suppress(RuntimeError):  # no running loop: free here
-        asyncio.get_running_loop().run_in_executor(None, pieces.clear)
-        return
-    pieces.clear()
-
-
-async def _listen(
-    loop: asyncio.AbstractEventLoop, host: str | None, port: int
-) -> list[socket.socket]:
-    """Listening sockets for ``host`` (None: every interface) and ``port`` (0: a free one, the
-    same for every address family where it can be), as ``asyncio.start_server`` binds them."""
-    infos = await loop.getaddrinfo(
-        host, port, family=socket.AF_UNSPEC, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )
-    seen: set[tuple[int, object]] = set()
-    socks: list[socket.socket] = []
-    try:
-        for family, type_, proto, _canon, addr in infos:
-            if (family, addr) in seen:
-                continue
-            seen.add((family, addr))
-            if socks and port == 0:  # the port the first family got
-                addr = (addr[0], socks[0].getsockname()[1], *addr[2:])
-            try:
-                sock = socket.socket(family, type_, proto)
-            except OSError:
-                continue  # a family this host does not have
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind(addr)
-            except OSError as exc:
-                sock.close()
-                if socks and (port == 0 or exc.errno == errno.EADDRNOTAVAIL):
-                    continue  # another family is listening: it suffices
-                raise
-            sock.listen(128)
-            sock.setblocking(False)
-            socks.append(sock)
-    except BaseException:
-        for sock in socks:
-            sock.close()
-        raise
-    if not socks:
-        raise OSError(f"no address to listen on for {host!r}:{port}")
-    return socks
-
-
-def _reset(sock: socket.socket) -> None:
-    """Close ``sock`` at once with a reset (no lingering state for a refused connection)."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
-
-
-def _abort(transport: asyncio.WriteTransport) -> None:
-    """Abort ``transport`` with a reset (see :func:`_reset`)."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
-
-
-def _tune(writer: asyncio.StreamWriter) -> None:
-    """TCP_NODELAY + keepalive; drain() waits for an empty write buffer."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        except OSError:
-            pass
-    with contextlib.suppress(AttributeError, NotImplementedError, ValueError):
-        writer.transport.set_write_buffer_limits(high=0)
 
 
 def from_config(config: Config) -> TcpTransport:

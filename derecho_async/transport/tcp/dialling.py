@@ -1,0 +1,172 @@
+"""The dialling side of the tcp transport: one dialler task per link (bounded retries with
+backoff), the client handshake, and installing a stream on its link. Theory of operation:
+docs/DESIGN.md §5.3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from derecho_async.errors import ProtocolViolation, UsageError
+from derecho_async.transport.base import check_member_id, log
+from derecho_async.transport.tcp.handshake import (
+    Address,
+    AuthError,
+    HandshakeError,
+    client_handshake,
+)
+from derecho_async.transport.tcp.streams import Conn, Duplicate, Link, TcpCore, tune
+
+
+class DiallingSide(TcpCore):
+    """Dialling peers and installing streams (a side of :class:`~.transport.TcpTransport`)."""
+
+    async def connect(self, member_id: int) -> None:
+        """Establish the stream to ``member_id`` now (streams are otherwise dialled on demand).
+
+        Raises :class:`ProtocolViolation` if authentication fails and :class:`ConnectionError`
+        if the peer stays unreachable.
+        """
+        self._check_usable()
+        check_member_id(member_id)
+        if member_id == self.member_id:
+            raise UsageError("cannot connect to myself")
+        link = self._link(member_id)
+        if link.conn is not None:
+            return
+        assert self._loop is not None
+        fut: asyncio.Future[None] = self._loop.create_future()
+        link.waiters.append(fut)
+        self._ensure_dialler(link)
+        await fut
+        if link.conn is None:
+            raise ConnectionError(f"member {member_id} is not connected")
+
+    def _ensure_dialler(self, link: Link) -> None:
+        if self._closed:
+            return
+        if link.dialler is None or link.dialler.done():
+            link.dialler = self._spawn(self._dial_loop(link))
+
+    async def _dial_loop(self, link: Link) -> None:
+        last = "no attempt made"
+        attempts = 0
+        for delay in self.retry_delays:
+            if delay:
+                await asyncio.sleep(delay)
+            if self._closed or link.conn is not None:
+                return
+            if link.addr is None:
+                last = "no address known for it"
+                continue
+            attempts += 1
+            addr = link.addr
+            link.handshaking = True
+            try:
+                conn = await self._dial(link.peer, addr)
+            except AuthError as exc:
+                self._link_failed(link, f"{exc} (at {addr[0]}:{addr[1]})", auth=True)
+                return
+            except Duplicate:
+                link.handshaking = False
+                try:
+                    await asyncio.wait_for(link.established.wait(), self.dup_wait)
+                except TimeoutError:
+                    last = "it kept a duplicate stream that never arrived"
+                    continue
+                return
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, HandshakeError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                log.debug(
+                    "member %d: dial to member %d failed: %s", self.member_id, link.peer, last
+                )
+                continue
+            finally:
+                link.handshaking = False
+            if self._closed:
+                conn.writer.close()
+                return
+            self._install(link, conn)
+            conn.task = self._spawn(self._read_loop(conn))
+            return
+        self._link_failed(
+            link, f"member {link.peer} unreachable after {attempts} dial attempts: {last}"
+        )
+
+    async def _dial(self, peer: int, addr: Address) -> Conn:
+        host, port = addr
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(
+                host, port, ssl=self._ssl_client, server_hostname=host if self._ssl_client else None
+            ),
+            self.handshake_timeout,
+        )
+        ok = False
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                s_id, _s_addr, verdict, why = await client_handshake(
+                    reader,
+                    writer,
+                    secret=self._secret,
+                    my_id=self.member_id,
+                    my_addr=self.address,
+                    expect=peer,
+                    group=self._group,
+                )
+            if verdict == "dup":
+                raise Duplicate()
+            if verdict != "accept":
+                if "authentication" in why:
+                    raise AuthError(f"authentication failed: member {s_id} refused us: {why}")
+                raise HandshakeError(f"member {s_id} refused the stream: {why}")
+            ok = True
+            return Conn(peer, self.member_id, reader, writer)
+        finally:
+            if not ok:
+                writer.close()
+
+    def _install(self, link: Link, conn: Conn) -> None:
+        """Make ``conn`` the link's stream (synchronously with the verdict) and flush the queue."""
+        old = link.conn
+        link.conn = conn
+        tune(conn.writer)
+        if old is not None and old is not conn:
+            self._retire(old)
+            reason = (
+                "connection replaced by a newer one from the peer (frames in flight may be lost)"
+            )
+            if conn.admitted:
+                log.warning("member %d: member %d: %s", self.member_id, link.peer, reason)
+            else:
+                self.refusals.note(
+                    "replaced before admission",
+                    f"member {link.peer} (not admitted, from {conn.host}): {reason}",
+                )
+            assert self._loop is not None
+            self._loop.call_soon(self._report_failure, link.peer, reason)
+        if link.queue:
+            conn.writer.writelines(link.queue)
+            link.queue.clear()
+        link.established.set()
+        self._resolve(link, None)
+
+    def _resolve(self, link: Link, exc: BaseException | None) -> None:
+        waiters, link.waiters = link.waiters, []
+        for fut in waiters:
+            if not fut.done():
+                if exc is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(exc)
+
+    def _link_failed(self, link: Link, reason: str, *, auth: bool = False) -> None:
+        dropped = len(link.queue) // 2
+        link.queue.clear()
+        if auth:
+            log.error("member %d: %s", self.member_id, reason)
+            exc: BaseException = ProtocolViolation(reason, link.peer)
+        else:
+            log.warning("member %d: %s (%d frames dropped)", self.member_id, reason, dropped)
+            exc = ConnectionError(reason)
+        self._resolve(link, exc)
+        self._report_failure(link.peer, reason)
