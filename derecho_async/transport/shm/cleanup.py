@@ -32,6 +32,7 @@ from derecho_async.transport.shm.pool import cleanup_pool, pool_segments
 from derecho_async.transport.shm.ring import W_CINC, ring_segments
 
 __all__ = [
+    "Departures",
     "SegmentFile",
     "clean_at_start",
     "cleanup_group",
@@ -211,3 +212,34 @@ def remove_dead_owners(group: str) -> list[SegmentFile]:
                 if f.owner == owner and unlink_file(os.path.join(SHM_DIR, f.name)):
                     removed.append(f)
     return removed
+
+
+class Departures:
+    """The members that left this member's views and whose segments are not yet removed.
+
+    A member that left a view stays departed until it is dead (its segments can go) or it is
+    back in a later view; ``bool(departures)`` says whether any is waiting."""
+
+    def __init__(self, me: int) -> None:
+        self.me = me
+        self.waiting: set[int] = set()
+        self._members: frozenset[int] | None = None  # of the latest view
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting)
+
+    def view(self, members: Collection[int]) -> bool:
+        """Note a new view's members; whether any departed member is now waiting."""
+        now = frozenset(members)
+        if self._members is not None:
+            self.waiting |= self._members - now
+        self._members = now
+        self.waiting -= now
+        self.waiting.discard(self.me)
+        return bool(self.waiting)
+
+    def take_dead(self, alive: Callable[[int], bool]) -> set[int]:
+        """The waiting members that are dead now, no longer waiting (their segments go)."""
+        dead = {m for m in self.waiting if not alive(m)}
+        self.waiting -= dead
+        return dead

@@ -23,12 +23,10 @@ dropped); one still alive is probed again at each sweep until it is dead or back
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from derecho_async import hotpath
@@ -41,6 +39,7 @@ from derecho_async.transport.base import (
     log,
 )
 from derecho_async.transport.shm import cleanup
+from derecho_async.transport.shm.cleanup import Departures
 from derecho_async.transport.shm.doorbell import (
     ABSENT,
     D_BYE,
@@ -59,6 +58,7 @@ from derecho_async.transport.shm.files import (
     read_word,
     unlink_file,
 )
+from derecho_async.transport.shm.links import InLink, OutLink
 from derecho_async.transport.shm.ring import (
     MAX_RING,
     MIN_RING,
@@ -74,7 +74,6 @@ from derecho_async.transport.shm.ring import (
     W_PINC,
     W_TAIL,
     Record,
-    Ring,
     attach_ring,
     create_ring,
     fence,
@@ -89,35 +88,6 @@ if TYPE_CHECKING:
 __all__ = ["ShmTransport", "from_config"]
 
 _CONSUME_BUDGET = 1024  # records per ring per poll pass (fairness between rings)
-
-
-@dataclass(eq=False)
-class _OutLink:
-    """My ring to one peer (I produce)."""
-
-    peer: int
-    ring: Ring
-    head: int = 0
-    backlog: collections.deque[Record] = field(default_factory=collections.deque)
-    enqueued: int = 0  # bytes of records ever queued on this link
-    written: int = 0  # bytes of records ever written into the ring
-    waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
-    owed: bool = False  # a doorbell must be (re)sent
-    refused_since: float | None = None  # the peer's doorbell has been unreachable since
-    dead: bool = False
-
-
-@dataclass(eq=False)
-class _InLink:
-    """A peer's ring to me (I consume)."""
-
-    peer: int
-    ring: Ring
-    inc: int
-    tail: int = 0
-    parts: list[bytes] | None = None  # fragments of the message being reassembled
-    total: int = 0
-    got: int = 0
 
 
 class ShmTransport(Transport):
@@ -158,16 +128,15 @@ class ShmTransport(Transport):
         self._chunk = min(self.ring_bytes // 2 - REC_HEADER, 1 << 20) & ~7
         self._inc = (int.from_bytes(os.urandom(8), "little") >> 1) | 1
         self._bell: Doorbell | None = None
-        self._out: dict[int, _OutLink] = {}
-        self._in: dict[int, _InLink] = {}
-        self._dirty: set[_OutLink] = set()
+        self._out: dict[int, OutLink] = {}
+        self._in: dict[int, InLink] = {}
+        self._dirty: set[OutLink] = set()
         self._kick_scheduled = False
         self._poll_scheduled = False
         self._sleeping = False
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._sweep_interval = self._SWEEP_MIN
-        self._members: frozenset[int] | None = None  # of the latest view (set_view)
-        self._departed: set[int] = set()  # left a view, alive when last probed
+        self._departed = Departures(member_id)  # left a view, alive when last probed
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, handler: TransportHandler) -> None:
@@ -197,13 +166,7 @@ class ShmTransport(Transport):
         departed: the segments owned by or paired with each of them are removed once it is dead
         (now, or at a later sweep)."""
         super().set_view(view_id, members, row_bytes)
-        now = frozenset(members)
-        if self._members is not None:
-            self._departed |= self._members - now
-        self._members = now
-        self._departed -= now
-        self._departed.discard(self.member_id)
-        if self._departed:
+        if self._departed.view(members):
             self._remove_departed()
 
     def _remove_departed(self) -> None:
@@ -212,14 +175,12 @@ class ShmTransport(Transport):
         bell = self._bell
         if bell is None or self._closed:
             return
-        dead = {m for m in self._departed if not bell.alive(m)}
-        if not dead:
-            return
-        self._departed -= dead
-        self._forget(dead)
-        removed = cleanup.remove_members(self.group, dead)
-        log.info("member %d: removed %d shared-memory segments of departed members %s",
-                 self.member_id, removed, sorted(dead))
+        dead = self._departed.take_dead(bell.alive)
+        if dead:
+            self._forget(dead)
+            removed = cleanup.remove_members(self.group, dead)
+            log.info("member %d: removed %d shared-memory segments of departed members %s",
+                     self.member_id, removed, sorted(dead))
 
     def _forget(self, members: Iterable[int]) -> None:
         """Drop (and unlink) my links with ``members``, which are gone for good."""
@@ -321,7 +282,7 @@ class ShmTransport(Transport):
                 break
         self._enqueue(to, recs)
 
-    def _out_link(self, peer: int) -> _OutLink | None:
+    def _out_link(self, peer: int) -> OutLink | None:
         link = self._out.get(peer)
         if link is not None and not link.dead:
             return link
@@ -334,7 +295,7 @@ class ShmTransport(Transport):
             assert self._loop is not None
             self._loop.call_soon(self._report_failure, peer, reason)
             return None
-        link = _OutLink(peer, ring)
+        link = OutLink(peer, ring)
         self._out[peer] = link
         return link
 
@@ -357,7 +318,7 @@ class ShmTransport(Transport):
             link.ring.words[W_HEAD] = link.head
         self._mark_dirty(link)
 
-    def _write(self, link: _OutLink, rec: Record, size: int) -> bool:
+    def _write(self, link: OutLink, rec: Record, size: int) -> bool:
         """Write one record (of ``size`` bytes in the ring) if it fits (does not publish
         head)."""
         ring = link.ring
@@ -374,7 +335,7 @@ class ShmTransport(Transport):
         link.written += size
         return True
 
-    def _block(self, link: _OutLink) -> None:
+    def _block(self, link: OutLink) -> None:
         """Backlog not empty: publish what was written, ask for a SPACE doorbell, re-check."""
         w = link.ring.words
         fence()
@@ -383,7 +344,7 @@ class ShmTransport(Transport):
         fence()
         self._flush(link)
 
-    def _flush(self, link: _OutLink) -> None:
+    def _flush(self, link: OutLink) -> None:
         """Move backlog records into the ring while they fit; publish head."""
         if link.dead:
             return
@@ -413,7 +374,7 @@ class ShmTransport(Transport):
                     keep.append((target, fut))
             link.waiters = keep
 
-    def _mark_dirty(self, link: _OutLink) -> None:
+    def _mark_dirty(self, link: OutLink) -> None:
         self._dirty.add(link)
         if not self._kick_scheduled and self._loop is not None:
             self._kick_scheduled = True
@@ -435,7 +396,7 @@ class ShmTransport(Transport):
             elif w[W_CSLEEP] or link.owed:
                 self._ring_data(link)
 
-    def _consumer_closed(self, link: _OutLink) -> None:
+    def _consumer_closed(self, link: OutLink) -> None:
         """The consumer closed its end: a failure if it left data of ours unread."""
         if link.backlog or link.ring.words[W_TAIL] != link.head:
             self._fail_out(link, f"member {link.peer} closed its end of the ring with data unread")
@@ -443,12 +404,12 @@ class ShmTransport(Transport):
             log.info("member %d: member %d closed its ring", self.member_id, link.peer)
             self._drop_out(link)
 
-    def _ring_data(self, link: _OutLink) -> None:
+    def _ring_data(self, link: OutLink) -> None:
         link.owed = not self._doorbell(link.peer, D_DATA, link=link)
 
     # -- doorbells ----------------------------------------------------------------------------
     def _doorbell(
-        self, peer: int, kind: int, *, link: _OutLink | None = None, count_refusal: bool = True
+        self, peer: int, kind: int, *, link: OutLink | None = None, count_refusal: bool = True
     ) -> bool:
         """Send one datagram; False if it must be retried (full queue or peer not running)."""
         bell = self._bell
@@ -545,7 +506,7 @@ class ShmTransport(Transport):
             self._drop_in(old, unlink=False)
         w[W_CINC] = self._inc
         w[W_CSLEEP] = 1 if self._sleeping else 0
-        self._in[sender] = _InLink(sender, ring, pinc, tail=w[W_TAIL])
+        self._in[sender] = InLink(sender, ring, pinc, tail=w[W_TAIL])
         self._schedule_poll()
 
     def _schedule_poll(self) -> None:
@@ -583,7 +544,7 @@ class ShmTransport(Transport):
         if any(inl.ring.words[W_HEAD] != inl.tail for inl in self._in.values()):
             self._schedule_poll()
 
-    def _consume(self, inl: _InLink) -> bool:
+    def _consume(self, inl: InLink) -> bool:
         ring = inl.ring
         w = ring.words
         cap = ring.capacity
@@ -623,7 +584,7 @@ class ShmTransport(Transport):
             self._doorbell(inl.peer, D_SPACE, count_refusal=False)
         return True
 
-    def _message_part(self, inl: _InLink, total: int, off: int, chunk: bytes) -> None:
+    def _message_part(self, inl: InLink, total: int, off: int, chunk: bytes) -> None:
         if off == 0:
             if inl.parts is not None:
                 raise BadSegment("a new message started before the previous one was complete")
@@ -643,14 +604,14 @@ class ShmTransport(Transport):
             parts, inl.parts = inl.parts, None
             self._deliver_message(inl.peer, parts[0] if len(parts) == 1 else b"".join(parts))
 
-    def _broken(self, inl: _InLink, why: str) -> None:
+    def _broken(self, inl: InLink, why: str) -> None:
         reason = f"protocol violation: ring from member {inl.peer}: {why}"
         log.error("member %d: %s; abandoning the ring", self.member_id, reason)
         inl.ring.words[W_CCLOSED] = 1
         self._drop_in(inl, unlink=True)
         self._report_failure(inl.peer, reason)
 
-    def _drop_in(self, inl: _InLink, *, unlink: bool = True) -> None:
+    def _drop_in(self, inl: InLink, *, unlink: bool = True) -> None:
         if self._in.get(inl.peer) is inl:
             del self._in[inl.peer]
         inl.ring.words[W_CCLOSED] = 1
@@ -659,7 +620,7 @@ class ShmTransport(Transport):
             unlink_file(inl.ring.path)
         inl.ring.close()
 
-    def _drop_out(self, link: _OutLink, *, unlink: bool = True) -> None:
+    def _drop_out(self, link: OutLink, *, unlink: bool = True) -> None:
         link.dead = True
         if self._out.get(link.peer) is link:
             del self._out[link.peer]
@@ -673,7 +634,7 @@ class ShmTransport(Transport):
             unlink_file(link.ring.path)
         link.ring.close()
 
-    def _fail_out(self, link: _OutLink, reason: str) -> None:
+    def _fail_out(self, link: OutLink, reason: str) -> None:
         if link.dead:
             return
         # A peer that closed its ring (it left or ended) is routine; anything else is worth a warning.
