@@ -115,9 +115,7 @@ class DiallingSide(TcpCore):
                 )
             if verdict == "dup":
                 raise Duplicate()
-            if verdict != "accept":
-                if "authentication" in why:
-                    raise AuthError(f"authentication failed: member {s_id} refused us: {why}")
+            if verdict != "accept":  # (a refused proof raised AuthError in client_handshake)
                 raise HandshakeError(f"member {s_id} refused the stream: {why}")
             ok = True
             return Conn(peer, self.member_id, reader, writer)
