@@ -27,6 +27,7 @@ from derecho_async.transport.base import Transport
 
 __all__ = [
     "CASES",
+    "Cluster",
     "Recorder",
     "TransportFactory",
     "check_transport",
@@ -150,7 +151,9 @@ def open_fds() -> set[str]:
 
 
 @dataclass
-class _Cluster:
+class Cluster:
+    """Started transports of one group (members 0..n-1) and their recording handlers."""
+
     group: str
     transports: list[Transport]
     recs: list[Recorder]
@@ -168,7 +171,7 @@ class _Cluster:
 @contextlib.asynccontextmanager
 async def _cluster(
     factory: TransportFactory, n: int = 3, *, small_buffers: bool = False
-) -> AsyncIterator[_Cluster]:
+) -> AsyncIterator[Cluster]:
     """``n`` started transports (members 0..n-1) of one group, all knowing each other."""
     group = new_group()
     ts = [factory.make(group, i, small_buffers=small_buffers) for i in range(n)]
@@ -177,7 +180,7 @@ async def _cluster(
         for t, r in zip(ts, recs, strict=True):
             await t.start(r)
         factory.connect(ts)
-        yield _Cluster(group, ts, recs)
+        yield Cluster(group, ts, recs)
     finally:
         for t in ts:
             await t.close()

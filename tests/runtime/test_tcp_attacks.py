@@ -207,7 +207,10 @@ GARBAGE = [
 ]
 
 
-def test_garbage_bytes(group: Group) -> None:
+def _raw_connections(group: Group, message: Callable[[int], bytes]) -> Attack:
+    """Four sources, each in a loop: connect, send ``message(n)`` (n counts from 1), wait
+    until the member closes the connection, count it."""
+
     async def attack(stop: threading.Event, stats: Stats) -> None:
         async def one(src: str) -> None:
             n = 0
@@ -216,7 +219,7 @@ def test_garbage_bytes(group: Group) -> None:
                 reader, writer = await asyncio.open_connection(
                     "127.0.0.1", group.port, local_addr=(src, 0)
                 )
-                writer.write(GARBAGE[n % len(GARBAGE)] + os.urandom(1000))
+                writer.write(message(n))
                 await _until_closed(reader, 10)
                 writer.close()
                 stats.add("closed by the member")
@@ -224,25 +227,17 @@ def test_garbage_bytes(group: Group) -> None:
 
         await asyncio.gather(*(one(_src(i)) for i in range(4)))
 
+    return attack
+
+
+def test_garbage_bytes(group: Group) -> None:
+    attack = _raw_connections(group, lambda n: GARBAGE[n % len(GARBAGE)] + os.urandom(1000))
     _base, _under, stats = _attacked(group, attack)
     assert stats.counts.get("closed by the member", 0) >= 50
 
 
 def test_oversized_length_prefix_before_the_handshake(group: Group) -> None:
-    async def attack(stop: threading.Event, stats: Stats) -> None:
-        async def one(src: str) -> None:
-            while not stop.is_set():
-                reader, writer = await asyncio.open_connection(
-                    "127.0.0.1", group.port, local_addr=(src, 0)
-                )
-                writer.write(struct.pack("<I", 1 << 30) + bytes(60_000))
-                await _until_closed(reader, 10)
-                writer.close()
-                stats.add("closed by the member")
-                await asyncio.sleep(PACE)
-
-        await asyncio.gather(*(one(_src(i)) for i in range(4)))
-
+    attack = _raw_connections(group, lambda _n: struct.pack("<I", 1 << 30) + bytes(60_000))
     _base, _under, stats = _attacked(group, attack)
     assert stats.counts.get("closed by the member", 0) >= 50
 

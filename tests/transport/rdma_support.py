@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-import transport_support as support
 from transport_support import SECRET, Cluster, Recorder, new_group
 
 from derecho_async.transport.rdma import RdmaTransport, verbs
@@ -41,16 +40,11 @@ needs_device = pytest.mark.skipif(
 )
 
 
-_orig_make_transport = support.make_transport
-_orig_cluster = support.cluster
-
-
 def make_rdma_transport(
     kind: str,
     member: int,
     *,
     group: str,
-    fabric: Any = None,
     ring_bytes: int = 64 << 10,
     secret: bytes = SECRET,
     max_frame: int = 64 << 20,
@@ -59,18 +53,9 @@ def make_rdma_transport(
     bulk_block: int = 1 << 20,
     bulk_slots: int = 8,
 ) -> Any:
-    """``transport_support.make_transport`` that also makes ``kind="rdma"`` transports (on the
-    device named by ``RXE_DEV``, or the first active one)."""
-    if kind != "rdma":
-        return _orig_make_transport(
-            kind,
-            member,
-            group=group,
-            fabric=fabric,
-            ring_bytes=ring_bytes,
-            secret=secret,
-            max_frame=max_frame,
-        )
+    """An rdma transport of ``group`` (``kind`` must be ``"rdma"``) on the device named by
+    ``RXE_DEV``, or the first active one."""
+    assert kind == "rdma", kind
     return RdmaTransport(
         member,
         ("127.0.0.1", 0),
@@ -86,15 +71,10 @@ def make_rdma_transport(
 
 
 def rdma_cluster_factory(busy_poll: bool = False) -> Callable[..., Any]:
-    """A ``transport_support.cluster`` that also builds ``kind="rdma"`` clusters, each member
-    linked to every other (the conformance suite runs over it)."""
+    """A ``transport_support.cluster`` for ``kind="rdma"``: each member linked to every other."""
 
     @contextlib.asynccontextmanager
     async def rdma_cluster(kind: str, n: int = 3, **opts: Any) -> AsyncIterator[Cluster]:
-        if kind != "rdma":
-            async with _orig_cluster(kind, n, **opts) as c:
-                yield c
-            return
         group = new_group()
         ts = [
             make_rdma_transport(kind, i, group=group, busy_poll=busy_poll, **opts) for i in range(n)
@@ -109,8 +89,7 @@ def rdma_cluster_factory(busy_poll: bool = False) -> Callable[..., Any]:
                 for u in ts:
                     if u is not t:
                         t.add_peer(u.member_id, u.address)
-            c = Cluster(kind, group, ts, recs)
-            yield c
+            yield Cluster(group, ts, recs)
         finally:
             for t in ts:
                 await t.close()

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
-from derecho_async.testing.conformance import WAIT, Recorder, new_group
+from derecho_async.testing.conformance import WAIT, Cluster, Recorder, new_group
 from derecho_async.transport import Transport
 from derecho_async.transport.loopback import LoopbackFabric
 from derecho_async.transport.shm import ShmTransport
@@ -16,27 +15,6 @@ from derecho_async.transport.tcp import TcpTransport
 __all__ = ["SECRET", "WAIT", "Cluster", "Recorder", "cluster", "make_transport", "new_group"]
 
 SECRET = b"tV8_Kp3mQx6-Rz1LwN9bHc4YjF7dGs2EuA5oTi0XeP"
-
-
-@dataclass
-class Cluster:
-    kind: str
-    group: str
-    transports: list[Transport]
-    recs: list[Recorder]
-
-    def __getitem__(self, i: int) -> Transport:
-        return self.transports[i]
-
-    def set_view(
-        self, view_id: int, members: list[int], row_bytes: int, at: list[int] | None = None
-    ) -> None:
-        for i in at if at is not None else range(len(self.transports)):
-            self.transports[i].set_view(view_id, members, row_bytes)
-
-    async def close(self) -> None:
-        for t in self.transports:
-            await t.close()
 
 
 def make_transport(
@@ -74,10 +52,10 @@ async def cluster(kind: str, n: int = 3, **opts: object) -> AsyncIterator[Cluste
                 if u is not t:
                     assert isinstance(u, TcpTransport)
                     t.add_peer(u.member_id, u.address)
-    c = Cluster(kind, group, ts, recs)
     try:
-        yield c
+        yield Cluster(group, ts, recs)
     finally:
-        await c.close()
+        for t in ts:
+            await t.close()
         if kind == "shm":
             assert ShmTransport.segments(group) == []
