@@ -350,6 +350,9 @@ async def test_tls_streams(tls_files: tuple[Path, Path]) -> None:
         await recs[0].wait_for(lambda: recs[0].messages(1) == [b"back"])
         conn = ts[0]._links[1].conn
         assert conn is not None and conn.writer.get_extra_info("ssl_object") is not None
+        # drain() returns over TLS too (with high=0 asyncio's TLS layer never resumed writing)
+        ts[0].send(1, big)
+        await asyncio.wait_for(ts[0].drain(), 10)
     finally:
         for t in ts:
             await t.close()

@@ -105,6 +105,7 @@ class TcpCore(Transport):
     _group: str
     _ssl_server: ssl.SSLContext | None
     _ssl_client: ssl.SSLContext | None
+    _cert_ids: bool
     _links: dict[int, Link]
     _given: set[int]
     _views: dict[int, frozenset[int]]
@@ -243,7 +244,8 @@ def abort_transport(transport: asyncio.WriteTransport) -> None:
 
 
 def tune(writer: asyncio.StreamWriter) -> None:
-    """TCP_NODELAY + keepalive; drain() waits for an empty write buffer."""
+    """TCP_NODELAY + keepalive; drain() waits for an empty write buffer (over TLS: for an empty
+    TLS buffer; asyncio's TLS layer pauses at size >= high, so high=0 would never resume)."""
     sock = writer.get_extra_info("socket")
     if sock is not None:
         try:
@@ -252,4 +254,7 @@ def tune(writer: asyncio.StreamWriter) -> None:
         except OSError:
             pass
     with contextlib.suppress(AttributeError, NotImplementedError, ValueError):
-        writer.transport.set_write_buffer_limits(high=0)
+        if writer.get_extra_info("ssl_object") is None:
+            writer.transport.set_write_buffer_limits(high=0)
+        else:
+            writer.transport.set_write_buffer_limits(high=1, low=0)
