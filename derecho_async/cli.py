@@ -1,4 +1,4 @@
-"""The ``derecho-async`` command: ``demo``, ``bench``, ``member``, ``status`` and ``secret``.
+"""The ``derecho-async`` command: ``demo``, ``bench``, ``member``, ``status``, ``secret``, ``certs``.
 
 ``demo`` and ``bench`` start a local group as separate processes (spawned, so each member is a
 real process with its own event loop), run the replicated-log workload of
@@ -6,7 +6,8 @@ real process with its own event loop), run the replicated-log workload of
 and shows the view change. ``member`` runs one member of a multi-host group from a TOML file.
 ``status`` lists the shared-memory segments of local groups and whether their owners are alive;
 ``status --clean`` removes those of dead owners. ``secret`` prints a fresh shared secret for the
-``secret`` key (256 random bits; see :mod:`derecho_async.config.strength`).
+``secret`` key (256 random bits; see :mod:`derecho_async.config.strength`); ``certs`` makes a
+group CA and member certificates for the TLS mode (:mod:`derecho_async.certs`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from derecho_async.config.strength import new_secret
@@ -78,6 +79,7 @@ class _Run:
         use_uvloop: bool = True,
         linger: float = 0.3,
         one_way: bool = False,
+        member_fields: Callable[[str, int], Mapping[str, Any]] | None = None,
     ) -> None:
         self.ctx = multiprocessing.get_context("spawn")
         # One queue per member: a member SIGKILLed in the middle of a put leaves a torn message in
@@ -111,6 +113,8 @@ class _Run:
             fields = dict(base, member_id=i)
             if networked:
                 fields["listen"] = base["peers"][i]
+            if member_fields is not None:  # (group, member id) -> e.g. the member's TLS files
+                fields.update(member_fields(self.group, i))
             p = self.ctx.Process(
                 target=_child,
                 name=f"derecho-member-{i}",
@@ -407,6 +411,25 @@ def cmd_secret(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_certs(args: argparse.Namespace) -> int:
+    from derecho_async.certs import issue, parse_members
+    from derecho_async.errors import UsageError
+
+    try:
+        made = issue(
+            args.dir, args.group, parse_members(args.members), days=args.days,
+            overwrite=args.force,
+        )
+    except UsageError as exc:
+        print(f"derecho-async certs: {exc}", file=sys.stderr)
+        return 2
+    print(f"CA: {made[0].ca} (keep {made[0].ca.with_name('ca.key')} private: it makes members)")
+    for m in made:
+        print(f"member {m.member_id}: tls_cert = \"{m.cert}\", tls_key = \"{m.key}\","
+              f" tls_ca = \"{m.ca}\"")
+    return 0
+
+
 def _count(text: str) -> int:
     """An argparse type: an integer of at least 1."""
     try:
@@ -464,8 +487,22 @@ def main(argv: list[str] | None = None) -> int:
         "secret", help="print a fresh shared secret for the `secret` key (256 random bits)"
     )
     secret.set_defaults(fn=cmd_secret)
+    certs = sub.add_parser(
+        "certs", help="make a group CA (once) and member certificates for the TLS mode "
+        "(needs the cryptography package: the tls extra)"
+    )
+    certs.add_argument("--group", required=True, help="the group's name (`group` key)")
+    certs.add_argument("--members", required=True,
+                       help="member ids: 0-2, 0,1,5 or 7 (a joiner's id later)")
+    certs.add_argument("--dir", default="certs",
+                       help="where the CA and the members' files are (the CA is made if "
+                       "absent, else reused)")
+    certs.add_argument("--days", type=_count, default=365, help="member certificates' validity")
+    certs.add_argument("--force", action="store_true",
+                       help="replace members' files that exist")
+    certs.set_defaults(fn=cmd_certs)
     args = parser.parse_args(argv)
-    if getattr(args, "members", 2) < 2 and args.cmd in ("demo", "bench"):
+    if args.cmd in ("demo", "bench") and args.members < 2:
         parser.error("--members must be at least 2")
     try:
         return int(args.fn(args))

@@ -78,16 +78,19 @@ class Config:
         HostPort(allow_port_zero=True), "tcp: this member's address (port 0: any free port)"))
     secret: str | None = field(default=None, repr=False, metadata=key(
         Secret(strength.MIN_BITS),
-        "tcp, rdma: shared secret (required); a member without it is refused"))
+        "tcp, rdma: shared secret (required unless TLS is set); a member without it is "
+        "refused"))
     tls_cert: str | None = field(default=None, metadata=key(
         Text("the path of a PEM certificate file", "a path"),
-        "tcp: this member's PEM certificate (optional TLS; set with `tls_key`)"))
+        "tcp, rdma: this member's PEM certificate, naming its id (`derecho-async certs`); "
+        "turns on mutual TLS with ids bound to certificates"))
     tls_key: str | None = field(default=None, metadata=key(
         Text("the path of a PEM private key file", "a path"),
-        "tcp: this member's PEM private key (set with `tls_cert`)"))
+        "tcp, rdma: this member's PEM private key (set with `tls_cert`)"))
     tls_ca: str | None = field(default=None, metadata=key(
         Text("the path of a PEM CA bundle", "a path"),
-        "tcp: the PEM CA bundle peers' certificates are checked against"))
+        "tcp, rdma: the group CA's PEM certificate, which peers' must chain to (set with "
+        "`tls_cert`)"))
     # -- failure detection
     heartbeat_ms: float = field(default=50.0, metadata=key(
         Number(0.0, 60_000.0, "milliseconds", low_open=True), "heartbeat period"))
@@ -270,23 +273,32 @@ def check_known(values: Mapping[str, object]) -> None:
 # -- the rules that relate keys (run after every key passed its own form) ----------------------
 
 
+def _tls_together(config: Config) -> None:
+    files = ("tls_cert", "tls_key", "tls_ca")
+    given = [getattr(config, name) is not None for name in files]
+    if any(given) and not all(given):
+        missing = files[given.index(False)]
+        raise ConfigError(
+            missing,
+            BY_NAME[missing].expected() + " (tls_cert, tls_key and tls_ca go together)",
+            None,
+        )
+
+
 def _secret_for_networked(config: Config) -> None:
-    if registry.kind(config.transport).networked and config.secret is None:
+    if (
+        registry.kind(config.transport).networked
+        and config.secret is None
+        and config.tls_cert is None
+    ):
         raise ConfigError(
             "secret", BY_NAME["secret"].expected() + " (required when transport is 'tcp' or "
-            "'rdma' or another networked transport)", None
+            "'rdma' or another networked transport, unless tls_cert, tls_key and tls_ca are "
+            "set)", None
         )
 
 
-def _tls_pair(config: Config) -> None:
-    if (config.tls_cert is None) != (config.tls_key is None):
-        missing = "tls_key" if config.tls_key is None else "tls_cert"
-        raise ConfigError(
-            missing, BY_NAME[missing].expected() + " (tls_cert and tls_key go together)", None
-        )
-
-
-RULES: Final[tuple[Callable[[Config], None], ...]] = (_secret_for_networked, _tls_pair)
+RULES: Final[tuple[Callable[[Config], None], ...]] = (_tls_together, _secret_for_networked)
 """Checks that relate keys, run in order once each key passed its own form
 (``suspect_after_ms`` > ``heartbeat_ms`` is in that key's form)."""
 

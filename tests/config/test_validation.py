@@ -298,14 +298,33 @@ def test_secret_is_hidden() -> None:
 
 
 @pytest.mark.parametrize(
-    ("given", "missing"), [({"tls_cert": "c.pem"}, "tls_key"), ({"tls_key": "k.pem"}, "tls_cert")]
+    ("given", "missing"),
+    [
+        ({"tls_cert": "c.pem"}, "tls_key"),
+        ({"tls_key": "k.pem"}, "tls_cert"),
+        ({"tls_ca": "ca.pem"}, "tls_cert"),
+        ({"tls_cert": "c.pem", "tls_key": "k.pem"}, "tls_ca"),
+    ],
 )
-def test_tls_cert_and_key_go_together(given: dict[str, str], missing: str) -> None:
+def test_tls_files_go_together(given: dict[str, str], missing: str) -> None:
     with pytest.raises(ConfigError) as info:
         make(**given)
     assert info.value.key == missing
     assert "together" in info.value.expected
-    assert make(tls_ca="ca.pem").tls_ca == "ca.pem"
+    full = make(tls_cert="c.pem", tls_key="k.pem", tls_ca="ca.pem")
+    assert (full.tls_cert, full.tls_key, full.tls_ca) == ("c.pem", "k.pem", "ca.pem")
+
+
+def test_tls_replaces_the_secret_of_a_networked_transport() -> None:
+    with pytest.raises(ConfigError) as info:
+        Config(group="g", member_id=0, transport="tcp")
+    assert info.value.key == "secret"
+    assert "unless tls_cert" in info.value.expected
+    tls = Config(
+        group="g", member_id=0, transport="tcp", tls_cert="c.pem", tls_key="k.pem",
+        tls_ca="ca.pem",
+    )
+    assert tls.secret is None
 
 
 def test_suspect_after_must_exceed_heartbeat() -> None:

@@ -115,3 +115,34 @@ def test_secret_prints_a_fresh_secret_that_config_accepts() -> None:
     for text in (a, b):
         c = da.Config(group="g", member_id=0, transport="tcp", secret=text)
         assert c.secret == text
+
+
+def test_certs_makes_a_ca_once_and_member_files_config_can_use(tmp_path: Path) -> None:
+    out = tmp_path / "certs"
+    made = _cli("certs", "--group", "kv", "--members", "0-2", "--dir", str(out), timeout=60)
+    assert made.returncode == 0, made.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "ca.key", "ca.pem", *[f"member-{m}.{x}" for m in range(3) for x in ("key", "pem")]
+    ]
+    for key in out.glob("*.key"):
+        assert key.stat().st_mode & 0o777 == 0o600
+    assert f'member 1: tls_cert = "{out}/member-1.pem"' in made.stdout
+    ca = (out / "ca.pem").read_bytes()
+    # a joiner's certificate later: the CA is reused, existing members are not overwritten
+    again = _cli("certs", "--group", "kv", "--members", "2,3", "--dir", str(out), timeout=60)
+    assert again.returncode == 2 and "member-2.pem" in again.stderr and "--force" in again.stderr
+    assert not (out / "member-3.pem").exists()
+    joiner = _cli("certs", "--group", "kv", "--members", "3", "--dir", str(out), timeout=60)
+    assert joiner.returncode == 0, joiner.stderr
+    assert (out / "ca.pem").read_bytes() == ca
+    config = da.Config(
+        group="kv", member_id=3, transport="tcp", tls_cert=str(out / "member-3.pem"),
+        tls_key=str(out / "member-3.key"), tls_ca=str(out / "ca.pem"),
+    )
+    from derecho_async.transport import registry
+
+    registry.kind("tcp").build(config)  # its certificate names it: no ConfigError
+    for bad in (["--members", "2-1"], ["--members", "x"], ["--group", "a b"]):
+        args = {"--group": "kv", "--members": "9", **dict(zip(bad[::2], bad[1::2], strict=True))}
+        r = _cli("certs", "--dir", str(out), *[x for kv in args.items() for x in kv], timeout=60)
+        assert r.returncode == 2 and "derecho-async certs:" in r.stderr, (bad, r.stderr)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 import derecho_async as da
+from derecho_async.certs import issue
 from derecho_async.testing.conformance import CASES, TransportFactory, check_transport
 from derecho_async.transport import Transport, registry
 
@@ -100,6 +102,27 @@ class TcpFactory(RegistryFactory):
                 sock.listen()
 
 
+class TlsFactory(TcpFactory):
+    """tcp in the TLS mode, without a secret: each member's certificate (made for the case's
+    group by ``derecho_async.certs``, under ``directory``) names its id."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__("tcp")
+        self.directory = directory
+
+    def make(self, group: str, member: int, *, small_buffers: bool = False) -> Transport:
+        (files,) = issue(self.directory / group, group, [member])
+        config = da.Config(
+            group=group,
+            member_id=member,
+            transport="tcp",
+            tls_cert=str(files.cert),
+            tls_key=str(files.key),
+            tls_ca=str(files.ca),
+        )
+        return self.kind.build(config)
+
+
 #: what Config does not say about a transport, for the kinds that need it here
 TUNED: dict[str, type[RegistryFactory]] = {"shm": ShmFactory, "tcp": TcpFactory}
 
@@ -117,3 +140,10 @@ def test_every_registered_transport_is_checked_here_or_elsewhere() -> None:
 @pytest.mark.parametrize("kind", KINDS)
 async def test_conformance(kind: str, case: str) -> None:
     await check_transport(factory_for(kind), only=[case])
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_conformance_of_tcp_with_ids_bound_to_certificates(
+    case: str, tmp_path: Path
+) -> None:
+    await check_transport(TlsFactory(tmp_path), only=[case])

@@ -41,7 +41,7 @@ from derecho_async.transport.rdma.codec import (
 )
 from derecho_async.transport.rdma.connections import Connections
 from derecho_async.transport.rdma.endpoint import Device
-from derecho_async.transport.tcp import TcpTransport
+from derecho_async.transport.tcp import TcpTransport, security
 
 if TYPE_CHECKING:
     from derecho_async.config import Config
@@ -69,7 +69,8 @@ class _ChannelHandler:
 class RdmaTransport(Transport):
     """Transport over RDMA (pyverbs): pushes as RDMA WRITEs, messages over authenticated tcp.
 
-    ``listen``, ``secret``, ``group``, ``peers``, ``ssl_server``, ``ssl_client`` and ``max_frame``
+    ``listen``, ``secret``, ``group``, ``peers``, ``ssl_server``, ``ssl_client``, ``cert_ids``
+    and ``max_frame``
     are those of the composed :class:`TcpTransport` (peers are addressed by their tcp listen
     address).
     ``device``/``port``/``gid_index`` choose the RDMA port (None: first device with an active
@@ -108,7 +109,7 @@ class RdmaTransport(Transport):
         member_id: int,
         listen: tuple[str, int],
         *,
-        secret: bytes,
+        secret: bytes | None,
         group: str = "",
         peers: Mapping[int, tuple[str, int] | str] = {},
         device: str | None = None,
@@ -118,6 +119,7 @@ class RdmaTransport(Transport):
         inbox_bytes: int = 512 << 10,
         ssl_server: ssl.SSLContext | None = None,
         ssl_client: ssl.SSLContext | None = None,
+        cert_ids: bool = False,
         max_frame: int = 64 << 20,
         bulk_threshold: int = 256 << 10,
         bulk_block: int = 1 << 20,
@@ -186,6 +188,7 @@ class RdmaTransport(Transport):
             peers=peers,
             ssl_server=ssl_server,
             ssl_client=ssl_client,
+            cert_ids=cert_ids,
             max_frame=max_frame,
         )
         self.busy_poll = bool(busy_poll)
@@ -391,18 +394,18 @@ class RdmaTransport(Transport):
 
 
 def from_config(config: Config) -> RdmaTransport:
-    """The rdma transport of the member ``config`` describes (see ``transport.registry``)."""
+    """The rdma transport of the member ``config`` describes (see ``transport.registry``); its
+    tcp channel is secured as the tcp transport's streams are (:func:`.tcp.transport.security`)."""
     from derecho_async.config import parse_hostport
 
-    assert config.secret is not None  # Config requires it (the channel is authenticated tcp)
     return RdmaTransport(
         config.member_id,
         parse_hostport(config.listen, "listen"),
-        secret=config.secret.encode(),
         group=config.group,
         peers={m: parse_hostport(a, "peers") for m, a in config.peers.items()},
         device=config.rdma_device,
         port=config.rdma_port,
         gid_index=config.rdma_gid_index,
         max_frame=GROUP_MESSAGE_LIMIT,  # large messages take tcp while a link is not paired
+        **security(config),
     )

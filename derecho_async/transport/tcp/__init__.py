@@ -1,7 +1,7 @@
-"""The tcp transport: members on several hosts, over authenticated streams (TLS optional).
+"""The tcp transport: members on several hosts, over authenticated streams (mutual TLS optional).
 
 Theory of operation (DESIGN.md §5.3), by module: :mod:`.handshake` (mutual proof of the group's
-secret, ids and listen addresses), :mod:`.framing` (the frames a stream carries and the check
+secret, ids and listen addresses), :mod:`.identity` (member ids bound to TLS certificates), :mod:`.framing` (the frames a stream carries and the check
 of a received header), :mod:`.limits` (what connections not admitted may cost: caps, deadline,
 rate-limited logs), :mod:`.streams` (streams, links and the state the sides share),
 :mod:`.dialling` and :mod:`.accepting` (the two sides of a stream's start) and :mod:`.transport`
@@ -12,6 +12,6 @@ rate-limited logs), :mod:`.streams` (streams, links and the state the sides shar
 from __future__ import annotations
 
 from derecho_async.transport.tcp.limits import TcpLimits
-from derecho_async.transport.tcp.transport import TcpTransport, from_config
+from derecho_async.transport.tcp.transport import TcpTransport, from_config, security
 
-__all__ = ["TcpLimits", "TcpTransport", "from_config"]
+__all__ = ["TcpLimits", "TcpTransport", "from_config", "security"]

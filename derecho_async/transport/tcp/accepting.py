@@ -14,6 +14,7 @@ from typing import Any
 
 from derecho_async.transport.base import log
 from derecho_async.transport.tcp.handshake import AuthError, HandshakeError, server_handshake
+from derecho_async.transport.tcp.identity import certified_member
 from derecho_async.transport.tcp.limits import descriptor_limit
 from derecho_async.transport.tcp.streams import (
     WILDCARDS,
@@ -185,6 +186,21 @@ class AcceptingSide(TcpCore):
             group=self._group,
         )
         c_id, c_addr = peer.member, peer.addr
+        if self._cert_ids:
+            try:
+                named = certified_member(writer.get_extra_info("peercert"), self._group)
+            except AuthError as exc:
+                peer.answer(writer, "reject", str(exc))
+                raise
+            if named != c_id:
+                peer.answer(writer, "reject", f"your certificate names member {named}")
+                self.refusals.note(
+                    "forged id",
+                    f"refused a stream from {peername} claiming member {c_id}: its certificate"
+                    f" names member {named}",
+                    logging.ERROR,
+                )
+                return None
         if c_id == self.member_id:
             peer.answer(writer, "reject", "same member id as the acceptor")
             self.refusals.note(

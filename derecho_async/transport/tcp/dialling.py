@@ -15,6 +15,7 @@ from derecho_async.transport.tcp.handshake import (
     HandshakeError,
     client_handshake,
 )
+from derecho_async.transport.tcp.identity import certified_member
 from derecho_async.transport.tcp.streams import Conn, Duplicate, Link, TcpCore, tune
 
 
@@ -103,6 +104,13 @@ class DiallingSide(TcpCore):
         )
         ok = False
         try:
+            if self._cert_ids:
+                named = certified_member(writer.get_extra_info("peercert"), self._group)
+                if named != peer:
+                    raise AuthError(
+                        f"authentication failed: the certificate at {host}:{port} names member"
+                        f" {named}, not member {peer}"
+                    )
             async with asyncio.timeout(self.handshake_timeout):
                 s_id, _s_addr, verdict, why = await client_handshake(
                     reader,

@@ -39,7 +39,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from derecho_async.errors import ConfigError, UsageError
 from derecho_async.transport.base import (
@@ -61,6 +61,11 @@ from derecho_async.transport.tcp.framing import (
     close_frames,
 )
 from derecho_async.transport.tcp.handshake import check_address, group_key
+from derecho_async.transport.tcp.identity import (
+    certified_by_file,
+    contexts,
+    requires_peer_certificates,
+)
 from derecho_async.transport.tcp.limits import PendingTable, RefusalLog, TcpLimits
 from derecho_async.transport.tcp.streams import (
     WILDCARDS,
@@ -74,7 +79,7 @@ from derecho_async.transport.tcp.streams import (
 if TYPE_CHECKING:
     from derecho_async.config import Config
 
-__all__ = ["TcpTransport", "from_config"]
+__all__ = ["TcpTransport", "from_config", "security"]
 
 
 class TcpTransport(DiallingSide, AcceptingSide):
@@ -86,7 +91,10 @@ class TcpTransport(DiallingSide, AcceptingSide):
     maps member ids to listen addresses,
     (host, port) or ``"host:port"`` (more with :meth:`add_peer`; a peer that dials in is learned
     automatically).
-    ``ssl_server``/``ssl_client`` enable TLS for accepted/dialled streams. ``max_frame`` bounds
+    ``ssl_server``/``ssl_client`` enable TLS for accepted/dialled streams. With ``cert_ids``
+    on (both contexts must require the peer's certificate, as :func:`.identity.contexts` makes
+    them), a peer's certificate must name the member id it claims, on every stream, both ways;
+    ``secret`` may then be None (identity comes from the certificates). ``max_frame`` bounds
     one frame's payload: received frames above it are protocol violations.
 
     ``limits`` bounds what connections that are not admitted may cost (:class:`TcpLimits`).
@@ -110,11 +118,12 @@ class TcpTransport(DiallingSide, AcceptingSide):
         member_id: int,
         listen: tuple[str, int],
         *,
-        secret: bytes,
+        secret: bytes | None,
         group: str = "",
         peers: Mapping[int, tuple[str, int] | str] = {},
         ssl_server: ssl.SSLContext | None = None,
         ssl_client: ssl.SSLContext | None = None,
+        cert_ids: bool = False,
         max_frame: int = 64 << 20,
         limits: TcpLimits | None = None,
         admission: bool = False,
@@ -124,7 +133,16 @@ class TcpTransport(DiallingSide, AcceptingSide):
             self._listen = check_address(listen, "listen")
         except UsageError as exc:
             raise ConfigError("listen", "a (host: str, port: int) pair", listen) from exc
-        if not isinstance(secret, bytes) or not secret:
+        self._cert_ids = bool(cert_ids)
+        if self._cert_ids and not requires_peer_certificates(ssl_server, ssl_client):
+            raise ConfigError(
+                "cert_ids",
+                "TLS contexts on both sides that require the peer's certificate",
+                "ssl_server/ssl_client",
+            )
+        if secret is None and self._cert_ids:
+            secret = b""  # the handshake's MACs then prove nothing; the certificates do
+        elif not isinstance(secret, bytes) or not secret:
             raise ConfigError("secret", "non-empty bytes", "<hidden>")
         if not isinstance(group, str):
             raise ConfigError("group", "a group name", group)
@@ -500,24 +518,42 @@ class TcpTransport(DiallingSide, AcceptingSide):
 
 def from_config(config: Config) -> TcpTransport:
     """The tcp transport of the member ``config`` describes (see ``transport.registry``),
-    with TLS where ``tls_cert`` is set."""
+    with mutual TLS and ids bound to certificates where ``tls_cert`` is set."""
     from derecho_async.config import parse_hostport
 
-    assert config.secret is not None  # Config requires it for a networked transport
-    server_ctx = client_ctx = None
-    if config.tls_cert:
-        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=config.tls_ca)
-        server_ctx.load_cert_chain(config.tls_cert, config.tls_key)
-        client_ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.tls_ca)
-        client_ctx.check_hostname = False
     return TcpTransport(
         config.member_id,
         parse_hostport(config.listen, "listen"),
-        secret=config.secret.encode(),
         group=config.group,
         peers={m: parse_hostport(a, "peers") for m, a in config.peers.items()},
-        ssl_server=server_ctx,
-        ssl_client=client_ctx,
         max_frame=GROUP_MESSAGE_LIMIT,
         admission=True,
+        **security(config),
     )
+
+
+def security(config: Config) -> dict[str, Any]:
+    """The keyword arguments that secure a member's streams as ``config`` says: the secret,
+    and with ``tls_cert`` mutual TLS whose certificates bind member ids (the rdma transport's
+    channel takes the same)."""
+    secret = None if config.secret is None else config.secret.encode()
+    if config.tls_cert is None:
+        assert secret is not None  # Config requires a secret or TLS for a networked transport
+        return {"secret": secret}
+    assert config.tls_key is not None and config.tls_ca is not None  # Config's rules
+    named = certified_by_file(config.tls_cert)
+    if named is not None and named != [(config.group, config.member_id)]:
+        raise ConfigError(
+            "tls_cert",
+            f"a certificate that names member {config.member_id} of group {config.group!r}"
+            f" and nobody else (it names {named or 'no member'})",
+            config.tls_cert,
+        )
+    try:
+        server, client = contexts(config.tls_cert, config.tls_key, config.tls_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            "tls_cert", f"readable PEM files for tls_cert, tls_key and tls_ca ({exc})",
+            config.tls_cert,
+        ) from exc
+    return {"secret": secret, "ssl_server": server, "ssl_client": client, "cert_ids": True}
