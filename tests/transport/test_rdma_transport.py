@@ -27,12 +27,16 @@ from rdma_support import (
 )
 from transport_support import SECRET, Recorder
 
+import derecho_async as da
 from derecho_async.errors import ConfigError
 from derecho_async.testing.conformance import CASES, TransportFactory, check_transport
+from derecho_async.transport import registry
 from derecho_async.transport.base import Transport
 from derecho_async.transport.rdma import RdmaTransport, verbs
 from derecho_async.transport.rdma.codec import MIN_BULK_BLOCK
 from derecho_async.transport.tcp import TcpTransport
+from derecho_async.transport.tcp.framing import F_MSG, FRAME
+from derecho_async.transport.tcp.handshake import client_handshake
 
 
 def test_constructor_validates_its_settings() -> None:
@@ -59,6 +63,53 @@ def test_constructor_validates_its_settings() -> None:
             RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, **bad)
     t = RdmaTransport(0, ("127.0.0.1", 0), secret=SECRET, bulk_threshold=0)
     assert t.bulk_threshold == 0
+
+
+def _from_config(**kw: object) -> RdmaTransport:
+    config = da.Config(
+        group="rdma-adm", member_id=0, transport="rdma", secret=SECRET.decode(), **kw  # type: ignore[arg-type]
+    )
+    t = registry.kind("rdma").build(config)
+    assert isinstance(t, RdmaTransport)
+    return t
+
+
+def test_the_channel_admits_the_members_of_the_views_it_is_given() -> None:
+    """Issue 26: the runtime's rdma channel bounds strangers as tcp does; the views the rdma
+    transport is given admit their members on the channel too."""
+    t = _from_config()
+    channel = t._tcp
+    assert channel.admission
+    assert not channel._is_admitted(5)
+    t.set_view(1, [0, 5], ROW)
+    assert channel._is_admitted(5) and not channel._is_admitted(6)
+
+
+@pytest.mark.rdma
+@needs_device
+async def test_a_stranger_on_the_rdma_channel_may_send_only_handshake_sized_frames() -> None:
+    rec = Recorder()
+    t = _from_config(listen="127.0.0.1:0")
+    await t.start(rec)
+    try:
+        t.set_view(1, [0, 1], ROW)
+        host, port = t.address
+        reader, writer = await asyncio.open_connection(host, port)
+        _sid, _addr, verdict, why = await client_handshake(
+            reader, writer, secret=SECRET, my_id=42, my_addr=("127.0.0.1", 1), expect=0,
+            group="rdma-adm",
+        )
+        assert verdict == "accept", why
+        writer.write(FRAME.pack(F_MSG, 0, 0, 0, 1 << 30))  # announces 1 GiB
+        async with asyncio.timeout(10):
+            rest = await reader.read()
+            while rest:
+                rest = await reader.read()
+        writer.close()
+        assert t._tcp.refusals.counts["bad frame before admission"] == 1
+        assert rec.messages() == []
+    finally:
+        await t.close()
 
 
 @pytest.mark.skipif(DEVICE_PROBLEM is None, reason="this machine has an RDMA device")

@@ -69,7 +69,8 @@ class _ChannelHandler:
 class RdmaTransport(Transport):
     """Transport over RDMA (pyverbs): pushes as RDMA WRITEs, messages over authenticated tcp.
 
-    ``listen``, ``secret``, ``group``, ``peers``, ``ssl_server``, ``ssl_client``, ``cert_ids``
+    ``listen``, ``secret``, ``group``, ``peers``, ``ssl_server``, ``ssl_client``, ``cert_ids``,
+    ``admission`` (the channel's members admitted by the views this transport is given)
     and ``max_frame``
     are those of the composed :class:`TcpTransport` (peers are addressed by their tcp listen
     address).
@@ -120,6 +121,7 @@ class RdmaTransport(Transport):
         ssl_server: ssl.SSLContext | None = None,
         ssl_client: ssl.SSLContext | None = None,
         cert_ids: bool = False,
+        admission: bool = False,
         max_frame: int = 64 << 20,
         bulk_threshold: int = 256 << 10,
         bulk_block: int = 1 << 20,
@@ -189,6 +191,7 @@ class RdmaTransport(Transport):
             ssl_server=ssl_server,
             ssl_client=ssl_client,
             cert_ids=cert_ids,
+            admission=admission,
             max_frame=max_frame,
         )
         self.busy_poll = bool(busy_poll)
@@ -274,6 +277,7 @@ class RdmaTransport(Transport):
         """Install ``view_id``; links to members of the previous view that are not in this one
         are closed (their queue pairs destroyed, the regions granted to them deregistered)."""
         super().set_view(view_id, members, row_bytes)
+        self._tcp.admit_view(view_id, members)
         if view_id <= self._view_id:
             return
         old, new = self._view_members, frozenset(members)
@@ -407,5 +411,6 @@ def from_config(config: Config) -> RdmaTransport:
         port=config.rdma_port,
         gid_index=config.rdma_gid_index,
         max_frame=GROUP_MESSAGE_LIMIT,  # large messages take tcp while a link is not paired
+        admission=True,
         **security(config),
     )

@@ -100,9 +100,9 @@ class TcpTransport(DiallingSide, AcceptingSide):
     ``limits`` bounds what connections that are not admitted may cost (:class:`TcpLimits`).
     With ``admission`` on, an authenticated peer is admitted only if it is in ``peers``, was
     given an address with :meth:`add_peer`, or is a member of one of the last views set with
-    :meth:`set_view`; until then it may send only frames of ``limits.pre_admission_frame``
-    bytes (``limits.pre_admission_bytes`` in all). The runtime turns it on (``from_config``); a
-    transport that is never told the views (such as rdma's channel) leaves it off.
+    :meth:`set_view` (or :meth:`admit_view`); until then it may send only frames of
+    ``limits.pre_admission_frame`` bytes (``limits.pre_admission_bytes`` in all). The runtime
+    turns it on (``from_config``, and the rdma transport's ``from_config`` for its channel).
     :attr:`refusals` counts refused and closed hostile connections by reason.
     """
 
@@ -281,6 +281,11 @@ class TcpTransport(DiallingSide, AcceptingSide):
     def set_view(self, view_id: int, members: Sequence[int], row_bytes: int) -> None:
         """Install view ``view_id`` for validating pushes; its members are admitted."""
         super().set_view(view_id, members, row_bytes)
+        self.admit_view(view_id, members)
+
+    def admit_view(self, view_id: int, members: Sequence[int]) -> None:
+        """Admit the members of view ``view_id`` (``set_view`` does; a transport that uses
+        this one as its channel calls it alone)."""
         if view_id > self._newest_view:
             self._views[view_id] = frozenset(members)
             self._newest_view = view_id
