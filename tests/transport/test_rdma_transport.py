@@ -25,7 +25,7 @@ from rdma_support import (
     rdma_pair,
     word,
 )
-from transport_support import SECRET, Recorder
+from transport_support import SECRET, Recorder, dial_as
 
 import derecho_async as da
 from derecho_async.errors import ConfigError
@@ -36,7 +36,6 @@ from derecho_async.transport.rdma import RdmaTransport, verbs
 from derecho_async.transport.rdma.codec import MIN_BULK_BLOCK
 from derecho_async.transport.tcp import TcpTransport
 from derecho_async.transport.tcp.framing import F_MSG, FRAME
-from derecho_async.transport.tcp.handshake import client_handshake
 
 
 def test_constructor_validates_its_settings() -> None:
@@ -93,13 +92,7 @@ async def test_a_stranger_on_the_rdma_channel_may_send_only_handshake_sized_fram
     await t.start(rec)
     try:
         t.set_view(1, [0, 1], ROW)
-        host, port = t.address
-        reader, writer = await asyncio.open_connection(host, port)
-        _sid, _addr, verdict, why = await client_handshake(
-            reader, writer, secret=SECRET, my_id=42, my_addr=("127.0.0.1", 1), expect=0,
-            group="rdma-adm",
-        )
-        assert verdict == "accept", why
+        reader, writer = await dial_as(t, 42, group="rdma-adm")
         writer.write(FRAME.pack(F_MSG, 0, 0, 0, 1 << 30))  # announces 1 GiB
         async with asyncio.timeout(10):
             rest = await reader.read()

@@ -21,12 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
-from transport_support import SECRET, Recorder
+from transport_support import SECRET, Recorder, close_reason, dial_as
 
 from derecho_async.errors import ConfigError
 from derecho_async.transport.tcp import TcpTransport
-from derecho_async.transport.tcp.framing import F_CLOSE, F_MSG, F_PUSH, FRAME
-from derecho_async.transport.tcp.handshake import client_handshake
+from derecho_async.transport.tcp.framing import F_MSG, F_PUSH, FRAME
 from derecho_async.transport.tcp.limits import PendingTable, RefusalLog, TcpLimits
 
 LOGGER = "derecho_async.transport"
@@ -106,29 +105,6 @@ async def started(member: int, rec: Recorder, **kw: object) -> TcpTransport:
     t = TcpTransport(member, ("127.0.0.1", 0), secret=SECRET, **kw)  # type: ignore[arg-type]
     await t.start(rec)
     return t
-
-
-async def dial_as(
-    target: TcpTransport, claimed_id: int, src: str = "127.0.0.1"
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """An authenticated raw stream to ``target`` claiming ``claimed_id`` (it knows the secret)."""
-    host, port = target.address
-    reader, writer = await asyncio.open_connection(host, port, local_addr=(src, 0))
-    _sid, _addr, verdict, why = await client_handshake(
-        reader, writer, secret=SECRET, my_id=claimed_id, my_addr=(src, 1), expect=None
-    )
-    assert verdict == "accept", why
-    return reader, writer
-
-
-async def close_reason(reader: asyncio.StreamReader) -> str:
-    """Read frames until CLOSE; its reason."""
-    async with asyncio.timeout(10):
-        while True:
-            typ, _f, _v, _o, length = FRAME.unpack(await reader.readexactly(FRAME.size))
-            payload = await reader.readexactly(length)
-            if typ == F_CLOSE:
-                return payload.decode()
 
 
 async def closed_after(reader: asyncio.StreamReader, timeout: float = 10) -> float:

@@ -11,12 +11,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from transport_support import SECRET, Recorder, cluster
+from transport_support import SECRET, Recorder, close_reason, cluster, dial_as
 
 from derecho_async.errors import ConfigError, ProtocolViolation, UsageError
 from derecho_async.transport.tcp import TcpTransport
-from derecho_async.transport.tcp.framing import F_CLOSE, F_MSG, F_PUSH, FRAME
-from derecho_async.transport.tcp.handshake import client_handshake
+from derecho_async.transport.tcp.framing import F_MSG, F_PUSH, FRAME
 
 LOGGER = "derecho_async.transport"
 ROW = 64
@@ -33,33 +32,12 @@ async def started(member: int, rec: Recorder, **kw: object) -> TcpTransport:
     return t
 
 
-async def raw_dial(
-    target: TcpTransport, claimed_id: int, secret: bytes = SECRET
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """An authenticated raw stream to ``target`` pretending to be member ``claimed_id``."""
-    host, port = target.address
-    reader, writer = await asyncio.open_connection(host, port)
-    _sid, _addr, verdict, why = await client_handshake(
-        reader,
-        writer,
-        secret=secret,
-        my_id=claimed_id,
-        my_addr=("127.0.0.1", 1),
-        expect=target.member_id,
-    )
-    assert verdict == "accept", why
-    return reader, writer
-
-
 async def read_close_reason(reader: asyncio.StreamReader) -> str:
     """Read frames until CLOSE; return its reason (the stream must end right after)."""
+    reason = await close_reason(reader)
     async with asyncio.timeout(10):
-        while True:
-            typ, _f, _v, _o, length = FRAME.unpack(await reader.readexactly(FRAME.size))
-            payload = await reader.readexactly(length)
-            if typ == F_CLOSE:
-                assert await reader.read() == b""
-                return payload.decode()
+        assert await reader.read() == b""
+    return reason
 
 
 async def test_wrong_secret_is_refused_with_clear_errors(caplog: pytest.LogCaptureFixture) -> None:
@@ -118,7 +96,7 @@ async def test_hostile_frames_close_that_stream_only(
         c.set_view(1, [0, 1, 2], ROW)
         target, rec = c[0], c.recs[0]
         assert isinstance(target, TcpTransport)
-        reader, writer = await raw_dial(target, 2)  # an authenticated but buggy member 2
+        reader, writer = await dial_as(target, 2)  # an authenticated but buggy member 2
         writer.write(HOSTILE[case])
         if case.startswith("truncated"):
             writer.write_eof()
@@ -133,7 +111,7 @@ async def test_hostile_frames_close_that_stream_only(
         c[1].send(0, b"from 1")
         await rec.wait_for(lambda: rec.messages(1) == [b"from 1"])
         # ... and a fresh, well-behaved stream from member 2 works
-        _reader2, writer2 = await raw_dial(target, 2)
+        _reader2, writer2 = await dial_as(target, 2)
         writer2.writelines(
             [
                 FRAME.pack(F_PUSH, 0, 1, 2 * ROW, 8),

@@ -3,16 +3,30 @@ conformance suite's recording handler (``Recorder``) and group names."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
 from derecho_async.testing.conformance import WAIT, Cluster, Recorder, new_group
 from derecho_async.transport import Transport
 from derecho_async.transport.loopback import LoopbackFabric
+from derecho_async.transport.rdma import RdmaTransport
 from derecho_async.transport.shm import ShmTransport
 from derecho_async.transport.tcp import TcpTransport
+from derecho_async.transport.tcp.framing import F_CLOSE, FRAME
+from derecho_async.transport.tcp.handshake import client_handshake
 
-__all__ = ["SECRET", "WAIT", "Cluster", "Recorder", "cluster", "make_transport", "new_group"]
+__all__ = [
+    "SECRET",
+    "WAIT",
+    "Cluster",
+    "Recorder",
+    "close_reason",
+    "cluster",
+    "dial_as",
+    "make_transport",
+    "new_group",
+]
 
 SECRET = b"tV8_Kp3mQx6-Rz1LwN9bHc4YjF7dGs2EuA5oTi0XeP"
 
@@ -59,3 +73,34 @@ async def cluster(kind: str, n: int = 3, **opts: object) -> AsyncIterator[Cluste
             await t.close()
         if kind == "shm":
             assert ShmTransport.segments(group) == []
+
+
+async def dial_as(
+    target: TcpTransport | RdmaTransport,
+    claimed_id: int,
+    *,
+    secret: bytes = SECRET,
+    src: str = "127.0.0.1",
+    group: str = "",
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """An authenticated raw stream to ``target`` (rdma: its tcp channel) of ``group`` from
+    ``src`` claiming ``claimed_id`` (it knows ``secret``): what a stranger or a buggy member
+    can do with the secret."""
+    host, port = target.address
+    reader, writer = await asyncio.open_connection(host, port, local_addr=(src, 0))
+    _sid, _addr, verdict, why = await client_handshake(
+        reader, writer, secret=secret, my_id=claimed_id, my_addr=(src, 1),
+        expect=target.member_id, group=group,
+    )
+    assert verdict == "accept", why
+    return reader, writer
+
+
+async def close_reason(reader: asyncio.StreamReader) -> str:
+    """Read frames until CLOSE; its reason."""
+    async with asyncio.timeout(10):
+        while True:
+            typ, _f, _v, _o, length = FRAME.unpack(await reader.readexactly(FRAME.size))
+            payload = await reader.readexactly(length)
+            if typ == F_CLOSE:
+                return payload.decode()
