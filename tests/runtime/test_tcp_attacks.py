@@ -21,7 +21,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,24 +100,35 @@ class Window:
     rate: float = 0.0
 
 
-@pytest.fixture(scope="module")
-def group() -> Iterator[Group]:
+@contextlib.contextmanager
+def serving(
+    member_fields: Callable[[str, int], Mapping[str, Any]] | None = None,
+) -> Iterator[tuple[_Run, int]]:
+    """The group a module attacks: three member processes appending as fast as they can, at
+    the common descriptor limit, all delivering; yields the run and member 0's port, and stops
+    the members after. ``member_fields`` adds each member's settings (``_Run``'s)."""
     run = _Run(
-        3, "tcp", 10**8, 64, 8, 3, heartbeat_ms=25, suspect_after_ms=1000, linger=600.0
+        3, "tcp", 10**8, 64, 8, 3, heartbeat_ms=25, suspect_after_ms=1000, linger=600.0,
+        member_fields=member_fields,
     )
     try:
         for p in run.procs.values():  # the usual default, whatever this shell allows
             _soft, hard = resource.prlimit(p.pid, resource.RLIMIT_NOFILE)
             resource.prlimit(p.pid, resource.RLIMIT_NOFILE, (min(NOFILE, hard), hard))
         wait_for(run, lambda: len(run.progress) == 3 and min(run.progress.values()) > 0, 60)
-        port = int(run.base["peers"][0].rsplit(":", 1)[1])
-        yield Group(run, port, run.base["secret"].encode())
+        yield run, int(run.base["peers"][0].rsplit(":", 1)[1])
     finally:
         run.release()
         for p in run.procs.values():
             if p.is_alive():
                 p.kill()
         run.finish(5)
+
+
+@pytest.fixture(scope="module")
+def group() -> Iterator[Group]:
+    with serving() as (run, port):
+        yield Group(run, port, run.base["secret"].encode())
 
 
 @dataclass
@@ -168,6 +179,14 @@ def _attacked(group: Group, attack: Attack, seconds: float = 2.0) -> tuple[Windo
     assert max(under.rss, after.rss) - base.rss < RSS_BOUND, (base.rss, under.rss, after.rss)
     assert base.rate > 0 and under.rate >= base.rate / 2, (base.rate, under.rate)
     return base, under, stats
+
+
+def closed_by_the_member(stats: Stats, count: int, what: str, within: float) -> None:
+    """Each of ``count`` timed connections (``stats.times``) was closed by the member, all
+    within ``within`` seconds."""
+    assert len(stats.times) == count, f"every one of the {what} was closed by the member"
+    print(f"{what} closed after {min(stats.times):.2f}-{max(stats.times):.2f} s")
+    assert max(stats.times) < within, sorted(stats.times)
 
 
 async def _until_closed(reader: asyncio.StreamReader, timeout: float) -> None:
@@ -286,10 +305,8 @@ def test_slowloris_is_cut_off_at_the_handshake_deadline(group: Group) -> None:
         await asyncio.gather(*(one(i) for i in range(40)))
 
     _base, _under, stats = _attacked(group, attack, seconds=5.0)
-    assert len(stats.times) == 40, "every slow connection was closed by the member"
-    print(f"slow connections closed after {min(stats.times):.2f}-{max(stats.times):.2f} s")
     # the deadline (TcpLimits.handshake_s = 3 s) plus the attacker's one-second pacing
-    assert max(stats.times) < 4.5, sorted(stats.times)
+    closed_by_the_member(stats, 40, "slow connections", within=4.5)
 
 
 async def _flood(
