@@ -17,7 +17,6 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from derecho_async.errors import UsageError
 from derecho_async.transport.tcp.identity import member_uri, parse_member_uri
@@ -36,17 +35,6 @@ class MemberFiles:
     cert: Path
     key: Path
     ca: Path
-
-
-def _crypto() -> Any:
-    try:
-        from cryptography import x509
-    except ImportError:
-        raise UsageError(
-            "making certificates needs the cryptography package: "
-            "pip install 'derecho_async[tls]'"
-        ) from None
-    return x509
 
 
 def parse_members(text: str) -> list[int]:
@@ -92,10 +80,16 @@ def issue(
     """Write a certificate and key for each of ``members`` of ``group`` into ``directory``,
     signed by the CA there (made first if the directory has none). :class:`UsageError` for a
     member whose files exist (unless ``overwrite``), a bad group name or ``days``."""
-    x509 = _crypto()
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    except ImportError:
+        raise UsageError(
+            "making certificates needs the cryptography package: "
+            "pip install 'derecho_async[tls]'"
+        ) from None
 
     if parse_member_uri(member_uri(group, 0)) is None:
         raise UsageError(f"not a group name: {group!r} (1-64 of A-Za-z0-9_.-)")

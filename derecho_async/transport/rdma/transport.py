@@ -70,10 +70,9 @@ class RdmaTransport(Transport):
     """Transport over RDMA (pyverbs): pushes as RDMA WRITEs, messages over authenticated tcp.
 
     ``listen``, ``secret``, ``group``, ``peers``, ``ssl_server``, ``ssl_client``, ``cert_ids``,
-    ``admission`` (the channel's members admitted by the views this transport is given)
-    and ``max_frame``
-    are those of the composed :class:`TcpTransport` (peers are addressed by their tcp listen
-    address).
+    ``admission`` and ``max_frame`` are those of the composed :class:`TcpTransport` (peers are
+    addressed by their tcp listen address; the views this transport is given admit their
+    members on it).
     ``device``/``port``/``gid_index`` choose the RDMA port (None: first device with an active
     ``port``; a RoCE v2 IPv4 GID). ``inbox_bytes`` is the ring each peer writes into (also the
     size of this member's staging mirror per peer). ``busy_poll`` polls the completion queues
