@@ -83,7 +83,7 @@ def issue(
     try:
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.hazmat.primitives.asymmetric import ec, rsa
         from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
     except ImportError:
         raise UsageError(
@@ -115,7 +115,10 @@ def issue(
         raise UsageError(f"{out} holds only one of {CA_CERT} and {CA_KEY}")
     if ca_cert_path.exists():
         ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
-        ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+        loaded = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+        if not isinstance(loaded, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+            raise UsageError(f"{ca_key_path} is not an EC or RSA private key")
+        ca_key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey = loaded
     else:
         ca_key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"derecho-async CA {group}")])
