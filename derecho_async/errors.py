@@ -3,16 +3,19 @@
 Every error the library raises on purpose derives from :class:`DerechoError`. The split follows
 who is at fault: :class:`ConfigError` and :class:`UsageError` mean the caller misused the library;
 :class:`ProtocolViolation` means a peer broke the protocol; :class:`PartitionedError`,
-:class:`MemberFailed` and :class:`GroupClosed` report what happened to the group. Anything else is
-a bug in derecho_async.
+:class:`MemberFailed` and :class:`GroupClosed` report what happened to the group;
+:class:`LogCorrupted` reports damaged stable storage. Anything else is a bug in derecho_async.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 __all__ = [
     "ConfigError",
     "DerechoError",
     "GroupClosed",
+    "LogCorrupted",
     "MemberFailed",
     "PartitionedError",
     "ProtocolViolation",
@@ -93,3 +96,17 @@ class MemberFailed(DerechoError):
 
 class GroupClosed(DerechoError):
     """The group (or this member's place in it) has been closed; no further calls are possible."""
+
+
+class LogCorrupted(DerechoError):
+    """Stable storage holds a damaged record that is not a torn tail left by a crash.
+
+    ``path`` is the damaged file, ``offset`` the byte offset of the damaged record in it and
+    ``why`` what was wrong. Raised instead of dropping data that may have been acknowledged.
+    """
+
+    def __init__(self, path: Path, offset: int, why: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.why = why
+        super().__init__(f"{path}: damaged record at offset {offset}: {why}")
