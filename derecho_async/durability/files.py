@@ -101,7 +101,8 @@ class _RealWriteFile:
             view = view[os.write(self._fd, view):]
 
     def fsync(self) -> None:
-        os.fsync(self._fd)
+        # fdatasync: the data and the metadata needed to read it back (the size), not times
+        os.fdatasync(self._fd)
 
     def close(self) -> None:
         if self._fd >= 0:
