@@ -7,7 +7,8 @@ batch: ``Log.append`` + ``Log.sync`` (one fsync), against an SQLite table in WAL
 ``synchronous=FULL`` and one transaction per batch (``executemany`` + ``commit``: one fsync of
 the WAL). Each configuration runs for ``--seconds`` in a fresh directory under ``--dir`` (on the
 disk under test: the default is benchmarks/out/storage, on the repository's disk); the two
-stores alternate over ``--rounds`` rounds and the median records/s is printed.
+stores alternate over ``--rounds`` rounds and the median records/s is printed, with the median
+and range of the per-round ratio (the disk's speed may drift between rounds).
 
 Then the corruption experiment: 1000 records, written in synced batches of 16, then one byte in
 the middle of each store's file is flipped and the store reopened and read in full; it prints
@@ -185,12 +186,15 @@ def main() -> None:
                 rates.setdefault((name, batch), []).append(
                     fn(root / f"run{run}", batch, args.size, args.seconds))
                 shutil.rmtree(root / f"run{run}")
-    print("| batch | Log records/s | SQLite WAL records/s | Log / SQLite |")
+    # the disk's speed drifts between rounds: the ratio is taken within each round (the two
+    # stores ran back to back), then the median and range of those ratios are printed
+    print("| batch | Log records/s | SQLite WAL records/s | Log / SQLite, median (range) |")
     print("|--:|--:|--:|--:|")
     for batch in BATCHES:
-        ours = statistics.median(rates[("Log", batch)])
-        theirs = statistics.median(rates[("SQLite WAL FULL", batch)])
-        print(f"| {batch} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f} |")
+        ours, theirs = rates[("Log", batch)], rates[("SQLite WAL FULL", batch)]
+        ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+        print(f"| {batch} | {statistics.median(ours):,.0f} | {statistics.median(theirs):,.0f} | "
+              f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |")
     print("\ncorruption: one byte flipped in the middle of the file, then reopen and read all\n")
     print("| file | outcome |")
     print("|:--|:--|")
