@@ -4,7 +4,7 @@ A :class:`Ready` lists the pushes to perform (in order: a link delivers them in 
 issued), channel messages to send, data-plane transfers to start, and the ordered *events* the
 application sees (deliveries, installed views, suspicions, errors). The driver takes it, calls
 ``Member.advance(ready)`` (what the core adds meanwhile belongs to the next Ready), then carries
-it all out, events in list order. ``persist`` is room for a persistence stage (DESIGN.md §4.5).
+it all out, events in list order.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ __all__ = [
     "Evicted",
     "Left",
     "Partitioned",
+    "Persisted",
     "Push",
     "Ready",
     "Send",
@@ -151,7 +152,22 @@ class SendFailed:
     reason: str
 
 
-Event = Delivered | ViewInstalled | Suspected | Partitioned | Evicted | Left | SendFailed
+@dataclass(frozen=True, slots=True)
+class Persisted:
+    """The persistence frontier of one shard rose: every member of the shard in view ``view_id``
+    published a ``persisted`` word of at least ``mark`` (the column's encoding: 1 = everything
+    delivered before this view is durable at every member; ``k + 1`` = that, and every seq
+    below ``k`` of this view). Emitted only where some member publishes the column."""
+
+    subgroup: str
+    shard: int
+    view_id: int
+    mark: int
+
+
+Event = (
+    Delivered | ViewInstalled | Suspected | Partitioned | Evicted | Left | SendFailed | Persisted
+)
 
 
 @dataclass(slots=True)
@@ -163,11 +179,6 @@ class Ready:
     transfers: list[Transfer] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
-    persist: tuple[Delivered, ...] = ()
-    """Room for a persistence stage, as raft's ``Ready.Entries`` with ``MustSync``: deliveries
-    of durable subgroups that the driver must have on stable storage before it acts on them
-    (runs their handlers, answers their callers). Always empty today: no subgroup is durable
-    yet, and no driver reads it. A tuple, so that a fresh Ready allocates nothing for it."""
 
     def __bool__(self) -> bool:
         return bool(
@@ -176,5 +187,4 @@ class Ready:
             or self.transfers
             or self.events
             or self.violations
-            or self.persist
         )

@@ -27,6 +27,7 @@ from derecho_async.core.effects import (
     Evicted,
     Left,
     Partitioned,
+    Persisted,
     Push,
     Ready,
     Send,
@@ -148,6 +149,8 @@ class Member:
         # What changed since the last poll: shard columns or local send work (membership
         # columns: ``view_change.changed``). A poll skips the scans nothing can have changed.
         self._dirty_multicast = True
+        # A persisted word changed (mine or a peer's): the next poll looks at the frontiers.
+        self._dirty_persisted = False
         # Per-view state, set by _enter_view.
         self.view = View(-1, ())
         self.rank = -1
@@ -156,6 +159,7 @@ class Member:
         self.table: Table
         self.assignment = ShardAssignment((), False)
         self.shards: list[ShardState | None] = []
+        self._persisted_marks: list[int] = []  # per shard: the last Persisted mark emitted
         self._others: tuple[int, ...] = ()
         self._rank_of: dict[int, int] = {}
         if view is not None:
@@ -262,6 +266,21 @@ class Member:
             self.receiving = receiving
             self._dirty_multicast = True
 
+    def set_persisted(self, shard_index: int, mark: int) -> None:
+        """Publish how far this member's log of shard ``shard_index`` is durable, as the
+        ``persisted`` column encodes it (:class:`~.effects.Persisted`). Ignored outside a view,
+        for a shard this member does not belong to, and when it does not raise the mark."""
+        if self.state is not _ACTIVE or not 0 <= shard_index < len(self.shards):
+            return
+        if self.shards[shard_index] is None:
+            return
+        col = self.schema.persisted
+        if mark <= self.table.mine(col, shard_index):
+            return
+        self.table.set(col, mark, shard_index)
+        self._push(col.offset + shard_index * WORD, WORD, ())
+        self._dirty_persisted = True
+
     def heard_from(self, member: int) -> None:
         """Traffic from ``member`` arrived (any message): it is alive, whatever its heartbeat
         push is queued behind (bulk data shares the link's FIFO with row pushes)."""
@@ -308,6 +327,9 @@ class Member:
                 self._run_multicast()
                 if vc.wedged:
                     vc.step()
+            if self._dirty_persisted and not vc.wedged:
+                self._dirty_persisted = False
+                self._scan_persisted()
         except ProtocolViolation as exc:
             self._on_violation(exc)
 
@@ -340,6 +362,7 @@ class Member:
             and not vc.suspected
             and not vc.changed
             and not self._dirty_multicast
+            and not self._dirty_persisted
             and not self._ready
         )
 
@@ -448,6 +471,8 @@ class Member:
         self.table = Table(sc, n, self.rank, buf)
         self.assignment = self.layout.assign(view.members)
         self.shards = []
+        self._persisted_marks = [0] * self.layout.n_shards
+        self._dirty_persisted = False
         for info in self.assignment.shards:
             if self.member_id in info.members and self.assignment.adequate:
                 q = self.queues[info.subgroup] if self.member_id in info.senders else None
@@ -512,6 +537,8 @@ class Member:
                 self.view_change.changed = True
         if hi > sc.membership_bytes:
             self._dirty_multicast = True
+            if hi > sc.persisted.offset:
+                self._dirty_persisted = True
 
     def _on_violation(self, exc: ProtocolViolation) -> None:
         self._ready.violations.append(str(exc))
@@ -534,6 +561,22 @@ class Member:
                 self._dirty_multicast = True
             sh.deliver_stable(events)
             sh.publish_progress()
+
+    def _scan_persisted(self) -> None:
+        """Emit a :class:`Persisted` for each shard whose persistence frontier (the lowest
+        ``persisted`` word of its members) rose since the last one."""
+        col = self.schema.persisted
+        get = self.table.get
+        for sh in self.shards:
+            if sh is None:
+                continue
+            i = sh.info.index
+            low = min(get(r, col, i) for r in sh.member_ranks)
+            if low > self._persisted_marks[i]:
+                self._persisted_marks[i] = low
+                self._ready.events.append(
+                    Persisted(sh.info.subgroup, sh.info.shard, self.view.view_id, low)
+                )
 
     def _on_welcome(self, sender: int, msg: Welcome) -> None:
         if self.state is not _JOINING or self.member_id not in msg.members:

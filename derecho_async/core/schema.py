@@ -13,6 +13,7 @@ Row layout (``n`` members, ``S`` shards, ``W`` window slots, ``P`` payload words
                  prop_removed, prop_njoin, prop_joiners[MAX_JOINS], prop_trim[S], prop_ballot,
                  commit_ballot
     per shard    sent_records, recv_frontier, delivered, slots[W * (HEADER_WORDS + P)]
+    durability   persisted[S]
 """
 
 from __future__ import annotations
@@ -183,6 +184,15 @@ class RowSchema:
             self.shards.append(
                 ShardColumns(sent, frontier, delivered, slots, window, self.slot_words)
             )
+        self.persisted = self._col(
+            "persisted",
+            n_shards,
+            "Per shard, how far the owner's log of it is durable: 0 = not yet everything the "
+            "owner delivered (or was given by state transfer) before this view; k + 1 = that, "
+            "and every seq below k of this view. Monotone within a view; written only by "
+            "members with durable storage (it stays 0 without). At the end of the row, so no "
+            "other column moves.",
+        )
         self.row_bytes = self._next
 
     def _col(self, name: str, words: int, doc: str) -> Column:

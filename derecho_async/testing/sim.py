@@ -26,6 +26,7 @@ from derecho_async.core import (
     Delivered,
     Member,
     MemberState,
+    Persisted,
     Ready,
     Send,
     View,
@@ -110,6 +111,7 @@ class SimCluster:
         self._views: dict[int, list[View]] = {m: [] for m in range(n)}
         self._state: dict[int, bytes] = {m: b"" for m in range(n)}
         self._restored: dict[int, bytes] = {}
+        self._persisted: dict[int, list[Persisted]] = {m: [] for m in range(n)}
         self._crash_when: list[tuple[int, Callable[[Member], bool]]] = []
         self.log: list[str] = []
         for m in range(n):
@@ -173,6 +175,7 @@ class SimCluster:
         self.members[member] = Member(member, self.config, contacts=contacts)
         self._delivered[member] = []
         self._views[member] = []
+        self._persisted[member] = []
         self.log.append(f"t={self.now} join {member}")
 
     def leave(self, member: int) -> None:
@@ -208,6 +211,10 @@ class SimCluster:
     def views(self, member: int) -> list[View]:
         """The views ``member`` installed, in order."""
         return list(self._views[member])
+
+    def persisted(self, member: int) -> list[Persisted]:
+        """The persistence frontiers ``member`` saw rise (its :class:`Persisted` events)."""
+        return list(self._persisted[member])
 
     def alive(self) -> set[int]:
         """Members of the primary view not crashed, not wedged out and not left."""
@@ -372,6 +379,8 @@ class SimCluster:
                 self._delivered[m].append(d)
                 self._state[m] = _chain(self._state[m], ev.sender, ev.msg_no)
                 self.checker.on_delivery(self.step_no, m, d, ev.msg_no, holders)
+            elif isinstance(ev, Persisted):
+                self._persisted[m].append(ev)
             elif isinstance(ev, ViewInstalled):
                 if ev.state is not None:
                     self._state[m] = ev.state
