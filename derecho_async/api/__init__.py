@@ -13,6 +13,7 @@ from derecho_async.api.actor import Actor, ActorSpec, actor_spec, ordered, p2p
 from derecho_async.api.calls import HandlerError, Replies
 from derecho_async.api.group import Group
 from derecho_async.api.handles import P2PCall, SubgroupHandle
+from derecho_async.api.logged_calls import HistoryEntry
 from derecho_async.api.p2pcalls import Versioned
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "ActorSpec",
     "Group",
     "HandlerError",
+    "HistoryEntry",
     "P2PCall",
     "Replies",
     "SubgroupHandle",

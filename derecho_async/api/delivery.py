@@ -71,7 +71,7 @@ class Dispatcher:
 
     __slots__ = ("_calls", "_casts", "_check_backlog", "_hosted", "_me", "_observer",
                  "_on_own_delivered", "_outbox", "_record_reply", "_state", "_versions",
-                 "batching")
+                 "batching", "record")
 
     def __init__(self, state: Membership, hosted: dict[str, Hosted], calls: CallTable,
                  versions: dict[str, tuple[int, int]],
@@ -91,6 +91,8 @@ class Dispatcher:
         # REPLIES message per caller when the step's events are done (flush).
         self._outbox: dict[int, list[object]] = {}
         self.batching = False
+        self.record: Callable[[list[Delivered]], None] | None = None
+        """Told of each run of deliveries before its calls run (the durable log), if set."""
 
     @staticmethod
     def method_entry(
@@ -121,6 +123,8 @@ class Dispatcher:
         :func:`hotpath.dispatch_calls` (native or its pure twin), which hands each event it does not take to :meth:`deliver_one`, the general path, and goes on
         after it. A one-way call is run the same way and answered to nobody."""
         self.batching = True
+        if self.record is not None:
+            self.record(events)
         last = self._versions
         if len(self._hosted) == 1:
             ev = events[-1]

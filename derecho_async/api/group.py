@@ -23,9 +23,11 @@ from typing import Any, Self
 from derecho_async.api.actor import Actor, ActorSpec, actor_spec
 from derecho_async.api.calls import CallTable, decode_result
 from derecho_async.api.delivery import Dispatcher, Hosted
+from derecho_async.api.durable import Durable
 from derecho_async.api.handles import SubgroupHandle
 from derecho_async.api.membership import Membership
 from derecho_async.api.p2pcalls import P2PServer
+from derecho_async.api.restart import Restart
 from derecho_async.config import Config
 from derecho_async.core import (
     Delivered,
@@ -34,12 +36,14 @@ from derecho_async.core import (
     Left,
     MemberState,
     Partitioned,
+    Persisted,
     SendFailed,
     SubgroupSpec,
     View,
     ViewInstalled,
 )
 from derecho_async.core.effects import Event
+from derecho_async.durability import Fs
 from derecho_async.errors import GroupClosed, PartitionedError, UsageError
 from derecho_async.runtime.driver import Driver
 from derecho_async.runtime.observer import GroupObserver
@@ -80,10 +84,13 @@ class Group:
         *,
         transport: Transport | None = None,
         observer: GroupObserver | None = None,
+        fs: Fs | None = None,
     ) -> None:
         """``transport``: a transport to use instead of the one ``config`` names (testing kits
         such as derecho_async.testing build their own); ``observer``: hooks told of deliveries,
-        views and state transfer (:class:`~derecho_async.runtime.observer.GroupObserver`)."""
+        views and state transfer (:class:`~derecho_async.runtime.observer.GroupObserver`);
+        ``fs``: the file system ``data_dir`` is on (default: the real one; the simulator's
+        :class:`~derecho_async.testing.simdisk.SimDisk` can crash)."""
         if not isinstance(config, Config):
             raise UsageError("Group needs a derecho_async.Config")
         if transport is not None and transport.member_id != config.member_id:
@@ -115,6 +122,11 @@ class Group:
                                                observer)
         self.on_delivered = dispatch.on_delivered
         self.flush = dispatch.flush
+        self._durable: Durable | None = None
+        self._restart: Restart | None = None  # restarting with files (until in a view)
+        if config.data_dir is not None:
+            self._durable = Durable(config, state, hosted, self._p2p.last_delivered, fs)
+            dispatch.record = self._durable.record
         self._driver: Driver | None = None
         self._xfer: StateTransfer | None = None  # state transfer to and from joiners
         self._gone: asyncio.Future[None] | None = None  # resolved once a deferred leave is done
@@ -134,11 +146,12 @@ class Group:
         timeout: float | None = 60.0,
         transport: Transport | None = None,
         observer: GroupObserver | None = None,
+        fs: Fs | None = None,
     ) -> Self:
         """Join the group named by ``config`` and return once this member is in a view.
 
-        ``transport``, ``observer``: as for :class:`Group`."""
-        group = cls(config, actors, transport=transport, observer=observer)
+        ``transport``, ``observer``, ``fs``: as for :class:`Group`."""
+        group = cls(config, actors, transport=transport, observer=observer, fs=fs)
         await group.start(timeout=timeout)
         return group
 
@@ -148,27 +161,47 @@ class Group:
             raise UsageError("this Group was already started")
         self._started = True
         logging.getLogger("derecho_async").setLevel(self.config.log_level)
+        last_view = None
+        if self._durable is not None:  # the actors resume from this member's files
+            await self._durable.open()
+            last_view = self._durable.last_view()
         transport = self._transport if self._transport is not None else _make_transport(self.config)
         driver = Driver(self.config, transport, self.layout, self)
         self._driver = self._state.driver = driver
+        if self._durable is not None and last_view is not None:
+            self._restart = Restart(
+                self._durable, driver, last_view,
+                grace_s=2 * self.config.suspect_after_ms / 1000,
+                stall_s=self.config.state_stall_s, fail=self._restart_failed)
+            driver.hold_bootstrap = self._restart.is_contact
         self._xfer = StateTransfer(driver, self._actors, self._runners, self._observer)
         try:
             await driver.start()
         except BaseException:
             await driver.close()  # release what the transport holds (names, sockets)
             raise
+        if self._restart is not None:
+            self._restart.start()
         assert driver.first_view is not None
         try:
             await asyncio.wait_for(asyncio.shield(driver.first_view), timeout)
         except TimeoutError:
-            await driver.close()
+            if self._restart is not None:
+                self._restart.stop()
+            await self._abandon(driver)
             raise GroupClosed(
                 f"member {self.config.member_id} was not admitted to group "
                 f"{self.config.group!r} within {timeout} s"
             ) from None
         except RuntimeError as exc:
-            await driver.close()
+            await self._abandon(driver)
             raise GroupClosed(f"could not join: {exc}") from None
+        except GroupClosed:
+            await self._abandon(driver)
+            raise
+        if self._state.closed is not None:  # (a restart that could not go on)
+            await self._abandon(driver)
+            raise self._state.closed
         try:  # a joiner: its state, streamed from its sponsor (see runtime.statexfer)
             await self._xfer.restored()
         except GroupClosed:
@@ -197,6 +230,14 @@ class Group:
                                 "%.1f s; leaving without it", self.member_id, wait_s)
         self._close(GroupClosed("this member left the group"))
         await driver.close()
+        if self._durable is not None:
+            await self._durable.aclose()
+
+    async def _abandon(self, driver: Driver) -> None:
+        """A start that failed: release the transport and close the files."""
+        await driver.close()
+        if self._durable is not None:
+            await self._durable.aclose()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -235,7 +276,7 @@ class Group:
 
     def subgroup(self, actor: type[Actor]) -> SubgroupHandle:
         """The handle for calls into ``actor``'s subgroup."""
-        return SubgroupHandle(self._calls, self._p2p, self._spec_of(actor))
+        return SubgroupHandle(self._calls, self._p2p, self._spec_of(actor), self._durable)
 
     def local(self, actor: type[Actor]) -> Actor:
         """This member's own replica of ``actor`` (for local reads)."""
@@ -288,6 +329,11 @@ class Group:
             self.on_delivered([event])
         elif isinstance(event, ViewInstalled):
             self._on_view(event)
+            if self._durable is not None:
+                self._durable.on_view(event)
+        elif isinstance(event, Persisted):
+            if self._durable is not None:
+                self._durable.on_persisted(event)
         elif isinstance(event, SendFailed):
             self._calls.send_failed(event.msg_no, event.reason)
         elif isinstance(event, Partitioned):
@@ -317,6 +363,14 @@ class Group:
             _, req, actor_name, method, body = msg
             assert isinstance(req, int) and isinstance(body, bytes)
             self._p2p.serve(sender, req, str(actor_name), str(method), body)
+        elif isinstance(kind, int) and env.RECOVER_INFO <= kind <= env.RECOVER_LIVE:
+            if self._restart is not None:
+                self._restart.on_message(sender, msg)
+            elif kind == env.RECOVER_INFO and self._state.view is not None and (
+                    self._state.closed is None and self._driver is not None):
+                # a member restarting with its files while the group runs: it joins through me
+                self._driver.transport.send(sender, env.encode(env.RECOVER_LIVE,
+                                                               self._state.view.view_id))
         elif kind == env.P2P_RESP:
             _, req, ok, body, view_id, seq_plus_one = msg  # (seq + 1: the field is unsigned)
             assert isinstance(req, int) and isinstance(body, bytes)
@@ -327,8 +381,19 @@ class Group:
         """Host.state_ticket: the ticket of a fenced, streamed state transfer to ``joiner``."""
         return self._xfer.ticket(view_id, joiner) if self._xfer is not None else None
 
+    def _restart_failed(self, exc: BaseException) -> None:
+        """The restart cannot go on: the join fails with ``exc``."""
+        driver = self._driver
+        self._close(exc)
+        if driver is not None and driver.first_view is not None and not driver.first_view.done():
+            driver.first_view.set_exception(exc)
+
     def _on_view(self, ev: ViewInstalled) -> None:
         state = self._state
+        if self._restart is not None:
+            self._restart.check_view(ev.view.view_id,
+                                     founding=ev.state is None and state.me in ev.joined)
+            self._restart = None
         if state.me in ev.joined:  # the state this member starts from: no call of this view
             self._p2p.joined(ev)
         # (a joiner's state: the driver hands the view to self._xfer next, which holds the
@@ -360,3 +425,7 @@ class Group:
         self._calls.fail_in_flight(exc)
         self._p2p.fail_all(exc)
         self._calls.fail_parked(exc)
+        if self._durable is not None:
+            self._durable.close(exc)
+        if self._restart is not None:
+            self._restart.stop()

@@ -12,14 +12,17 @@ See docs/DESIGN.md §7.2.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
 from derecho_async.api.calls import CAST
+from derecho_async.errors import UsageError
 
 if TYPE_CHECKING:
-    from derecho_async.api.actor import ActorSpec
+    from derecho_async.api.actor import Actor, ActorSpec
     from derecho_async.api.calls import CallTable, Replies
+    from derecho_async.api.durable import Durable
+    from derecho_async.api.logged_calls import HistoryEntry, Version
     from derecho_async.api.p2pcalls import P2PServer, Versioned
 
 __all__ = ["OrderedMethod", "P2PCall", "P2PMethod", "SubgroupHandle"]
@@ -102,10 +105,47 @@ class SubgroupHandle:
     replies; it completes when the call is delivered here), ``await handle.method.at(member)(...)``
     for ``@p2p`` methods."""
 
-    def __init__(self, calls: CallTable, p2p: P2PServer, spec: ActorSpec) -> None:
+    def __init__(self, calls: CallTable, p2p: P2PServer, spec: ActorSpec,
+                 durable: Durable | None = None) -> None:
         self._calls = calls
         self._p2p = p2p
         self._spec = spec
+        self._durable = durable
+
+    # -- durability (a group with ``data_dir``; README "Durability") ---------------------------
+    def _durable_state(self) -> Durable:
+        if self._durable is None:
+            raise UsageError("durability needs the config key data_dir")
+        return self._durable
+
+    def persisted(self, version: tuple[int, int]) -> Awaitable[None]:
+        """Wait until every member of the current view has this subgroup's log durable
+        (fsynced) through ``version`` (a version a call returned, e.g. ``await m.cast(...)``).
+        Fails with the group's error if this member leaves first."""
+        version = _check_version(version)
+        return self._durable_state().persisted(self._spec.name, version)
+
+    @property
+    def persisted_frontier(self) -> tuple[int, int] | None:
+        """The highest version known durable at every member of the view (None: none yet)."""
+        return self._durable_state().frontier.get(self._spec.name)
+
+    def history(self, since: tuple[int, int] | None = None) -> AsyncIterator[HistoryEntry]:
+        """The delivered calls this member's log holds after ``since`` (all: None), in order,
+        as :class:`~derecho_async.api.logged_calls.HistoryEntry` (version, time, method, args)."""
+        durable = self._durable_state()
+        return durable.history(self._spec.name, None if since is None else _check_version(since))
+
+    async def at_version(self, version: tuple[int, int]) -> Actor:
+        """A new, detached replica of this actor holding every call up to ``version`` and none
+        after (rebuilt from the newest snapshot before it and the log)."""
+        version = _check_version(version)
+        return await self._durable_state().at_version(self._spec.name, version)
+
+    async def at_time(self, t: float) -> Actor:
+        """As :meth:`at_version`, for the last call delivered here at or before ``t`` (seconds
+        since the epoch, this member's clock)."""
+        return await self._durable_state().at_time(self._spec.name, float(t))
 
     def __getattr__(self, name: str) -> Any:
         # Called only for names not yet in the instance: the method object made here is kept
@@ -121,3 +161,10 @@ class SubgroupHandle:
                 f"actor {self._spec.name} has no @ordered or @p2p method {name!r}")
         self.__dict__[name] = method
         return method
+
+
+def _check_version(version: object) -> Version:
+    if not (isinstance(version, tuple) and len(version) == 2
+            and all(type(x) is int and 0 <= x < 1 << 63 for x in version)):
+        raise UsageError(f"a version is a (view_id, seq) pair of ints, not {version!r}")
+    return (version[0], version[1])

@@ -175,6 +175,16 @@ class Config:
         _SECONDS,
         "seconds a member sending a joiner its state waits for the handlers of calls "
         "delivered before the joiner's view; past it the join fails"))
+    # -- durability
+    data_dir: str | None = field(default=None, metadata=key(
+        Text("the path of a directory", "a path"),
+        "durable actors: the member keeps its log, snapshots and last view under "
+        "`<data_dir>/<group>/member-<id>/` and resumes from them when it restarts; unset: "
+        "nothing is written", shown="off"))
+    snapshot_every: int = field(default=10000, metadata=key(
+        Int(1, 1 << 40, "calls"),
+        "durable actors: a snapshot of a subgroup's actor after this many logged calls, and "
+        "the log before it trimmed"))
     # -- rdma
     rdma_device: str | None = field(default=None, metadata=key(
         Text("the name of an RDMA device (as in ibv_devices)", "a device name"),

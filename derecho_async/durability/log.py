@@ -232,21 +232,24 @@ class Log:
             if not batch:
                 return
             last = self._appended
+            limit = self._max_record_bytes
             for record in batch:
-                version = check_version(record.version)
+                version, time_ns, body = record
+                if not (type(version) is tuple and len(version) == 2
+                        and type(version[0]) is int and type(version[1]) is int
+                        and 0 <= version[0] <= MAX_U63 and 0 <= version[1] <= MAX_U63):
+                    check_version(version)  # raises, saying what a version is
                 if last is not None and version <= last:
                     raise UsageError(f"version {version} does not follow {last}")
-                if type(record.time_ns) is not int or not -MAX_U63 - 1 <= record.time_ns <= MAX_U63:
-                    raise UsageError(f"time_ns must be a 64-bit int, got {record.time_ns!r}")
-                if not isinstance(record.body, bytes | bytearray | memoryview):
-                    raise UsageError(f"a record's body is bytes, got {type(record.body).__name__}")
-                if len(record.body) > self._max_record_bytes:
-                    raise UsageError(f"a record of {len(record.body)} bytes is over the limit "
-                                     f"of {self._max_record_bytes}")
+                if type(time_ns) is not int or not -MAX_U63 - 1 <= time_ns <= MAX_U63:
+                    raise UsageError(f"time_ns must be a 64-bit int, got {time_ns!r}")
+                if type(body) is not bytes:
+                    raise UsageError(f"a record's body is bytes, got {type(body).__name__}")
+                if len(body) > limit:
+                    raise UsageError(f"a record of {len(body)} bytes is over the limit "
+                                     f"of {limit}")
                 last = version
-            data = encode_batch(
-                (LogRecord(check_version(r.version), r.time_ns, bytes(r.body)) for r in batch),
-                self._next_batch)
+            data = encode_batch(batch, self._next_batch)
             try:
                 seg = self._segments[-1] if self._segments else None
                 if seg is None or seg.size >= self._segment_bytes:

@@ -74,14 +74,20 @@ def check_version(version: object) -> Version:
     return (version[0], version[1])
 
 
+_TAIL = struct.Struct("<IIQQQq")  # the header after magic and crc: what the crc covers first
+_PREFIX = struct.Struct("<4sI")
+
+
 def encode_batch(records: Iterable[LogRecord], batch: int) -> bytes:
     """The bytes of ``records`` framed as one batch (no checks: the caller validated them)."""
     parts: list[bytes] = []
+    append = parts.append
+    tail_of, prefix_of, crc32 = _TAIL.pack, _PREFIX.pack, zlib.crc32
     for (view, seq), time_ns, body in records:
-        fields = HEADER.pack(_MAGIC, 0, len(body), _KIND_CALL, batch, view, seq, time_ns)
-        crc = zlib.crc32(body, zlib.crc32(memoryview(fields)[8:]))
-        parts.append(fields[:4] + struct.pack("<I", crc) + fields[8:])
-        parts.append(body)
+        tail = tail_of(len(body), _KIND_CALL, batch, view, seq, time_ns)
+        append(prefix_of(_MAGIC, crc32(body, crc32(tail))))
+        append(tail)
+        append(body)
     return b"".join(parts)
 
 

@@ -64,18 +64,19 @@ class Snapshots:
         """(version, time_ns, data) of the newest snapshot, None if there is none; a damaged
         newest snapshot raises LogCorrupted."""
         versions = self.versions()
-        if not versions:
-            return None
-        path = self._path(versions[-1])
+        return self.load(versions[-1]) if versions else None
+
+    def load(self, version: Version) -> tuple[Version, int, bytes]:
+        """(version, time_ns, data) of the snapshot of ``version``; LogCorrupted if damaged."""
+        path = self._path(version)
         raw = read_checked(path, fs=self._fs)
         if raw is None:
             raise LogCorrupted(path, 0, "listed but could not be opened")
         if len(raw) < _HEADER.size:
             raise LogCorrupted(path, 0, "shorter than the snapshot header")
         view, seq, time_ns = _HEADER.unpack_from(raw)
-        if (view, seq) != versions[-1]:
-            raise LogCorrupted(path, 0, f"holds version {(view, seq)}, the name says "
-                                        f"{versions[-1]}")
+        if (view, seq) != version:
+            raise LogCorrupted(path, 0, f"holds version {(view, seq)}, the name says {version}")
         return (view, seq), time_ns, raw[_HEADER.size:]
 
     def prune(self, keep: int = 2) -> None:

@@ -152,6 +152,9 @@ class Driver:
         self.contact = min((*config.peers.keys(), 0)) if config.peers else 0
         self.core: Member | None = None
         self._bootstrap_joiners: list[int] = []
+        #: the contact does not form view 0 itself: a restart after total failure forms the
+        #: first view through :meth:`form_view` (see ``api/restart.py``)
+        self.hold_bootstrap = False
         self._step_handle: asyncio.Handle | None = None  # the step kick() scheduled
         self._stepping = False  # a step is being carried out (steps do not nest)
         self._tick_handle: asyncio.TimerHandle | None = None
@@ -236,8 +239,8 @@ class Driver:
         self._start_gpu_plane()
         await self.transport.start(self)
         is_contact = self.member_id == self.contact
-        if is_contact and self.config.initial_members == 1:
-            self._form_initial_view([])
+        if is_contact and self.config.initial_members == 1 and not self.hold_bootstrap:
+            self.form_view(0, [])
         elif not is_contact:
             contacts = tuple(sorted(self.config.peers)) or (self.contact,)
             contacts = tuple(c for c in contacts if c != self.member_id) or (self.contact,)
@@ -563,8 +566,9 @@ class Driver:
                 if sender not in self._bootstrap_joiners and sender != self.member_id:
                     self._bootstrap_joiners.append(sender)
                     self.transport.add_peer(sender, self.config.peers.get(sender))
-                if len(self._bootstrap_joiners) + 1 >= self.config.initial_members:
-                    self._form_initial_view(self._bootstrap_joiners)
+                if (len(self._bootstrap_joiners) + 1 >= self.config.initial_members
+                        and not self.hold_bootstrap):
+                    self.form_view(0, self._bootstrap_joiners)
             return
         if isinstance(message, JoinRequest) and message.joiner != sender:
             raise ProtocolViolation(f"join request for {message.joiner} sent by {sender}")
@@ -572,14 +576,30 @@ class Driver:
             self.transport.add_peer(sender, self.config.peers.get(sender))
         self.core.receive_message(sender, message)
 
-    def _form_initial_view(self, others: list[int]) -> None:
+    def join_through(self, member: int) -> None:
+        """The contact, holding its bootstrap, joins a group that runs without it by asking
+        ``member`` to admit it (as every other joiner does)."""
+        if self.core is not None or self._closed:
+            return
+        self.transport.add_peer(member, self.config.peers.get(member))
+        self.core = Member(self.member_id, self.core_config, contacts=(member,))
+        self.kick()
+
+    def form_view(self, view_id: int, others: list[int]) -> None:
+        """The contact forms the group's first view ``view_id`` with ``others`` and itself, and
+        welcomes them into it (view 0 at bootstrap; a restart's view after total failure)."""
+        if self.core is not None:
+            return
         members = tuple(sorted({self.member_id, *others}))
-        view = View(0, members)
+        for m in members:
+            if m != self.member_id and m not in self._bootstrap_joiners:
+                self.transport.add_peer(m, self.config.peers.get(m))
+        view = View(view_id, members)
         self.core = Member(self.member_id, self.core_config, view=view)
         for m in members:
             if m != self.member_id:
                 self.transport.send(
-                    m, env.encode(env.CORE, encode_message(Welcome(0, members, None)))
+                    m, env.encode(env.CORE, encode_message(Welcome(view_id, members, None)))
                 )
         self._step()
 

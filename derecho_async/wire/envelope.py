@@ -27,6 +27,10 @@ __all__ = [
     "NCCL_UID",
     "P2P_REQ",
     "P2P_RESP",
+    "RECOVER_INFO",
+    "RECOVER_LIVE",
+    "RECOVER_PLAN",
+    "RECOVER_READY",
     "REPLIES",
     "REPLY",
     "SHM_DESC",
@@ -34,6 +38,8 @@ __all__ = [
     "STATE_ACK",
     "STATE_BEGIN",
     "STATE_READY",
+    "SUFFIX",
+    "SUFFIX_REQ",
     "decode",
     "encode",
 ]
@@ -64,6 +70,18 @@ STATE_BEGIN = 13
 STATE_READY = 14  # [STATE_READY, xfer_id] (joiner -> sponsor: send the chunks)
 STATE_ACK = 15  # [STATE_ACK, xfer_id, chunk index] (joiner -> sponsor: verified and stored)
 STATE_ABORT = 16  # [STATE_ABORT, xfer_id, reason] (either way: the transfer is over, failed)
+# Restart after total failure (:mod:`derecho_async.api.restart`). A version travels as two
+# unsigned ints, view_id and seq + 1 (0, 0: none).
+# [RECOVER_INFO, last view id, [members], [[subgroup, view_id, seq + 1], ...]] (-> contact)
+RECOVER_INFO = 17
+# [RECOVER_PLAN, epoch, new view id, [members], [[subgroup, source, view_id, seq + 1], ...]]
+RECOVER_PLAN = 18
+SUFFIX_REQ = 19  # [SUFFIX_REQ, epoch, subgroup, view_id, seq + 1] (-> source: records after it)
+# [SUFFIX, epoch, subgroup, [] or [view_id, seq, time_ns, snapshot bytes],
+#  [[view_id, seq, time_ns, body], ...], last]
+SUFFIX = 20
+RECOVER_READY = 21  # [RECOVER_READY, epoch] (-> contact: the suffixes are applied and durable)
+RECOVER_LIVE = 22  # [RECOVER_LIVE, view id] (a running member -> a recovering one: join it)
 
 _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     CORE: (list,),
@@ -83,6 +101,12 @@ _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     STATE_READY: (int,),
     STATE_ACK: (int, int),
     STATE_ABORT: (int, str),
+    RECOVER_INFO: (int, list, list),
+    RECOVER_PLAN: (int, int, list, list),
+    SUFFIX_REQ: (int, str, int, int),
+    SUFFIX: (int, str, list, list, bool),
+    RECOVER_READY: (int,),
+    RECOVER_LIVE: (int,),
 }
 _MAX_INT = (1 << 63) - 1
 
@@ -117,7 +141,52 @@ def decode(data: bytes) -> list[Any]:
         _check_state_parts(msg[5])
     elif msg[0] == STATE_ABORT and len(msg[2]) > _MAX_REASON:
         raise ProtocolViolation(f"state abort reason of {len(msg[2])} characters")
+    elif RECOVER_INFO <= msg[0] <= SUFFIX:
+        _check_restart(msg)
     return msg
+
+
+_MAX_RESTART_ITEMS = 1 << 20  # members, subgroups or records in one restart message
+
+
+def _ints(values: object, n: int) -> bool:
+    return (isinstance(values, list) and len(values) == n
+            and all(type(v) is int and 0 <= v <= _MAX_INT for v in values))
+
+
+def _entries(items: list[Any], head: tuple[type, ...], what: str) -> None:
+    """Each item a list of ``head`` types then unsigned ints up to the item's length."""
+    if len(items) > _MAX_RESTART_ITEMS:
+        raise ProtocolViolation(f"{len(items)} {what} in a restart message")
+    for item in items:
+        if not isinstance(item, list) or len(item) < len(head):
+            raise ProtocolViolation(f"malformed {what} in a restart message")
+        if not all(isinstance(v, t) for v, t in zip(item, head, strict=False)):
+            raise ProtocolViolation(f"malformed {what} in a restart message")
+
+
+def _check_restart(msg: list[Any]) -> None:
+    kind = msg[0]
+    if kind == RECOVER_INFO:
+        if not _ints(msg[2], len(msg[2])) or len(msg[2]) > 64:
+            raise ProtocolViolation("malformed members in a restart info")
+        _entries(msg[3], (str,), "subgroups")
+        if not all(len(e) == 3 and _ints(e[1:], 2) for e in msg[3]):
+            raise ProtocolViolation("malformed durable versions in a restart info")
+    elif kind == RECOVER_PLAN:
+        if not _ints(msg[3], len(msg[3])) or len(msg[3]) > 64:
+            raise ProtocolViolation("malformed members in a restart plan")
+        _entries(msg[4], (str,), "subgroups")
+        if not all(len(e) == 4 and _ints(e[1:], 3) for e in msg[4]):
+            raise ProtocolViolation("malformed sources in a restart plan")
+    elif kind == SUFFIX:
+        snapshot, records = msg[3], msg[4]
+        if snapshot and not (len(snapshot) == 4 and _ints(snapshot[:2], 2)
+                             and type(snapshot[2]) is int and isinstance(snapshot[3], bytes)):
+            raise ProtocolViolation("malformed snapshot in a restart suffix")
+        _entries(records, (int, int, int, bytes), "records")
+        if not all(len(r) == 4 and _ints(r[:2], 2) and type(r[2]) is int for r in records):
+            raise ProtocolViolation("malformed record in a restart suffix")
 
 
 _MAX_REASON = 4096  # characters of a STATE_ABORT reason

@@ -146,6 +146,10 @@ BAD_VALUES: list[tuple[str, object]] = [
     ("spin_us", float("nan")),
     ("spin_us", "100"),
     ("spin_us", True),
+    ("data_dir", ""),
+    ("data_dir", 5),
+    ("snapshot_every", 0),
+    ("snapshot_every", 1.5),
     ("rdma_device", ""),
     ("rdma_port", 0),
     ("rdma_port", 256),
@@ -340,7 +344,7 @@ def test_unknown_key_in_constructor() -> None:
     assert info.value.key == "heartbeat"
     assert info.value.got == 5
     assert info.value.expected.startswith(
-        "one of: check_p2p_reads, contact, fence_timeout_s, gpu_busy_poll_us, gpu_plane,"
+        "one of: check_p2p_reads, contact, data_dir, fence_timeout_s, gpu_busy_poll_us,"
     )
     assert "heartbeat_ms," in info.value.expected
 

@@ -1,0 +1,576 @@
+"""Durable actors: this member's log of delivered calls, its snapshots, the persistence frontier.
+
+Theory of operation (docs/DESIGN.md §7.12): with ``data_dir`` set, each hosted subgroup gets a
+:class:`~derecho_async.durability.log.Log` and its
+:class:`~derecho_async.durability.snapshots.Snapshots` under
+``<data_dir>/<group>/member-<id>/<subgroup>/``. Each run of deliveries is added to a pending
+batch on the loop (a list append per call). One flush at a time runs in the executor: it encodes
+what is not plain bytes (arrays copied to host), appends, and syncs: one fsync per subgroup per
+flush however many calls it holds (group commit). Back on the loop it raises this member's
+``persisted`` word in the shared-state table; the core reports the lowest word of the shard's
+members as ``Persisted`` events, which move :attr:`Durable.frontier` and resolve
+``persisted(version)``. Delivery never waits for the disk: the two frontiers are separate.
+
+Snapshots are labelled with the version they run up to, exclusive: a snapshot labelled
+``(v, s)`` holds every call before ``(v, s)`` and none after. One is taken through a hold in the
+actor's runner (every call delivered before the hold has run, none after), every
+``snapshot_every`` logged calls and when this member joins by state transfer (its *base*: it
+publishes no mark before that base is durable, so a mark of 1 means the same everywhere:
+everything before this view is on the disk). Once a snapshot is durable the log before it is
+trimmed. A member that starts with files restores its newest snapshot and replays the log after
+it into its actors before it joins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from derecho_async import wire
+from derecho_async.api.delivery import Hosted
+from derecho_async.api.logged_calls import (
+    HistoryEntry,
+    Logged,
+    SuffixChunk,
+    Version,
+    decode_body,
+    encode_body,
+    held_by,
+    replay,
+)
+from derecho_async.durability import Fs, Log, LogRecord, Snapshots, atomic_write, read_checked
+from derecho_async.errors import GroupClosed, UsageError
+
+if TYPE_CHECKING:
+    from derecho_async.api.actor import Actor
+    from derecho_async.api.membership import Membership
+    from derecho_async.config import Config
+    from derecho_async.core import Delivered, Persisted, ViewInstalled
+
+__all__ = ["Durable", "member_dir"]
+
+log = logging.getLogger("derecho_async.durable")
+
+
+def member_dir(config: Config) -> Path:
+    """Where a member keeps its files: ``<data_dir>/<group>/member-<id>``."""
+    if config.data_dir is None:
+        raise UsageError("this group has no data_dir")
+    return Path(config.data_dir) / config.group / f"member-{config.member_id}"
+
+
+class _Subgroup:
+    """One hosted subgroup's files, pending records and snapshot bookkeeping."""
+
+    def __init__(self, name: str, hosted: Hosted, directory: Path, fs: Fs | None) -> None:
+        self.name = name
+        self.hosted = hosted
+        self.directory = directory
+        self.fs = fs
+        self.log: Log | None = None
+        self.snapshots = Snapshots(directory / "snapshots", fs=fs)
+        self.pending: list[tuple[Version, int, object]] = []
+        self.since_snapshot = 0
+        self.snapshot_due = False
+        self.durable: Version | None = None  # this member's log is durable through it
+
+
+class Durable:
+    """This member's durable state (see the module header): made by the Group when
+    ``data_dir`` is set; the dispatcher calls :meth:`record`, the Group routes events."""
+
+    def __init__(self, config: Config, state: Membership, hosted: dict[str, Hosted],
+                 last_delivered: dict[str, Version], fs: Fs | None = None) -> None:
+        self.root = member_dir(config)
+        self._fs = fs
+        self._state = state
+        self._snapshot_every = config.snapshot_every
+        self._subs = {name: _Subgroup(name, h, self.root / name, fs) for name, h in hosted.items()}
+        self._last_delivered = last_delivered  # the p2p server's map (written per delivery run)
+        self._flush: asyncio.Task[None] | None = None
+        self._jobs: list[Callable[[], None]] = []  # file work for the next flush, in order
+        self._view_id = -1
+        self._view_dirty = False
+        self._base_pending = False  # joined by state transfer: no mark before the base snapshot
+        self.frontier: dict[str, Version | None] = dict.fromkeys(self._subs)
+        """Per subgroup, the highest version known durable at every member of the view."""
+        self._bound: dict[str, Version] = {}  # versions below it are durable everywhere
+        self._prior: dict[str, Version | None] = {}  # last delivered before the current view
+        self._base_marker: Callable[[], None] | None = None
+        self._bases_left = 0
+        self._view_job: Callable[[], None] | None = None  # a joiner's, written after its base
+        self._lock = asyncio.Lock()  # one flush at a time: batches reach the log in order
+        self._runs: list[tuple[list[Delivered], int]] = []  # deliveries not yet flushed
+        self._only = next(iter(self._subs.values())) if len(self._subs) == 1 else None
+        self._waiters: dict[str, list[tuple[Version, asyncio.Future[None]]]] = {
+            name: [] for name in self._subs}
+        self.resumed_from: dict[str, Version | None] = {}
+        self.closed: BaseException | None = None
+        self._crashed = False
+
+    # -- start ---------------------------------------------------------------------------------
+    async def open(self) -> bool:
+        """Open (or create) the files and bring the actors to what they hold: the newest
+        snapshot, then the log after it. True when this member resumed from earlier files."""
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(None, self._open_files)
+        for sub in self._subs.values():
+            snap, records = found[sub.name]
+            actor = sub.hosted.actor
+            upto: Version | None = None
+            if snap is not None:
+                upto, _t, data = snap
+                actor.restore(wire.decode(data))
+            last = await replay(sub.hosted, records, upto)
+            self.resumed_from[sub.name] = last if last is not None else (
+                held_by(upto) if upto is not None else None)
+            sub.durable = sub.log.durable_through if sub.log is not None else None
+        return any(v is not None for v in self.resumed_from.values())
+
+    def _open_files(self) -> dict[str, tuple[tuple[Version, int, bytes] | None,
+                                             list[LogRecord]]]:
+        found = {}
+        for sub in self._subs.values():
+            sub.log = Log.open(sub.directory / "log", fs=sub.fs)
+            snap = sub.snapshots.load_newest()
+            since = held_by(snap[0]) if snap is not None else None
+            found[sub.name] = (snap, list(sub.log.read(since)))
+        return found
+
+    def last_view(self) -> tuple[int, tuple[int, ...]] | None:
+        """The last view this member installed, from its files (None: none recorded)."""
+        data = read_checked(self.root / "view", fs=self._fs)
+        if data is None:
+            return None
+        view = wire.decode(data)
+        if not (isinstance(view, tuple | list) and len(view) == 2 and isinstance(view[0], int)
+                and isinstance(view[1], tuple | list)):
+            raise ValueError(f"{self.root / 'view'}: malformed view record")
+        return view[0], tuple(int(m) for m in view[1])
+
+    # -- the dispatcher's and the group's calls ------------------------------------------------
+    def record(self, events: list[Delivered]) -> None:
+        """A run of deliveries (before their handlers run): kept as it is (the driver makes a
+        new list per run) for the next flush, which makes the log records off the loop."""
+        self._runs.append((events, time.time_ns()))
+        only = self._only
+        if only is not None:
+            only.since_snapshot += len(events)
+            if only.since_snapshot >= self._snapshot_every and not only.snapshot_due:
+                only.snapshot_due = True
+                asyncio.get_running_loop().call_soon(self._snapshot, only)
+        else:
+            subs = self._subs
+            for ev in events:
+                sub = subs.get(ev[0])
+                if sub is None:
+                    continue
+                sub.since_snapshot += 1
+                if sub.since_snapshot >= self._snapshot_every and not sub.snapshot_due:
+                    sub.snapshot_due = True
+                    asyncio.get_running_loop().call_soon(self._snapshot, sub)
+        flush = self._flush
+        if flush is None or flush.done():
+            self._kick()
+
+    def on_view(self, ev: ViewInstalled) -> None:
+        """A view was installed: record it, and mark again from 1 once it is on the disk."""
+        self._view_id = ev.view.view_id
+        self._view_dirty = True
+        for name in self._subs:
+            last = self._last_delivered.get(name)
+            if last is not None and last[0] < ev.view.view_id:
+                self._prior[name] = last
+        members = list(ev.view.members)
+        view_id = ev.view.view_id
+
+        def write_view() -> None:
+            atomic_write(self.root / "view", wire.encode([view_id, members]), fs=self._fs)
+
+        if self._state.me in ev.joined and ev.state is not None:
+            # a joiner's state arrives by state transfer: after the transfer's holds (queued
+            # later in this step), a hold of ours takes it as the base snapshot; the view is
+            # recorded only after it (a restart counts this member in the view only then)
+            self._base_pending = True
+            self._view_job = write_view
+            asyncio.get_running_loop().call_soon(self._take_base)
+        else:
+            self._jobs.append(write_view)
+        self._kick()
+
+    def on_persisted(self, ev: Persisted) -> None:
+        """The core saw the shard's lowest ``persisted`` word rise: every member of the view
+        has the versions below ``bound`` durable."""
+        name = ev.subgroup
+        if name not in self._subs:
+            return
+        bound = (ev.view_id, ev.mark - 1)
+        old = self._bound.get(name)
+        if old is not None and bound <= old:
+            return
+        self._bound[name] = bound
+        self.frontier[name] = (ev.view_id, ev.mark - 2) if ev.mark >= 2 else self._prior.get(name)
+        waiters = self._waiters[name]
+        keep = []
+        for version, fut in waiters:
+            if version < bound:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((version, fut))
+        self._waiters[name] = keep
+
+    def close(self, exc: BaseException) -> None:
+        """This member is out of the group: waiters fail with ``exc``; files are synced and
+        closed once the last flush is done."""
+        if self.closed is None:
+            self.closed = exc
+        for waiters in self._waiters.values():
+            for _v, fut in waiters:
+                if not fut.done():
+                    fut.set_exception(exc)
+            waiters.clear()
+
+    def crash(self) -> None:
+        """Stop dead, as a process crash would (simulation): nothing more is written."""
+        self.close(GroupClosed("crashed"))
+        self._crashed = True
+        if self._flush is not None:
+            self._flush.cancel()
+        for sub in self._subs.values():
+            sub.pending = []
+            sub.log = None
+        self._jobs = []
+        self._runs = []
+
+    async def aclose(self) -> None:
+        """Finish the flush under way and close the files."""
+        task = self._flush
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+        if self._runs or self._jobs or any(s.pending for s in self._subs.values()):
+            await self._flush_once()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._close_files)
+
+    def _close_files(self) -> None:
+        for sub in self._subs.values():
+            if sub.log is not None:
+                sub.log.close()
+                sub.log = None
+
+    # -- the subgroup handle's calls -----------------------------------------------------------
+    def persisted(self, name: str, version: Version) -> asyncio.Future[None]:
+        """A future set once every member of the view has ``name``'s log durable through
+        ``version``."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.closed is not None:
+            fut.set_exception(self.closed)
+            return fut
+        bound = self._bound.get(name)
+        if bound is not None and version < bound:
+            fut.set_result(None)
+        else:
+            self._waiters[name].append((version, fut))
+        return fut
+
+    async def history(self, name: str, since: Version | None) -> AsyncIterator[HistoryEntry]:
+        """The delivered calls of ``name`` after ``since`` that this member's log holds."""
+        sub = self._subs[name]
+        await self._flush_once()  # what was delivered before the call is in the log
+        logfile = sub.log
+        if logfile is None:
+            raise GroupClosed("the log is closed")
+        loop = asyncio.get_running_loop()
+        records = await loop.run_in_executor(None, lambda: list(logfile.read(since)))
+        for rec in records:
+            name_, args, kwargs = decode_body(rec.body)
+            one_way = name_.endswith(".cast")
+            method = name_.removesuffix(".cast").partition(".")[2]
+            yield HistoryEntry(rec.version, rec.time_ns / 1e9, method, args, kwargs, one_way)
+
+    async def at_version(self, name: str, version: Version) -> Actor:
+        """A new replica of ``name``'s actor holding every call up to ``version`` (from the
+        newest snapshot at or before it, and the log after that snapshot)."""
+        sub = self._subs[name]
+        await self._flush_once()
+        logfile = sub.log
+        if logfile is None:
+            raise GroupClosed("the log is closed")
+
+        def load() -> tuple[tuple[Version, int, bytes] | None, list[LogRecord]]:
+            snap = None
+            for upto in sorted(sub.snapshots.versions(), reverse=True):
+                held = held_by(upto)
+                if held is None or held <= version:
+                    snap = sub.snapshots.load(upto)
+                    break
+            since = held_by(snap[0]) if snap is not None else None
+            first = logfile.first_version
+            if snap is None and first is not None and sub.snapshots.versions():
+                raise UsageError(f"version {version} is older than the oldest snapshot kept")
+            out = []
+            for rec in logfile.read(since):
+                if rec.version > version:
+                    break
+                out.append(rec)
+            return snap, out
+
+        snap, records = await asyncio.get_running_loop().run_in_executor(None, load)
+        spec = sub.hosted.spec
+        actor = spec.cls()
+        upto = None
+        if snap is not None:
+            upto = snap[0]
+            actor.restore(wire.decode(snap[2]))
+        await replay(Hosted(spec, sub.hosted.runner, actor, {}), records, upto)
+        return actor
+
+    async def at_time(self, name: str, t: float) -> Actor:
+        """As :meth:`at_version`, for the last call delivered here at or before ``t``."""
+        version = await self.version_at(name, t)
+        if version is not None:
+            return await self.at_version(name, version)
+        sub = self._subs[name]
+        if sub.snapshots.versions():
+            raise UsageError(f"no state of {name} from before {t} is kept")
+        return sub.hosted.spec.cls()
+
+    async def version_at(self, name: str, t: float) -> Version | None:
+        """The version of the last logged call of ``name`` delivered at or before time ``t``."""
+        sub = self._subs[name]
+        await self._flush_once()
+        logfile = sub.log
+        if logfile is None:
+            raise GroupClosed("the log is closed")
+        t_ns = int(t * 1e9)
+
+        def find() -> Version | None:
+            found = None
+            for rec in logfile.read(None):
+                if rec.time_ns > t_ns:
+                    break
+                found = rec.version
+            return found
+
+        return await asyncio.get_running_loop().run_in_executor(None, find)
+
+    # -- restart after total failure (api/restart.py) -----------------------------------------
+    def durable_versions(self) -> dict[str, Version | None]:
+        """Per subgroup, the last version this member holds durably (log or snapshot)."""
+        out: dict[str, Version | None] = {}
+        for name, sub in self._subs.items():
+            through = sub.durable
+            versions = sub.snapshots.versions()
+            held = held_by(versions[-1]) if versions else None
+            if held is not None and (through is None or held > through):
+                through = held
+            out[name] = through
+        return out
+
+    async def sync(self) -> None:
+        """Flush what is pending and wait until it is durable."""
+        await self._flush_once()
+
+    async def suffix(self, name: str, since: Version | None,
+                     chunk_bytes: int) -> AsyncIterator[SuffixChunk]:
+        """This member's log of ``name`` after ``since``, in chunks of about ``chunk_bytes``;
+        led by the newest snapshot when the log no longer reaches back to ``since``."""
+        sub = self._subs.get(name)
+        if sub is None or sub.log is None:
+            yield SuffixChunk(None, [], True)
+            return
+        logfile = sub.log
+
+        def load() -> tuple[tuple[Version, int, bytes] | None, list[LogRecord]]:
+            snap = sub.snapshots.load_newest()
+            held = held_by(snap[0]) if snap is not None else None
+            if snap is not None and held is not None and (since is None or since < held):
+                return snap, list(logfile.read(held))
+            return None, list(logfile.read(since))
+
+        snap, records = await asyncio.get_running_loop().run_in_executor(None, load)
+        chunk: list[LogRecord] = []
+        size = 0
+        for rec in records:
+            chunk.append(rec)
+            size += len(rec.body)
+            if size >= chunk_bytes:
+                yield SuffixChunk(snap, chunk, False)
+                snap, chunk, size = None, [], 0
+        yield SuffixChunk(snap, chunk, True)
+
+    async def apply_suffix(self, name: str, chunk: SuffixChunk) -> None:
+        """Bring ``name``'s actor and log forward by a chunk of another member's log."""
+        sub = self._subs.get(name)
+        if sub is None:
+            return
+        if chunk.snapshot is not None:
+            upto, t_ns, data = chunk.snapshot
+            sub.hosted.actor.restore(wire.decode(data))
+
+            def write_snapshot() -> None:
+                sub.snapshots.write(upto, t_ns, data)
+                held = held_by(upto)
+                if sub.log is not None and held is not None:
+                    sub.log.trim(held)
+
+            self._jobs.append(write_snapshot)
+            sub.durable = held_by(upto)
+        have = self.durable_versions().get(name) if chunk.snapshot is None else sub.durable
+        records = [r for r in chunk.records if have is None or r.version > have]
+        await replay(sub.hosted, records, None)
+        sub.pending.extend((r.version, r.time_ns, Logged(r.body)) for r in records)
+        await self._flush_once()
+
+    # -- flushing ------------------------------------------------------------------------------
+    def _kick(self) -> None:
+        if self._crashed:
+            return
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.get_running_loop().create_task(self._flush_loop())
+
+    async def _flush_loop(self) -> None:
+        while (self._runs or self._jobs or self._view_dirty
+               or any(s.pending for s in self._subs.values())):
+            await self._flush_once()
+
+    async def _flush_once(self) -> None:
+        async with self._lock:
+            await self._flush_locked()
+
+    async def _flush_locked(self) -> None:
+        view_id = self._view_id
+        self._view_dirty = False
+        batches = {name: sub.pending for name, sub in self._subs.items() if sub.pending}
+        for name in batches:
+            self._subs[name].pending = []
+        jobs, self._jobs = self._jobs, []
+        runs, self._runs = self._runs, []
+        loop = asyncio.get_running_loop()
+        try:
+            durable = await loop.run_in_executor(None, self._write, batches, runs, jobs)
+        except Exception as exc:  # a disk error: the member cannot keep its promise
+            log.error("member %d: writing the log failed: %r", self._state.me, exc)
+            self.close(GroupClosed(f"the durable log failed: {exc!r}"))
+            raise
+        for name, through in durable.items():
+            self._subs[name].durable = through
+        if self._base_marker is not None and self._base_marker in jobs:
+            self._base_marker = None
+            self._base_pending = False
+        self._publish(view_id)
+
+    def _write(self, batches: dict[str, list[tuple[Version, int, object]]],
+               runs: list[tuple[list[Delivered], int]],
+               jobs: list[Callable[[], None]]) -> dict[str, Version | None]:
+        """In the executor: the file jobs, then each subgroup's records appended and synced."""
+        for job in jobs:
+            job()
+        records: dict[str, list[LogRecord]] = {
+            name: [LogRecord(v, t, encode_body(p)) for v, t, p in batch]
+            for name, batch in batches.items()}
+        new, encode = tuple.__new__, encode_body  # (a LogRecord per call: no __new__ frame)
+        only = self._only
+        if only is not None:
+            out = records.setdefault(only.name, [])
+            add = out.append
+            for events, now in runs:
+                for ev in events:
+                    add(new(LogRecord, ((ev[2], ev[3]), now, encode(ev[6]))))
+        else:
+            for events, now in runs:
+                for ev in events:
+                    if ev[0] in self._subs:
+                        records.setdefault(ev[0], []).append(
+                            new(LogRecord, ((ev[2], ev[3]), now, encode(ev[6]))))
+        durable: dict[str, Version | None] = {}
+        for name, batch in records.items():
+            logfile = self._subs[name].log
+            if logfile is None or not batch:
+                continue
+            logfile.append(batch)
+            durable[name] = logfile.sync()
+        return durable
+
+    def _publish(self, view_id: int) -> None:
+        """Raise this member's ``persisted`` words after a flush that began in view
+        ``view_id``."""
+        driver = self._state.driver
+        if driver is None or driver.core is None or view_id != self._view_id:
+            return
+        if self._base_pending or self._view_dirty:
+            return
+        core = driver.core
+        for sh in core.shards:
+            if sh is None:
+                continue
+            sub = self._subs.get(sh.info.subgroup)
+            if sub is None:
+                continue
+            through = sub.durable
+            mark = through[1] + 2 if through is not None and through[0] == view_id else 1
+            core.set_persisted(sh.info.index, mark)
+        driver.kick()
+
+    # -- snapshots -----------------------------------------------------------------------------
+    def _upto(self, name: str) -> Version:
+        """The label of a snapshot whose hold is queued now: after every call delivered."""
+        last = self._last_delivered.get(name)
+        if last is not None and last[0] >= self._view_id:
+            return (last[0], last[1] + 1)
+        return (self._view_id, 0)
+
+    def _snapshot(self, sub: _Subgroup, base: bool = False) -> None:
+        """Put a hold in ``sub``'s runner; when it is reached, snapshot the actor."""
+        upto = self._upto(sub.name)
+
+        def reached(release: Callable[[], None]) -> None:
+            try:
+                data = wire.encode(sub.hosted.actor.snapshot())
+            except Exception as exc:
+                log.warning("member %d: snapshot of %s failed: %r", self._state.me, sub.name,
+                            exc)
+                sub.snapshot_due = False
+                release()
+                return
+            release()
+            now = time.time_ns()
+
+            def write() -> None:
+                sub.snapshots.write(upto, now, data)
+                held = held_by(upto)
+                if sub.log is not None and held is not None:
+                    sub.log.trim(held)
+                sub.snapshots.prune()
+
+            self._jobs.append(write)
+            sub.since_snapshot = 0
+            sub.snapshot_due = False
+            if base:
+                self._bases_left -= 1
+                if self._bases_left == 0:
+                    if self._view_job is not None:
+                        self._jobs.append(self._view_job)
+                        self._view_job = None
+                    self._base_marker = marker = _base_written  # (a job of its own)
+                    self._jobs.append(marker)
+            self._kick()
+
+        sub.hosted.runner.submit_hold(reached)
+
+    def _take_base(self) -> None:
+        self._bases_left = len(self._subs)
+        if not self._subs:
+            self._base_pending = False
+            return
+        for sub in self._subs.values():
+            self._snapshot(sub, base=True)
+
+
+def _base_written() -> None:
+    """A job that does nothing: a flush that ran it has written the base snapshots."""

@@ -1,0 +1,138 @@
+"""Logged calls: a delivered call as a log body and back, history entries, restart chunks.
+
+Theory of operation (docs/DESIGN.md §7.12): a log record's body is one tag byte and the call:
+``0`` and the call's bytes as delivered, or ``1`` and the call's bytes with its out-of-band
+arrays (copied to host) encoded together by the value codec. :func:`decode_body` gives back the
+call's wire name, args and kwargs (arrays as numpy), whatever was logged; :func:`replay` runs
+logged calls on an actor, dropping their outcomes (every replica had the same).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from types import CoroutineType
+from typing import Any
+
+from derecho_async import wire
+from derecho_async.api.delivery import Dispatcher, Hosted
+from derecho_async.durability import LogRecord
+from derecho_async.runtime.dataplane import OutOfBand
+
+__all__ = ["HistoryEntry", "Logged", "SuffixChunk", "Version", "decode_body", "encode_body",
+           "held_by", "replay"]
+
+log = logging.getLogger("derecho_async.durable")
+
+Version = tuple[int, int]
+"""``(view_id, seq)``: where a call stands in its subgroup's total order."""
+
+_PLAIN = b"\x00"  # a log body: the call's bytes as delivered
+_ARRAYS = b"\x01"  # a log body: [call bytes, [host arrays]] encoded by the value codec
+_SEQ_MAX = 1 << 62  # "the end of a view" (as a seq: above any real one, + 1 still fits)
+
+
+def held_by(upto: Version) -> Version | None:
+    """The last version a snapshot labelled ``upto`` holds (exclusive label, inclusive bound);
+    None for a snapshot that holds no call."""
+    view_id, seq = upto
+    if seq > 0:
+        return (view_id, seq - 1)
+    return (view_id - 1, _SEQ_MAX) if view_id > 0 else None
+
+
+def _host_array(array: object) -> object:
+    get = getattr(array, "get", None)  # a CuPy array: copied to host
+    if get is not None and wire.is_cupy_array(array):
+        return get()
+    return array
+
+
+class Logged(bytes):
+    """A body that is already a log body (a restart suffix's record): written as it is."""
+
+
+def encode_body(payload: object) -> bytes:
+    """A delivered call's payload as one self-contained log body (out-of-band arrays by value,
+    device arrays copied to host). Runs in the executor."""
+    if type(payload) is Logged:
+        return bytes(payload)
+    if type(payload) is bytes:
+        return _PLAIN + payload
+    if isinstance(payload, OutOfBand):
+        arrays = [_host_array(a) for a in payload.arrays]
+        return _ARRAYS + wire.encode([payload.call, arrays])
+    raise TypeError(f"cannot log a payload of type {type(payload).__name__}")
+
+
+def decode_body(body: bytes) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """``(wire name, args, kwargs)`` of a logged call (the inverse of :func:`encode_body`)."""
+    tag, rest = body[:1], body[1:]
+    if tag == _PLAIN:
+        return wire.decode_call(rest)
+    if tag == _ARRAYS:
+        parts = wire.decode(rest)
+        if not (isinstance(parts, tuple | list) and len(parts) == 2
+                and isinstance(parts[0], bytes) and isinstance(parts[1], tuple | list)):
+            raise ValueError("a logged call with arrays is malformed")
+        return wire.decode_call(parts[0], buffers=list(parts[1]))
+    raise ValueError(f"unknown log body tag {tag!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One delivered call as the log holds it (``subgroup.history()``).
+
+    ``time`` is the delivery time at this member, in seconds since the epoch (its wall clock);
+    ``method`` the ordered method's name; ``one_way`` whether it was a ``.cast``."""
+
+    version: Version
+    time: float
+    method: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    one_way: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SuffixChunk:
+    """A piece of a subgroup's log sent to a restarting member that is behind
+    (:mod:`~derecho_async.api.restart`): the source's snapshot (first chunk only, when its log
+    no longer reaches back far enough), then records in order; ``last`` ends the suffix."""
+
+    snapshot: tuple[Version, int, bytes] | None
+    records: list[LogRecord]
+    last: bool
+
+    def wire(self) -> list[object]:
+        """The SUFFIX message's snapshot, records and last fields."""
+        snap: list[object] = [] if self.snapshot is None else [
+            self.snapshot[0][0], self.snapshot[0][1], self.snapshot[1], self.snapshot[2]]
+        return [snap, [[r.version[0], r.version[1], r.time_ns, r.body] for r in self.records],
+                self.last]
+
+    @classmethod
+    def from_wire(cls, snapshot: list[Any], records: list[Any], last: bool) -> SuffixChunk:
+        """From fields the envelope validated (types and ranges)."""
+        snap = None if not snapshot else ((snapshot[0], snapshot[1]), snapshot[2], snapshot[3])
+        return cls(snap, [LogRecord((v, q), t, b) for v, q, t, b in records], last)
+
+
+async def replay(hosted: Hosted, records: list[LogRecord], upto: Version | None) -> Version | None:
+    """Run logged calls (those at or after ``upto``) on ``hosted``'s actor, in order; their
+    outcomes are dropped (each replica had the same). The last version replayed."""
+    last = None
+    spec, _runner, actor, methods = hosted
+    for rec in records:
+        if upto is not None and rec.version < upto:
+            continue
+        name, args, kwargs = decode_body(rec.body)
+        fn, _one_way = Dispatcher.method_entry(spec, actor, methods, name)
+        try:
+            result = fn(*args, **kwargs)
+            if type(result) is CoroutineType:
+                await result
+        except BaseException as exc:  # the handler's own outcome, as when it first ran
+            log.debug("replayed call %s raised %r", rec.version, exc)
+        last = rec.version
+    return last

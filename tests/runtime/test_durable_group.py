@@ -1,0 +1,285 @@
+"""Durable actors through the public API, in one process (sim transport, real files)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from pathlib import Path
+
+import pytest
+
+import derecho_async as da
+
+_ids = itertools.count()
+
+
+class KV(da.Actor):
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    @da.ordered
+    def put(self, key: str, value: bytes) -> None:
+        self.data[key] = value
+
+    @da.ordered
+    async def slow_put(self, key: str, value: bytes) -> None:
+        await asyncio.sleep(0.002)
+        self.data[key] = value
+
+    @da.p2p
+    def get(self, key: str) -> bytes | None:
+        return self.data.get(key)
+
+    def snapshot(self) -> dict[str, bytes]:
+        return dict(self.data)
+
+    def restore(self, state: dict[str, bytes]) -> None:
+        self.data = dict(state)
+
+
+def cfg(group: str, member: int, data_dir: Path | None, n: int = 3, **kw: object) -> da.Config:
+    return da.Config(group=group, member_id=member, initial_members=n, transport="sim",
+                     heartbeat_ms=5, suspect_after_ms=500,
+                     data_dir=None if data_dir is None else str(data_dir), **kw)  # type: ignore[arg-type]
+
+
+async def start(data_dir: Path | None, n: int = 3, **kw: object) -> list[da.Group]:
+    name = f"d{next(_ids)}"
+    return list(await asyncio.gather(*(
+        da.Group.join(cfg(name, i, data_dir, n, **kw), actors=[KV], timeout=10) for i in range(n))))
+
+
+def local(group: da.Group) -> KV:
+    kv = group.local(KV)
+    assert isinstance(kv, KV)
+    return kv
+
+
+async def close(groups: list[da.Group]) -> None:
+    for g in groups:
+        await g.leave()
+
+
+async def test_persisted_resolves_once_every_member_has_the_version_on_disk(
+        tmp_path: Path) -> None:
+    groups = await start(tmp_path)
+    kv = groups[0].subgroup(KV)
+    versions = [await kv.put.cast(f"k{i}", b"v%d" % i) for i in range(20)]
+    await asyncio.wait_for(kv.persisted(versions[-1]), 5)
+    frontier = kv.persisted_frontier
+    assert frontier is not None and frontier >= versions[-1]
+    for g in groups:  # every member's log holds all 20 calls, in order
+        entries = [e async for e in g.subgroup(KV).history()]
+        assert [e.version for e in entries] == versions
+        assert [e.method for e in entries] == ["put"] * 20
+        assert entries[3].args == ("k3", b"v3")
+    await close(groups)
+
+
+async def test_without_data_dir_the_durable_calls_say_what_is_missing() -> None:
+    groups = await start(None, n=1)
+    kv = groups[0].subgroup(KV)
+    with pytest.raises(da.UsageError, match="data_dir"):
+        await kv.persisted((0, 0))
+    with pytest.raises(da.UsageError, match="data_dir"):
+        kv.persisted_frontier  # noqa: B018
+    await close(groups)
+
+
+async def test_history_since_and_reads_by_version_and_time(tmp_path: Path) -> None:
+    groups = await start(tmp_path)
+    kv = groups[1].subgroup(KV)
+    first = await kv.put.cast("a", b"1")
+    await kv.persisted(first)
+    t_mid = time.time()
+    await asyncio.sleep(0.01)
+    second = await kv.slow_put.cast("a", b"2")
+    third = await kv.put.cast("b", b"3")
+    await kv.persisted(third)
+    later = [e.version async for e in kv.history(since=first)]
+    assert later == [second, third]
+    old = await kv.at_version(first)
+    assert isinstance(old, KV) and old.data == {"a": b"1"}
+    mid = await kv.at_version(second)
+    assert isinstance(mid, KV) and mid.data == {"a": b"2"}
+    at_t = await kv.at_time(t_mid)
+    assert isinstance(at_t, KV) and at_t.data == {"a": b"1"}
+    assert local(groups[1]).data == {"a": b"2", "b": b"3"}  # the live replica is untouched
+    await close(groups)
+
+
+async def test_snapshots_bound_the_log_and_reads_still_see_every_version(tmp_path: Path) -> None:
+    groups = await start(tmp_path, snapshot_every=8)
+    kv = groups[0].subgroup(KV)
+    versions = [await kv.put.cast(f"k{i % 5}", b"%d" % i) for i in range(40)]
+    await kv.persisted(versions[-1])
+    snaps = sorted((tmp_path).glob("*/member-0/KV/snapshots/*.snap"))
+    assert 1 <= len(snaps) <= 2
+    state = await kv.at_version(versions[-1])
+    assert isinstance(state, KV) and state.data == local(groups[0]).data
+    await close(groups)
+
+
+async def test_a_member_restarted_with_its_files_resumes_then_catches_up(tmp_path: Path) -> None:
+    name = f"d{next(_ids)}"
+    groups = list(await asyncio.gather(*(
+        da.Group.join(cfg(name, i, tmp_path, 3), actors=[KV], timeout=10) for i in range(3))))
+    kv = groups[0].subgroup(KV)
+    for i in range(10):
+        v = await kv.put.cast(f"k{i}", b"x")
+    await kv.persisted(v)
+    await groups[2].leave()
+    for i in range(10, 15):
+        v = await kv.put.cast(f"k{i}", b"y")
+    back = await da.Group.join(cfg(name, 2, tmp_path, 3), actors=[KV], timeout=10)
+    groups[2] = back
+    v = await kv.put.cast("last", b"z")
+    await kv.persisted(v)
+    states = [local(g).data for g in groups]
+    assert states[0] == states[1] == states[2] and len(states[0]) == 16
+    entries = [e async for e in back.subgroup(KV).history()]
+    assert entries[-1].version == v
+    await close(groups)
+
+
+async def test_the_group_restarts_after_every_member_stopped(tmp_path: Path) -> None:
+    name = f"d{next(_ids)}"
+    groups = list(await asyncio.gather(*(
+        da.Group.join(cfg(name, i, tmp_path, 3), actors=[KV], timeout=10) for i in range(3))))
+    kv = groups[1].subgroup(KV)
+    for i in range(30):
+        v = await kv.put.cast(f"k{i}", b"%d" % i)
+    await kv.persisted(v)
+    before = local(groups[0]).data
+    for g in groups:  # one after the other: each member's last view differs
+        await g.leave()
+    groups = list(await asyncio.gather(*(
+        da.Group.join(cfg(name, i, tmp_path, 3), actors=[KV], timeout=20) for i in range(3))))
+    assert all(local(g).data == before for g in groups)
+    view = groups[0].view
+    assert view.view_id >= 3 and sorted(view.members) == [0, 1, 2]
+    kv = groups[2].subgroup(KV)
+    v2 = await kv.put.cast("after", b"restart")
+    await kv.persisted(v2)
+    assert v2 > v
+    assert all(local(g).data == {**before, "after": b"restart"} for g in groups)
+    await close(groups)
+
+
+@pytest.mark.parametrize("snapshot_every", [10000, 7])
+async def test_a_restart_brings_every_member_to_the_longest_durable_log(
+        tmp_path: Path, snapshot_every: int) -> None:
+    name = f"d{next(_ids)}"
+    groups = list(await asyncio.gather(*(
+        da.Group.join(cfg(name, i, tmp_path, 3, snapshot_every=snapshot_every), actors=[KV],
+                      timeout=10) for i in range(3))))
+    kv = groups[2].subgroup(KV)
+    for i in range(10):
+        await kv.put.cast(f"a{i}", b"1")
+    await groups[0].leave()  # member 0 (the contact) misses what follows
+    for i in range(25):
+        v = await kv.put.cast(f"b{i}", b"2")
+    await kv.persisted(v)
+    before = local(groups[2]).data
+    await groups[1].leave()
+    await groups[2].leave()
+    groups = list(await asyncio.gather(*(
+        da.Group.join(cfg(name, i, tmp_path, 3, snapshot_every=snapshot_every), actors=[KV],
+                      timeout=20) for i in range(3))))
+    assert [len(local(g).data) for g in groups] == [35, 35, 35]
+    assert all(local(g).data == before for g in groups)
+    history = [e.version async for e in groups[0].subgroup(KV).history()]
+    assert history == sorted(history)
+    if snapshot_every > 35:  # (else the suffix came as the source's snapshot)
+        assert v in history  # the contact's own log now holds the suffix it was sent
+    await close(groups)
+
+
+async def test_a_restart_over_tcp_ships_the_suffix_between_members(tmp_path: Path) -> None:
+    from derecho_async.launch import free_ports
+
+    ports = free_ports(3)
+    peers = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+
+    def tcp(i: int) -> da.Config:
+        return da.Config(group="durable-tcp", member_id=i, initial_members=3, transport="tcp",
+                         peers=peers, listen=peers[i], secret="a durable tcp group's secret",
+                         heartbeat_ms=20, suspect_after_ms=1000, data_dir=str(tmp_path))
+
+    groups = list(await asyncio.gather(*(da.Group.join(tcp(i), actors=[KV], timeout=20)
+                                         for i in range(3))))
+    kv = groups[1].subgroup(KV)
+    await groups[0].leave()
+    for i in range(20):
+        v = await kv.put.cast(f"k{i}", b"%d" % i)
+    await kv.persisted(v)
+    before = local(groups[1]).data
+    await groups[1].leave()
+    await groups[2].leave()
+    groups = list(await asyncio.gather(*(da.Group.join(tcp(i), actors=[KV], timeout=30)
+                                         for i in range(3))))
+    assert all(local(g).data == before for g in groups)
+    await close(groups)
+
+
+class Arrays(da.Actor):
+    def __init__(self) -> None:
+        self.sums: list[float] = []
+
+    @da.ordered
+    def add(self, x: object, blob: bytes) -> None:
+        import numpy as np
+
+        assert isinstance(x, np.ndarray)
+        self.sums.append(float(x.sum()) + len(blob))
+
+    def snapshot(self) -> list[float]:
+        return list(self.sums)
+
+    def restore(self, state: list[float]) -> None:
+        self.sums = list(state)
+
+
+async def test_out_of_band_arguments_are_logged_by_value_and_replayed(tmp_path: Path) -> None:
+    import numpy as np
+
+    name = f"d{next(_ids)}"
+
+    def conf(i: int) -> da.Config:
+        return cfg(name, i, tmp_path, 2)
+
+    groups = list(await asyncio.gather(*(da.Group.join(conf(i), actors=[Arrays], timeout=10)
+                                         for i in range(2))))
+    h = groups[0].subgroup(Arrays)
+    arrays = [np.full((300, 300), float(i), dtype=np.float32) for i in range(4)]
+    for i, x in enumerate(arrays):  # large enough to travel out of band
+        v = await h.add.cast(x, bytes([i]) * (1 << 17))
+    await h.persisted(v)
+    entries = [e async for e in groups[1].subgroup(Arrays).history()]
+    assert [float(e.args[0].sum()) for e in entries] == [float(x.sum()) for x in arrays]
+    assert all(isinstance(e.args[0], np.ndarray) and e.args[0].dtype == np.float32
+               for e in entries)
+    assert entries[2].args[1] == bytes([2]) * (1 << 17)
+    state = list(groups[1].local(Arrays).sums)  # type: ignore[attr-defined]
+    for g in groups:
+        await g.leave()
+    groups = list(await asyncio.gather(*(da.Group.join(conf(i), actors=[Arrays], timeout=10)
+                                         for i in range(2))))
+    assert all(g.local(Arrays).sums == state for g in groups)  # type: ignore[attr-defined]
+    await close(groups)
+
+
+async def test_the_contact_restarted_alone_joins_the_running_group(tmp_path: Path) -> None:
+    name = f"d{next(_ids)}"
+    groups = list(await asyncio.gather(*(
+        da.Group.join(cfg(name, i, tmp_path, 3), actors=[KV], timeout=10) for i in range(3))))
+    kv = groups[1].subgroup(KV)
+    await kv.put.cast("before", b"1")
+    await groups[0].leave()  # the contact stops; the others go on
+    v = await kv.put.cast("while away", b"2")
+    await kv.persisted(v)
+    groups[0] = await da.Group.join(cfg(name, 0, tmp_path, 3), actors=[KV], timeout=10)
+    assert sorted(groups[0].view.members) == [0, 1, 2]
+    assert local(groups[0]).data == local(groups[1]).data == {"before": b"1", "while away": b"2"}
+    await close(groups)
