@@ -100,3 +100,25 @@ def test_a_lost_or_altered_outcome_is_caught() -> None:
     events[0], events[1] = events[1], events[0]  # delivered in another order than run
     with pytest.raises(InvariantViolation, match=r"check \(a\)"):
         check_actor_run(run)  # type: ignore[arg-type]
+
+
+def test_durable_schedules_restart_after_total_failure_and_keep_what_was_persisted() -> None:
+    run = run_actor_schedule(0, durable=True)
+    check_actor_run(run)
+    assert run.persisted, "some one-way calls were acknowledged by persisted()"
+    assert run.restarted_logs and run.restart_barrier is not None
+    members = sorted(run.restarted_logs)
+    lost = next(cid for cid in run.persisted if cid in run.restarted_logs[members[0]])
+    for m in members:  # a restart that dropped one persisted call at every member
+        run.restarted_logs[m].remove(lost)
+    with pytest.raises(InvariantViolation, match=r"check \(h\)"):
+        check_actor_run(run)
+    run = run_actor_schedule(0, durable=True)
+    run.restarted_logs[members[-1]].pop(0)  # one member restarted differently
+    with pytest.raises(InvariantViolation, match=r"check \(h\).*differ"):
+        check_actor_run(run)
+
+
+def test_about_half_the_sweep_runs_with_disks() -> None:
+    durable = sum(run_actor_schedule(seed, steps=1).knobs["durable"] for seed in range(40))
+    assert 10 <= durable <= 30

@@ -24,7 +24,10 @@
 #   (f) nothing is lost: every call whose caller saw it succeed is in every survivor's log once;
 #       calls fail (GroupClosed, PartitionedError) only at members that left, crashed or were
 #       closed, and every call of a survivor finishes;
-#   (g) nothing a handler raises reaches the event loop's exception handler.
+#   (g) nothing a handler raises reaches the event loop's exception handler;
+#   (h) durable schedules: after a total failure (every member and every disk crashed), the
+#       restarted members agree, their log is a prefix of the order before the failure, and it
+#       holds every call that persisted() acknowledged.
 """The actor-level contract checker over an :class:`~.actorsim.ActorRun`."""
 
 from __future__ import annotations
@@ -349,6 +352,9 @@ def check_actor_run(run: ActorRun) -> None:
                 raise fail("f", f"call {call.cid} ({call.kind}) of member {call.caller} "
                                 f"succeeded but is {n} times in survivor {m}'s log")
 
+    if run.knobs.get("durable"):
+        _check_restart(run, fail)
+
     # -- handler outcomes the group reported (where it does) ---------------------------------------
     for m, items in obs.finished.items():
         for _sub, version, ok, _value in items:
@@ -358,6 +364,33 @@ def check_actor_run(run: ActorRun) -> None:
                 raise fail("d", f"member {m}: the group reported call {cid} at {version} "
                                 f"{'ok' if ok else 'failed'} but the handler "
                                 f"{'returned' if reported[0] else 'raised'}")
+
+
+def _check_restart(run: ActorRun, fail: _Fail) -> None:
+    """(h): what a restart after total failure kept (see the module header)."""
+    logs = run.restarted_logs
+    if not logs:
+        if run.persisted:
+            raise fail("h", f"no member came back after the total failure, though "
+                            f"{len(run.persisted)} calls were persisted")
+        return
+    first = logs[min(logs)]
+    for m, log in sorted(logs.items()):
+        if log != first:
+            raise fail("h", f"restarted members {min(logs)} and {m} differ: "
+                            f"{len(first)} and {len(log)} calls")
+    if run.restart_barrier is None or first[-1:] != [run.restart_barrier]:
+        raise fail("h", "the barrier call after the restart is not the last call of the log")
+    body = first[:-1]
+    if run.final_logs:
+        longest = max(run.final_logs.values(), key=len)
+        if body != longest[: len(body)]:
+            raise fail("h", "the restarted log is not a prefix of the order before the failure")
+    mode = {c.cid: c.mode for c in run.calls}
+    have = set(body)
+    lost = [cid for cid in run.persisted if mode.get(cid) != RAISE_BEFORE and cid not in have]
+    if lost:
+        raise fail("h", f"{len(lost)} persisted calls lost in the total failure: {lost[:5]}")
 
 
 def _key(value: Any) -> StateKey:

@@ -20,6 +20,13 @@
 # The end of a schedule heals every fault, waits (in virtual time) for every call to finish,
 # and then makes one replied "barrier" call from a live member, so that every survivor has run
 # everything delivered before it; then the groups are left where they are and the loop ends.
+#
+# Durable schedules (about half; knob ``durable``) give every member a data_dir on its own
+# SimDisk and small snapshot intervals, and record every one-way call that ``persisted()``
+# acknowledged. Their end is a total failure: every member crashes and so does every disk
+# (unsynced writes lost or torn); then every member that ever started restarts from what its
+# disk kept, on a fresh network, and a barrier call runs in the re-formed group. Each restarted
+# replica's log is recorded for the checker's check (h).
 """Seeded schedules of real Groups hosting a test actor, for the actor-level checker."""
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from derecho_async.config import Config
 from derecho_async.core import Delivered, ViewInstalled
 from derecho_async.errors import GroupClosed, PartitionedError
 from derecho_async.runtime.observer import GroupObserver
+from derecho_async.testing.simdisk import SimDisk
 from derecho_async.testing.simnet import SimNetwork, TraceEvent, crash_group
 from derecho_async.testing.vloop import run_virtual
 
@@ -291,6 +299,12 @@ class ActorRun:
     final_logs: dict[int, list[int]] = field(default_factory=dict)
     #: what reached the event loop's exception handler (nothing a handler raises should)
     loop_errors: list[str] = field(default_factory=list)
+    #: durable schedules: the one-way calls (cids) whose persisted() resolved, in order
+    persisted: list[int] = field(default_factory=list)
+    #: durable schedules: each member's log after the restart from its disk, and the restart
+    #: barrier's cid (None: no restarted member got in)
+    restarted_logs: dict[int, list[int]] = field(default_factory=dict)
+    restart_barrier: int | None = None
 
     @property
     def survivors(self) -> list[int]:
@@ -314,6 +328,8 @@ class ActorRun:
             self.log,
             sorted(self.final_logs.items()),
             self.loop_errors,
+            self.persisted,
+            sorted(self.restarted_logs.items()),
             self.virtual_s,
         ):
             h.update(repr(part).encode())
@@ -336,8 +352,13 @@ SUSPECT_MS = 200.0
 GROUP = "actorsim"
 
 
+DATA_DIR = "/sim"
+
+
 def _config(member: int, n: int, ids: int, knobs: Mapping[str, Any]) -> Config:
     return Config(
+        data_dir=DATA_DIR if knobs["durable"] else None,
+        snapshot_every=int(knobs["snapshot_every"]),
         group=GROUP,
         member_id=member,
         initial_members=n,
@@ -362,10 +383,12 @@ def run_actor_schedule(seed: int, **knobs: Any) -> ActorRun:
     default drawn), ``trace`` (keep the network's trace, default False), ``faults`` (default
     True), ``max_virtual_s`` (60), ``log_level`` of the groups (CRITICAL), ``skew_member`` (a
     member whose replica hashes some calls wrongly: a divergence the checker must catch), and
-    any drawn knob (``window``, ``max_queued_calls``, ``p_slow``, ``p_raise``...). Nothing is checked here: see
+    any drawn knob (``window``, ``max_queued_calls``, ``p_slow``, ``p_raise``, ``durable``,
+    ``snapshot_every``...). Nothing is checked here: see
     :func:`derecho_async.testing.actorcheck.check_actor_run`.
     """
     rng = random.Random(seed)
+    disk_rng = random.Random(f"durable-{seed}")  # (the schedules without disks stay as they were)
     drawn: dict[str, Any] = {
         "members": rng.randint(2, 5),
         "steps": rng.randint(20, 60),
@@ -381,6 +404,9 @@ def run_actor_schedule(seed: int, **knobs: Any) -> ActorRun:
         "max_virtual_s": 60.0,
         "log_level": "CRITICAL",
         "skew_member": None,
+        "durable": disk_rng.random() < 0.5,
+        "snapshot_every": disk_rng.choice([3, 10, 10000]),
+        "disk_seed": disk_rng.randrange(1 << 30),
     }
     for k in knobs:
         if k not in drawn:
@@ -421,9 +447,16 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
     def say(text: str) -> None:
         run.log.append(f"{loop.time():9.4f} {text}")
 
+    durable = bool(knobs["durable"])
+    disks: dict[int, SimDisk] = {}
+    persist_tasks: list[asyncio.Future[Any]] = []
+
     def make(member: int) -> Group:
+        fs = None
+        if durable:
+            fs = disks.setdefault(member, SimDisk(int(knobs["disk_seed"]) + member))
         g = Group(_config(member, n, ids, knobs), [SimLog], transport=net.transport(member),
-                  observer=obs)
+                  observer=obs, fs=fs)
         actor = g.local(SimLog)
         assert isinstance(actor, SimLog)
         actor.bind(member, run.records.setdefault(member, []), bool(knobs["with_array"]),
@@ -494,7 +527,16 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
                 out.ok, out.value = False, exc
             else:
                 out.ok, out.value = True, value
+                if durable and kind == "cast":
+                    persist_tasks.append(asyncio.ensure_future(persisted(value)))
             out.at = loop.time()
+
+        async def persisted(version: Any) -> None:
+            try:
+                await handle.persisted(version)
+            except (GroupClosed, PartitionedError):
+                return
+            run.persisted.append(cid)
 
         tasks.append(asyncio.ensure_future(wait()))
 
@@ -632,8 +674,65 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
         actor = groups[m].local(SimLog)
         assert isinstance(actor, SimLog)
         run.final_logs[m] = list(actor.log)
+    if durable and persist_tasks:
+        await asyncio.wait(persist_tasks, timeout=5.0)
     for m in sorted(live):
         crash_group(net, groups[m])  # stop them without a view change (the run is over)
+    if durable:
+        await _total_failure(rng, run, net, disks, n, ids, next_cid, say)
     run.counts = dict(net.counts)
     run.trace = list(net.trace)
     run.virtual_s = loop.time()
+
+
+async def _total_failure(rng: random.Random, run: ActorRun, old: SimNetwork,
+                         disks: dict[int, SimDisk], n: int, ids: int, cid: int,
+                         say: Any) -> None:
+    """Every disk crashes (every member already has); then every member that ever started
+    restarts from its disk on a fresh network, and one barrier call runs (see the header)."""
+    for m in sorted(disks):
+        disks[m].crash()
+    say("total failure: every member and every disk crashed")
+    net = SimNetwork(rng, max_delay_s=0.001)
+    groups: dict[int, Group] = {}
+    for m in sorted(disks):
+        g = Group(_config(m, n, ids, run.knobs), [SimLog], transport=net.transport(m),
+                  fs=disks[m])
+        actor = g.local(SimLog)
+        assert isinstance(actor, SimLog)
+        actor.bind(m, [], bool(run.knobs["with_array"]))
+        groups[m] = g
+
+    async def start(m: int) -> bool:
+        try:
+            await groups[m].start(timeout=10.0)
+        except (GroupClosed, PartitionedError) as exc:
+            say(f"restart: member {m} not back: {exc}")
+            return False
+        return True
+
+    back = [m for m, ok in zip(sorted(groups), await asyncio.gather(
+        *(start(m) for m in sorted(groups))), strict=True) if ok]
+    say(f"restart: members {back} back")
+    if back:
+        for _ in range(500):  # every restarted member in one view
+            views = {groups[m].view.members for m in back if groups[m].closed is None}
+            if len(views) == 1 and set(next(iter(views))) == {
+                    m for m in back if groups[m].closed is None}:
+                break
+            await asyncio.sleep(0.01)
+        caller = min(m for m in back if groups[m].closed is None)
+        try:
+            await asyncio.wait_for(groups[caller].subgroup(SimLog).add(cid, OK), 10.0)
+            run.restart_barrier = cid
+        except (GroupClosed, PartitionedError, TimeoutError) as exc:
+            say(f"restart: barrier failed: {exc!r}")
+        for m in back:
+            if groups[m].closed is None:
+                actor = groups[m].local(SimLog)
+                assert isinstance(actor, SimLog)
+                run.restarted_logs[m] = list(actor.log)
+    for g in groups.values():
+        if g._driver is not None and not g._driver.closed:
+            crash_group(net, g)
+    old.counts.update({f"restart {k}": v for k, v in net.counts.items()})

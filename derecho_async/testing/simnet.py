@@ -527,3 +527,5 @@ def crash_group(network: SimNetwork, group: Group) -> None:
             handle.cancel()
     driver._tick_handle = driver._step_handle = None
     group._close(GroupClosed(f"member {group.member_id} crashed (simulated)"))
+    if group._durable is not None:  # its files: nothing more is written (the disk crashes apart)
+        group._durable.crash()
