@@ -1,0 +1,78 @@
+"""Member programs for the durable kill-all trials (run in child processes by run_member)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import derecho_async as da
+
+
+class Store(da.Actor):
+    """A map of keys to values, durable through the group's data_dir."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, int] = {}
+
+    @da.ordered
+    def put(self, key: str, value: int) -> None:
+        self.data[key] = value
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self.data)
+
+    def restore(self, state: dict[str, int]) -> None:
+        self.data = dict(state)
+
+
+def digest(data: dict[str, int]) -> str:
+    return hashlib.sha256(json.dumps(sorted(data.items())).encode()).hexdigest()
+
+
+async def stream(config: da.Config) -> None:
+    """Write keys as fast as persisted() allows (32 in flight); after each is persisted,
+    append its key to this member's acked file (the parent kills everyone at a random
+    moment and checks, after the restart, that every acked key survived)."""
+    out = Path(os.environ["DA_DURABLE_OUT"])
+    acked = (out / f"acked-{config.member_id}.txt").open("a", buffering=1)
+    async with da.Group(config, actors=[Store]) as group:
+        kv = group.subgroup(Store)
+        (out / f"up-{config.member_id}").touch()
+        pending: list[tuple[str, asyncio.Future[None]]] = []
+        i = 0
+        while True:
+            key = f"{config.member_id}-{i}"
+            i += 1
+            version = await kv.put.cast(key, i)
+            pending.append((key, asyncio.ensure_future(kv.persisted(version))))
+            while len(pending) >= 32 or (pending and pending[0][1].done()):
+                k, fut = pending.pop(0)
+                await fut
+                acked.write(k + "\n")
+
+
+async def report(config: da.Config) -> None:
+    """Restart from the files, then write this member's state and view and leave."""
+    out = Path(os.environ["DA_DURABLE_OUT"])
+    group = await da.Group.join(config, actors=[Store], timeout=60)
+    store = group.local(Store)
+    assert isinstance(store, Store)
+    kv = group.subgroup(Store)
+    # one call each after the restart; once all three are here, every member has delivered
+    # the same calls, so the states compare at the same point
+    version = await kv.put.cast(f"after-{config.member_id}", 1)
+    await kv.persisted(version)
+    marks = {f"after-{m}" for m in range(config.initial_members)}
+    while not marks <= store.data.keys():
+        await asyncio.sleep(0.01)
+    data = dict(store.data)
+    (out / f"report-{config.member_id}.json").write_text(json.dumps({
+        "digest": digest(data), "keys": len(data),
+        "view": [group.view.view_id, list(group.view.members)], "data": data}))
+    (out / f"reported-{config.member_id}").touch()
+    while not all((out / f"reported-{m}").exists() for m in range(config.initial_members)):
+        await asyncio.sleep(0.01)  # nobody leaves before every report is written
+    await group.leave()
