@@ -13,6 +13,13 @@ same point of the total order. Phase kinds:
   reads and an append per call that the peers' benchmarks do not pay). With ``one_way`` the
   calls are one-way (``handle.put.cast``): nobody replies, and a call's latency ends when the
   sender delivers it (stable: every member holds it).
+  With ``persisted`` (one-way calls in a group with ``data_dir``) each call is a ``cast`` and
+  then ``handle.persisted(version)``: a worker's next call starts once its last one is durable
+  at every member; with ``keep_latencies`` the senders record both the time to delivery (the
+  cast) and the time to persisted. With ``persist_end`` (a group with ``data_dir``) every member,
+  once it delivered the phase, waits until the last call it delivered is persisted. Senders
+  report ``calls_elapsed`` (barrier to their last call complete), ``persist_end`` members
+  ``persisted_elapsed`` (barrier to the phase persisted).
 - ``blob``: member ``sender`` makes ``count`` ordered ``blob`` calls carrying a numpy array of
   ``size`` bytes (the data plane), ``depth`` outstanding; every member times its deliveries.
 
@@ -36,6 +43,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import derecho_async as da
@@ -142,11 +150,15 @@ async def _stream(
     method = handle.blob if ph["kind"] == "blob" else handle.put
     if ph.get("one_way"):
         method = method.cast  # no replies: a call completes when it is delivered here
-    calls = (
-        asyncio.ensure_future(pipelined(lambda _: method(payload), count, depth, latencies))
-        if me in senders
-        else None
-    )
+    to_delivery: list[float] = []
+    calls: asyncio.Future[float] | None = None
+    if me in senders:
+        if ph.get("persisted"):
+            persisted = _PersistedCall(handle, method, payload, latencies, to_delivery)
+            work = pipelined(persisted, count, depth)
+        else:
+            work = pipelined(lambda _: method(payload), count, depth, latencies)
+        calls = asyncio.ensure_future(_finished_at(work))
     while sink.puts < sink.target:
         # a failed call (e.g. this member was partitioned) ends the run
         if calls is not None and calls.done() and not calls.cancelled():
@@ -154,8 +166,11 @@ async def _stream(
         sink.wake.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(sink.wake.wait(), 0.5)
-    if calls is not None:
-        await calls
+    calls_done = await calls if calls is not None else None
+    persisted_at = None
+    if ph.get("persist_end"):
+        await handle.persisted(_last_delivered(group, handle))
+        persisted_at = time.perf_counter()
     elapsed = max(sink.last - sink.t0, 1e-9)
     report: dict[str, Any] = {
         "delivered": sink.puts,
@@ -166,6 +181,12 @@ async def _stream(
         "cpu_s": time.process_time() - cpu0,
         "steps": _steps(group) - steps0,
     }
+    if calls_done is not None:
+        report["calls_elapsed"] = calls_done - sink.t0
+    if persisted_at is not None:
+        report["persisted_elapsed"] = persisted_at - sink.t0
+    if to_delivery:
+        report["delivered_us"] = [x * 1e6 for x in to_delivery]
     if latencies:
         report.update(
             calls=len(latencies),
@@ -175,6 +196,39 @@ async def _stream(
             latencies_us=[x * 1e6 for x in latencies],
         )
     return report
+
+
+class _PersistedCall:
+    """One call of a ``persisted`` phase: ``cast``, then wait until the version is persisted;
+    with ``latencies``, the time to persisted goes there and the time to delivery to
+    ``to_delivery``."""
+
+    def __init__(self, handle: Any, cast: Any, payload: Any, latencies: list[float] | None,
+                 to_delivery: list[float]) -> None:
+        self.handle = handle
+        self.cast = cast
+        self.payload = payload
+        self.latencies = latencies
+        self.to_delivery = to_delivery
+
+    async def __call__(self, _i: int) -> None:
+        start = time.perf_counter()
+        version = await self.cast(self.payload)
+        delivered = time.perf_counter()
+        await self.handle.persisted(version)
+        if self.latencies is not None:
+            self.latencies.append(time.perf_counter() - start)
+            self.to_delivery.append(delivered - start)
+
+
+async def _finished_at(work: Awaitable[None]) -> float:
+    await work
+    return time.perf_counter()
+
+
+def _last_delivered(group: da.Group, handle: Any) -> tuple[int, int]:
+    """The version of the last call of ``handle``'s subgroup delivered at this member."""
+    return group._p2p.last_delivered[handle._spec.name]  # a benchmark's look inside
 
 
 async def _member(config: da.Config, q: Any, plan: list[Phase], profile: str | None) -> None:
@@ -243,6 +297,7 @@ class GroupRun:
         suspect_after_ms: float = 5000.0,
         profile: str | None = None,
         max_payload: int | None = None,
+        data_dir: str | None = None,
     ) -> None:
         self.members = members
         self.transport = transport
@@ -257,6 +312,8 @@ class GroupRun:
         }
         if max_payload is not None:
             self.fields["max_payload"] = max_payload
+        if data_dir is not None:  # durable actors: each member's log under data_dir
+            self.fields["data_dir"] = data_dir
         self.fields.update(CONFIG_OVERRIDES)
         if transport == "tcp":
             ports = free_ports(members)

@@ -7,6 +7,8 @@ processes on this host:
 - :func:`syncobj_commits`: PySyncObj (Raft), ``nodes`` processes on loopback, each with a
   ``@replicated`` counter that keeps the last payload; the elected leader is the one writer, with
   at most ``window`` calls outstanding; the figure is commits/s seen by the writer's callbacks.
+  With ``journal_dir`` each node keeps its Raft log in a file journal there
+  (``SyncObjConf(journalFile=...)``, one file per node) instead of in memory.
 
 Both return ``None`` when the package is missing (see :func:`missing`), and always stop their
 processes.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import multiprocessing
+import os
 import queue as queue_mod
 import threading
 import time
@@ -141,13 +144,22 @@ def zmq_pubsub(count: int, size: int, subscribers: int = 2, timeout: float = 120
 
 
 def _syncobj_node(
-    me: int, addrs: list[str], q: Any, stop: Any, count: int, size: int, window: int
+    me: int,
+    addrs: list[str],
+    q: Any,
+    stop: Any,
+    count: int,
+    size: int,
+    window: int,
+    journal: str | None = None,
 ) -> None:
     from pysyncobj import SyncObj, SyncObjConf, replicated
 
     class Counter(SyncObj):  # type: ignore[misc]
         def __init__(self, me_addr: str, others: list[str]) -> None:
-            conf = SyncObjConf(dynamicMembershipChange=False, commandsQueueSize=10 * window)
+            conf = SyncObjConf(
+                dynamicMembershipChange=False, commandsQueueSize=10 * window, journalFile=journal
+            )
             super().__init__(me_addr, others, conf)
             self.n = 0
             self.last = b""
@@ -198,9 +210,15 @@ def _syncobj_node(
 
 
 def syncobj_commits(
-    count: int, size: int, nodes: int = 3, window: int = 1000, timeout: float = 180.0
+    count: int,
+    size: int,
+    nodes: int = 3,
+    window: int = 1000,
+    timeout: float = 180.0,
+    journal_dir: str | None = None,
 ) -> float:
-    """Commits/s of one writer (the Raft leader) to a ``nodes``-member PySyncObj cluster."""
+    """Commits/s of one writer (the Raft leader) to a ``nodes``-member PySyncObj cluster; with
+    ``journal_dir``, each node journals to the file ``journal_dir/node-<i>.journal``."""
     from derecho_async.launch import free_ports
 
     ctx = multiprocessing.get_context("spawn")
@@ -209,7 +227,18 @@ def syncobj_commits(
     addrs = [f"127.0.0.1:{p}" for p in free_ports(nodes)]
     procs = [
         ctx.Process(
-            target=_syncobj_node, args=(i, addrs, q, stop, count, size, window), daemon=True
+            target=_syncobj_node,
+            args=(
+                i,
+                addrs,
+                q,
+                stop,
+                count,
+                size,
+                window,
+                None if journal_dir is None else os.path.join(journal_dir, f"node-{i}.journal"),
+            ),
+            daemon=True,
         )
         for i in range(nodes)
     ]

@@ -7,7 +7,8 @@ matplotlib is installed. The derecho-only run needs no peer (pyzmq, PySyncObj); 
 with a reason when numpy, which its large-payload table needs, is missing. A second, quick test
 checks that a missing peer is reported as "not installed (pip install ...)" instead of failing,
 and a third that `benchmarks/codec_costs.py` prints a figure for every call shape; a fourth runs
-`benchmarks/latency_timeline.py` briefly.
+`benchmarks/latency_timeline.py` briefly. Table 6 (durability, not in the default set) has a
+quick run of its own (about 10 s).
 """
 
 from __future__ import annotations
@@ -85,6 +86,38 @@ def test_compare_quick_derecho_only(tmp_path: Path) -> None:
     assert all(_number(s) >= 0 for r in idle for s in r[3].split(","))
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "latency_hist.png").stat().st_size > 0
+
+
+def test_compare_quick_durability_table(tmp_path: Path) -> None:
+    """``--tables 6``: throughput with and without data_dir beside PySyncObj (or its reason for
+    not running), the ratios against the issue's bounds, and the time to persisted()."""
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--tables", "6", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    tables = _tables(proc.stdout)
+
+    def table(prefix: str) -> list[list[str]]:
+        found = [rows for title, rows in tables.items() if title.startswith(prefix)]
+        assert found, f"table {prefix!r} missing from:\n{proc.stdout}"
+        return found[0]
+
+    throughput = table("6a. Durability")
+    derecho = [r for r in throughput if r[0] == "derecho_async"]
+    assert [("no data_dir" in r[1]) for r in derecho] == [True, False, False]
+    assert all(_number(r[2]) > 0 for r in derecho)
+    assert all(_number(r[4]) > 0 for r in derecho[:2])
+    syncobj = [r for r in throughput if r[0] == "PySyncObj"]
+    assert len(syncobj) == 2
+    assert all("not installed" in r[2] or _number(r[2]) > 0 for r in syncobj)
+    ratios = table("6b. Durability")
+    assert len(ratios) == 4
+    assert all(r[1] == "-" or _number(r[1]) > 0 for r in ratios)
+    latency = table("6c. Durability")
+    assert [r[0].split(",")[0] for r in latency[:3]] == ["no data_dir", "data_dir", "data_dir"]
+    assert all(_number(c) > 0 for r in latency[1:3] for c in r[1:])
+    assert "fsync" in latency[3][0] and _number(latency[3][4]) > 0
+    restart = table("6d. Durability")
+    assert restart[-1][0] == "30,000" and _number(restart[-1][3]) > 0
 
 
 def test_missing_peer_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
