@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import derecho_async as da
+from derecho_async.durability import RealFs, WriteFile
 
 _ids = itertools.count()
 
@@ -282,4 +284,56 @@ async def test_the_contact_restarted_alone_joins_the_running_group(tmp_path: Pat
     groups[0] = await da.Group.join(cfg(name, 0, tmp_path, 3), actors=[KV], timeout=10)
     assert sorted(groups[0].view.members) == [0, 1, 2]
     assert local(groups[0]).data == local(groups[1]).data == {"before": b"1", "while away": b"2"}
+    await close(groups)
+
+
+class _StuckFsync:
+    """A real file whose fsync waits until the test lets it go (a disk that stalls)."""
+
+    def __init__(self, inner: object, gate: threading.Event) -> None:
+        self._inner = inner
+        self._gate = gate
+
+    def write(self, data: bytes) -> None:
+        self._inner.write(data)  # type: ignore[attr-defined]
+
+    def fsync(self) -> None:
+        self._gate.wait(30)
+        self._inner.fsync()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self._inner.close()  # type: ignore[attr-defined]
+
+
+class _StallingFs(RealFs):
+    """The real file system, with the log's fsyncs held at a gate."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        self.gate = gate
+
+    def open_append(self, path: Path) -> WriteFile:
+        return _StuckFsync(super().open_append(path), self.gate)
+
+
+async def test_a_slow_disk_holds_back_persisted_not_delivery(tmp_path: Path) -> None:
+    name = f"d{next(_ids)}"
+    gate = threading.Event()
+    gate.set()
+    groups = list(await asyncio.gather(*(
+        da.Group.join(cfg(name, i, tmp_path, 3), actors=[KV], timeout=10,
+                      fs=_StallingFs(gate) if i == 2 else None) for i in range(3))))
+    kv = groups[0].subgroup(KV)
+    await kv.persisted(await kv.put.cast("warm", b"0"))
+    gate.clear()  # member 2's disk stalls
+    versions = [await kv.put.cast(f"k{i}", b"%d" % i) for i in range(20)]
+    while len(local(groups[2]).data) < 21:  # delivered and applied at the slow member too
+        await asyncio.sleep(0.005)
+    waiting = asyncio.ensure_future(kv.persisted(versions[-1]))
+    await asyncio.sleep(0.3)
+    assert not waiting.done(), "persisted() must wait for the slow member's disk"
+    frontier = kv.persisted_frontier
+    assert frontier is not None and frontier < versions[0]
+    gate.set()
+    await asyncio.wait_for(waiting, 10)
+    assert kv.persisted_frontier is not None and kv.persisted_frontier >= versions[-1]
     await close(groups)
