@@ -11,6 +11,13 @@ from typing import Any, Final
 IMPLEMENTATION: Final[str]
 
 def bytes_copy(buffer: object, /) -> bytes: ...
+def frame_log_records(
+    records: list[tuple[tuple[int, int], int, bytes]],
+    batch: int,
+    after: tuple[int, int] | None,
+    max_record_bytes: int,
+    /,
+) -> bytes: ...
 def decode_plain_call(
     data: object, /
 ) -> tuple[str, tuple[object, ...], dict[str, object]] | None: ...

@@ -53,6 +53,7 @@ __all__ = [
     "dispatch_calls",
     "encode_plain_call",
     "fence",
+    "frame_log_records",
     "frontier",
     "load_u64",
     "min_u64",

@@ -46,6 +46,9 @@ static PyMethodDef native_methods[] = {
     {"bytes_copy", native_bytes_copy, METH_O,
      "bytes_copy(buffer) -> bytes: a new bytes object holding the buffer's bytes (C order), "
      "copied with the GIL released when it is large."},
+    {"frame_log_records", (PyCFunction)(void (*)(void))native_frame_log_records, METH_FASTCALL,
+     "frame_log_records(records, batch, after, max_record_bytes) -> bytes: the durable log's "
+     "records framed as one batch, checksummed and copied with the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -55,6 +58,7 @@ static int
 native_exec(PyObject *module)
 {
     native_state *st = get_state(module);
+    native_logframe_init();
     if ((st->str_popleft = PyUnicode_InternFromString("popleft")) == NULL ||
         (st->str_append = PyUnicode_InternFromString("append")) == NULL ||
         (st->str_msg_no = PyUnicode_InternFromString("msg_no")) == NULL ||

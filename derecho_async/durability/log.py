@@ -44,16 +44,15 @@ from typing import NamedTuple
 
 from derecho_async.durability.files import Fs, RealFs, WriteFile
 from derecho_async.durability.records import (
-    MAX_U63,
     Bad,
     LogRecord,
     Version,
     check_version,
-    encode_batch,
     find_record,
     scan,
 )
 from derecho_async.errors import LogCorrupted, UsageError
+from derecho_async.hotpath import frame_log_records
 
 __all__ = ["Log", "Recovery", "segment_name"]
 
@@ -231,25 +230,13 @@ class Log:
             self._check_usable()
             if not batch:
                 return
-            last = self._appended
-            limit = self._max_record_bytes
-            for record in batch:
-                version, time_ns, body = record
-                if not (type(version) is tuple and len(version) == 2
-                        and type(version[0]) is int and type(version[1]) is int
-                        and 0 <= version[0] <= MAX_U63 and 0 <= version[1] <= MAX_U63):
-                    check_version(version)  # raises, saying what a version is
-                if last is not None and version <= last:
-                    raise UsageError(f"version {version} does not follow {last}")
-                if type(time_ns) is not int or not -MAX_U63 - 1 <= time_ns <= MAX_U63:
-                    raise UsageError(f"time_ns must be a 64-bit int, got {time_ns!r}")
-                if type(body) is not bytes:
-                    raise UsageError(f"a record's body is bytes, got {type(body).__name__}")
-                if len(body) > limit:
-                    raise UsageError(f"a record of {len(body)} bytes is over the limit "
-                                     f"of {limit}")
-                last = version
-            data = encode_batch(batch, self._next_batch)
+            try:  # checked, framed, checksummed and copied (natively: without the GIL)
+                data = frame_log_records(batch, self._next_batch,  # type: ignore[arg-type]
+                                         self._appended, self._max_record_bytes)
+            except (TypeError, ValueError) as exc:
+                raise UsageError(str(exc)) from None
+            version = batch[-1][0]
+            last = (version[0], version[1])
             try:
                 seg = self._segments[-1] if self._segments else None
                 if seg is None or seg.size >= self._segment_bytes:
@@ -262,7 +249,7 @@ class Log:
                 self._failed = exc
                 raise
             seg.size += len(data)
-            seg.last = last  # type: ignore[assignment]  # not None: the batch is not empty
+            seg.last = last
             self._appended = last
             self._next_batch += 1
 

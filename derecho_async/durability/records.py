@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from derecho_async.durability.files import ReadFile
 from derecho_async.errors import UsageError
 
 __all__ = ["HEADER", "MAX_U63", "Bad", "LogRecord", "Scanned", "Version", "check_version",
-           "encode_batch", "find_record", "scan"]
+           "find_record", "scan"]
 
 Version = tuple[int, int]
 """(view_id, seq): the order of delivered calls; tuples compare lexicographically."""
@@ -72,23 +72,6 @@ def check_version(version: object) -> Version:
             or not all(type(v) is int and 0 <= v <= MAX_U63 for v in version)):
         raise UsageError(f"a version is a pair of ints in 0..2**63-1, got {version!r}")
     return (version[0], version[1])
-
-
-_TAIL = struct.Struct("<IIQQQq")  # the header after magic and crc: what the crc covers first
-_PREFIX = struct.Struct("<4sI")
-
-
-def encode_batch(records: Iterable[LogRecord], batch: int) -> bytes:
-    """The bytes of ``records`` framed as one batch (no checks: the caller validated them)."""
-    parts: list[bytes] = []
-    append = parts.append
-    tail_of, prefix_of, crc32 = _TAIL.pack, _PREFIX.pack, zlib.crc32
-    for (view, seq), time_ns, body in records:
-        tail = tail_of(len(body), _KIND_CALL, batch, view, seq, time_ns)
-        append(prefix_of(_MAGIC, crc32(body, crc32(tail))))
-        append(tail)
-        append(body)
-    return b"".join(parts)
 
 
 def _decode(header: bytes, body_of: int, max_record_bytes: int) -> tuple[int, int, int, int, int,

@@ -1,0 +1,58 @@
+"""The durable log's records framed as one batch: the pure twin of ``native/logframe.c``
+(docs/DESIGN.md §4.6), with the same checks, in the same order, and the same messages."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+__all__ = ["frame_log_records"]
+
+_MAX_U63 = (1 << 63) - 1
+_TAIL = struct.Struct("<IIQQQq")  # the header after magic and crc: what the crc covers first
+_PREFIX = struct.Struct("<4sI")
+_MAGIC = b"DLR1"
+_KIND_CALL = 1
+
+
+def _check_version(version: object) -> tuple[int, int]:
+    if (type(version) is tuple and len(version) == 2 and type(version[0]) is int
+            and type(version[1]) is int and 0 <= version[0] <= _MAX_U63
+            and 0 <= version[1] <= _MAX_U63):
+        return (version[0], version[1])
+    raise ValueError(f"a version is a pair of ints in 0..2**63-1, got {version!r}")
+
+
+def frame_log_records(records: list[tuple[tuple[int, int], int, bytes]], batch: int,
+                      after: tuple[int, int] | None, max_record_bytes: int, /) -> bytes:
+    """``records`` (each ``(version, time_ns, body)``; versions strictly increasing from
+    ``after``) framed as batch ``batch`` of the durable log: per record a 48-byte header (magic,
+    crc32 of the rest of the header and the body, length, kind, batch, view, seq, time_ns) and
+    the body. TypeError or ValueError for a record that breaks a rule."""
+    if type(records) is not list:
+        raise TypeError("frame_log_records: records must be a list")
+    prev: object = after
+    last = _check_version(after) if after is not None else None
+    parts: list[bytes] = []
+    append = parts.append
+    tail_of, prefix_of, crc32 = _TAIL.pack, _PREFIX.pack, zlib.crc32
+    for record in records:
+        if not isinstance(record, tuple) or len(record) != 3:
+            raise TypeError("a log record is a (version, time_ns, body) tuple")
+        version, time_ns, body = record
+        v = _check_version(version)
+        if last is not None and v <= last:
+            raise ValueError(f"version {version!r} does not follow {prev!r}")
+        if type(time_ns) is not int or not -_MAX_U63 - 1 <= time_ns <= _MAX_U63:
+            raise ValueError(f"time_ns must be a 64-bit int, got {time_ns!r}")
+        if type(body) is not bytes:
+            raise TypeError(f"a record's body is bytes, got {type(body).__name__}")
+        if len(body) > max_record_bytes:
+            raise ValueError(f"a record of {len(body)} bytes is over the limit of "
+                             f"{max_record_bytes}")
+        tail = tail_of(len(body), _KIND_CALL, batch, v[0], v[1], time_ns)
+        append(prefix_of(_MAGIC, crc32(body, crc32(tail))))
+        append(tail)
+        append(body)
+        last, prev = v, version
+    return b"".join(parts)

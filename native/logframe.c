@@ -1,0 +1,211 @@
+/*
+ * frame_log_records: the durable log's records framed as one batch, in the format of
+ * derecho_async/durability/records.py, with the checksums and copies done with the GIL released,
+ * so the log's writer thread does not hold up the event loop (docs/DESIGN.md §4.6).
+ * Twin: derecho_async/_hotpath_pure/logframe.py (the same checks, in the same order, with the
+ * same messages).
+ *
+ * A record: a 3-tuple (version, time_ns, body): version a 2-tuple of ints in 0..2**63-1,
+ * strictly above the one before it (``after`` for the first), time_ns a 64-bit int, body bytes of
+ * at most max_record_bytes. Framed: a 48-byte little-endian header (magic "DLR1", crc32, length,
+ * kind 1, batch, view, seq, time_ns), then the body; the crc32 (zlib's) covers header bytes 8..48
+ * and the body.
+ */
+#include "native.h"
+
+#define LOG_HEADER 48
+#define LOG_KIND_CALL 1u
+#define LOG_MAX_U63 ((uint64_t)0x7fffffffffffffffULL)
+
+static uint32_t crc_table[8][256];
+
+void
+native_logframe_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = crc_table[0][i];
+        for (int t = 1; t < 8; t++) {
+            c = crc_table[0][c & 0xffu] ^ (c >> 8);
+            crc_table[t][i] = c;
+        }
+    }
+}
+
+/* zlib's crc32(data, crc): the same polynomial, initial value and final xor */
+static uint32_t
+crc32_update(uint32_t crc, const unsigned char *p, size_t n)
+{
+    crc = ~crc;
+#if !(defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__)
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        uint32_t lo = (uint32_t)w ^ crc, hi = (uint32_t)(w >> 32);
+        crc = crc_table[7][lo & 0xffu] ^ crc_table[6][(lo >> 8) & 0xffu] ^
+              crc_table[5][(lo >> 16) & 0xffu] ^ crc_table[4][lo >> 24] ^
+              crc_table[3][hi & 0xffu] ^ crc_table[2][(hi >> 8) & 0xffu] ^
+              crc_table[1][(hi >> 16) & 0xffu] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+#endif
+    while (n--)
+        crc = crc_table[0][(crc ^ *p++) & 0xffu] ^ (crc >> 8);
+    return ~crc;
+}
+
+static void
+put32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void
+put64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+typedef struct {
+    uint64_t view, seq;
+    int64_t time_ns;
+    PyObject *body; /* a new reference while the GIL is released */
+} frame_rec;
+
+/* A version (a 2-tuple of ints in 0..2**63-1) into *view, *seq; 0, or -1 with ValueError. */
+static int
+get_version(PyObject *version, uint64_t *view, uint64_t *seq)
+{
+    if (PyTuple_CheckExact(version) && PyTuple_GET_SIZE(version) == 2 &&
+        PyLong_CheckExact(PyTuple_GET_ITEM(version, 0)) &&
+        PyLong_CheckExact(PyTuple_GET_ITEM(version, 1))) {
+        int o1 = 0, o2 = 0;
+        long long v = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(version, 0), &o1);
+        long long s = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(version, 1), &o2);
+        if (!o1 && !o2 && v >= 0 && s >= 0) {
+            *view = (uint64_t)v;
+            *seq = (uint64_t)s;
+            return 0;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "a version is a pair of ints in 0..2**63-1, got %R", version);
+    return -1;
+}
+
+PyObject *
+native_frame_log_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError,
+                        "frame_log_records(records, batch, after, max_record_bytes)");
+        return NULL;
+    }
+    PyObject *records = args[0];
+    if (!PyList_CheckExact(records)) {
+        PyErr_SetString(PyExc_TypeError, "frame_log_records: records must be a list");
+        return NULL;
+    }
+    unsigned long long batch = PyLong_AsUnsignedLongLong(args[1]);
+    if (batch == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    long long limit = PyLong_AsLongLong(args[3]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    int have_prev = args[2] != Py_None;
+    uint64_t pview = 0, pseq = 0;
+    if (have_prev && get_version(args[2], &pview, &pseq) < 0)
+        return NULL;
+    PyObject *prev = args[2];
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    frame_rec *recs = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(frame_rec));
+    if (recs == NULL)
+        return PyErr_NoMemory();
+    PyObject *out = NULL;
+    Py_ssize_t taken = 0;
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 3) {
+            PyErr_SetString(PyExc_TypeError, "a log record is a (version, time_ns, body) tuple");
+            goto done;
+        }
+        PyObject *version = PyTuple_GET_ITEM(rec, 0);
+        uint64_t view, seq;
+        if (get_version(version, &view, &seq) < 0)
+            goto done;
+        if (have_prev && (view < pview || (view == pview && seq <= pseq))) {
+            PyErr_Format(PyExc_ValueError, "version %R does not follow %R", version, prev);
+            goto done;
+        }
+        PyObject *t = PyTuple_GET_ITEM(rec, 1);
+        int overflow = 0;
+        long long time_ns = PyLong_CheckExact(t) ? PyLong_AsLongLongAndOverflow(t, &overflow) : 0;
+        if (!PyLong_CheckExact(t) || overflow) {
+            PyErr_Format(PyExc_ValueError, "time_ns must be a 64-bit int, got %R", t);
+            goto done;
+        }
+        PyObject *body = PyTuple_GET_ITEM(rec, 2);
+        if (!PyBytes_CheckExact(body)) {
+            PyObject *name = PyType_GetName(Py_TYPE(body));
+            if (name != NULL) {
+                PyErr_Format(PyExc_TypeError, "a record's body is bytes, got %U", name);
+                Py_DECREF(name);
+            }
+            goto done;
+        }
+        Py_ssize_t len = PyBytes_GET_SIZE(body);
+        if (len > limit) {
+            PyErr_Format(PyExc_ValueError, "a record of %zd bytes is over the limit of %lld", len,
+                         limit);
+            goto done;
+        }
+        Py_INCREF(body);
+        recs[i].view = view;
+        recs[i].seq = seq;
+        recs[i].time_ns = (int64_t)time_ns;
+        recs[i].body = body;
+        taken = i + 1;
+        total += LOG_HEADER + (size_t)len;
+        have_prev = 1;
+        pview = view;
+        pseq = seq;
+        prev = version;
+    }
+    if (total > (size_t)PY_SSIZE_T_MAX) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (out == NULL)
+        goto done;
+    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(recs[i].body);
+        size_t len = (size_t)PyBytes_GET_SIZE(recs[i].body);
+        memcpy(dst, "DLR1", 4);
+        put32(dst + 8, (uint32_t)len);
+        put32(dst + 12, LOG_KIND_CALL);
+        put64(dst + 16, (uint64_t)batch);
+        put64(dst + 24, recs[i].view);
+        put64(dst + 32, recs[i].seq);
+        put64(dst + 40, (uint64_t)recs[i].time_ns);
+        memcpy(dst + LOG_HEADER, body, len);
+        put32(dst + 4, crc32_update(crc32_update(0, dst + 8, LOG_HEADER - 8), body, len));
+        dst += LOG_HEADER + len;
+    }
+    Py_END_ALLOW_THREADS
+done:
+    for (Py_ssize_t i = 0; i < taken; i++)
+        Py_DECREF(recs[i].body);
+    PyMem_Free(recs);
+    return out;
+}
