@@ -18,6 +18,14 @@ def frame_log_records(
     max_record_bytes: int,
     /,
 ) -> bytes: ...
+def frame_log_runs(
+    runs: list[tuple[list[Any], int]],
+    batch: int,
+    after: tuple[int, int] | None,
+    max_record_bytes: int,
+    prefix: bytes,
+    /,
+) -> bytes | None: ...
 def decode_plain_call(
     data: object, /
 ) -> tuple[str, tuple[object, ...], dict[str, object]] | None: ...

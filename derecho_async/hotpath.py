@@ -54,6 +54,7 @@ __all__ = [
     "encode_plain_call",
     "fence",
     "frame_log_records",
+    "frame_log_runs",
     "frontier",
     "load_u64",
     "min_u64",

@@ -209,3 +209,138 @@ done:
     PyMem_Free(recs);
     return out;
 }
+
+/* frame_log_runs: as frame_log_records, for runs of delivered calls as the driver reports them:
+ * runs is a list of (events, time_ns), each event a tuple whose items 2 and 3 are its view and
+ * seq and item 6 its payload; each record's body is ``prefix`` followed by the payload. None
+ * (nothing framed) when a payload is not bytes: the caller frames those its own way. */
+PyObject *
+native_frame_log_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "frame_log_runs(runs, batch, after, max_record_bytes, prefix)");
+        return NULL;
+    }
+    PyObject *runs = args[0], *prefix = args[4];
+    if (!PyList_CheckExact(runs) || !PyBytes_CheckExact(prefix)) {
+        PyErr_SetString(PyExc_TypeError, "frame_log_runs: runs must be a list, prefix bytes");
+        return NULL;
+    }
+    unsigned long long batch = PyLong_AsUnsignedLongLong(args[1]);
+    if (batch == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    long long limit = PyLong_AsLongLong(args[3]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    int have_prev = args[2] != Py_None;
+    uint64_t pview = 0, pseq = 0;
+    if (have_prev && get_version(args[2], &pview, &pseq) < 0)
+        return NULL;
+    const unsigned char *pre = (const unsigned char *)PyBytes_AS_STRING(prefix);
+    size_t plen = (size_t)PyBytes_GET_SIZE(prefix);
+    Py_ssize_t nruns = PyList_GET_SIZE(runs), n = 0;
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        PyObject *run = PyList_GET_ITEM(runs, r);
+        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) != 2 ||
+            !PyList_CheckExact(PyTuple_GET_ITEM(run, 0))) {
+            PyErr_SetString(PyExc_TypeError, "a run is an (events, time_ns) tuple");
+            return NULL;
+        }
+        n += PyList_GET_SIZE(PyTuple_GET_ITEM(run, 0));
+    }
+    frame_rec *recs = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(frame_rec));
+    if (recs == NULL)
+        return PyErr_NoMemory();
+    PyObject *out = NULL;
+    Py_ssize_t taken = 0;
+    size_t total = 0;
+    int foreign = 0;
+    for (Py_ssize_t r = 0; r < nruns && !foreign; r++) {
+        PyObject *run = PyList_GET_ITEM(runs, r);
+        PyObject *events = PyTuple_GET_ITEM(run, 0), *t = PyTuple_GET_ITEM(run, 1);
+        int overflow = 0;
+        long long time_ns = PyLong_CheckExact(t) ? PyLong_AsLongLongAndOverflow(t, &overflow) : 0;
+        if (!PyLong_CheckExact(t) || overflow) {
+            PyErr_Format(PyExc_ValueError, "time_ns must be a 64-bit int, got %R", t);
+            goto done;
+        }
+        Py_ssize_t m = PyList_GET_SIZE(events);
+        for (Py_ssize_t i = 0; i < m; i++) {
+            PyObject *ev = PyList_GET_ITEM(events, i);
+            if (!PyTuple_Check(ev) || PyTuple_GET_SIZE(ev) < 7) {
+                PyErr_SetString(PyExc_TypeError, "a delivered event is a tuple of 7 items");
+                goto done;
+            }
+            PyObject *payload = PyTuple_GET_ITEM(ev, 6);
+            if (!PyBytes_CheckExact(payload)) {
+                foreign = 1;
+                break;
+            }
+            PyObject *version = PyTuple_Pack(2, PyTuple_GET_ITEM(ev, 2), PyTuple_GET_ITEM(ev, 3));
+            if (version == NULL)
+                goto done;
+            uint64_t view, seq;
+            int bad = get_version(version, &view, &seq) < 0;
+            if (!bad && have_prev && (view < pview || (view == pview && seq <= pseq))) {
+                PyErr_Format(PyExc_ValueError, "version %R does not follow (%llu, %llu)", version,
+                             (unsigned long long)pview, (unsigned long long)pseq);
+                bad = 1;
+            }
+            Py_DECREF(version);
+            if (bad)
+                goto done;
+            size_t len = plen + (size_t)PyBytes_GET_SIZE(payload);
+            if ((long long)len > limit) {
+                PyErr_Format(PyExc_ValueError, "a record of %zu bytes is over the limit of %lld",
+                             len, limit);
+                goto done;
+            }
+            Py_INCREF(payload);
+            recs[taken].view = view;
+            recs[taken].seq = seq;
+            recs[taken].time_ns = (int64_t)time_ns;
+            recs[taken].body = payload;
+            taken++;
+            total += LOG_HEADER + len;
+            have_prev = 1;
+            pview = view;
+            pseq = seq;
+        }
+    }
+    if (foreign) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (total > (size_t)PY_SSIZE_T_MAX) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (out == NULL)
+        goto done;
+    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < taken; i++) {
+        const unsigned char *payload = (const unsigned char *)PyBytes_AS_STRING(recs[i].body);
+        size_t len = (size_t)PyBytes_GET_SIZE(recs[i].body);
+        memcpy(dst, "DLR1", 4);
+        put32(dst + 8, (uint32_t)(plen + len));
+        put32(dst + 12, LOG_KIND_CALL);
+        put64(dst + 16, (uint64_t)batch);
+        put64(dst + 24, recs[i].view);
+        put64(dst + 32, recs[i].seq);
+        put64(dst + 40, (uint64_t)recs[i].time_ns);
+        memcpy(dst + LOG_HEADER, pre, plen);
+        memcpy(dst + LOG_HEADER + plen, payload, len);
+        put32(dst + 4, crc32_update(crc32_update(0, dst + 8, LOG_HEADER - 8), dst + LOG_HEADER,
+                                    plen + len));
+        dst += LOG_HEADER + plen + len;
+    }
+    Py_END_ALLOW_THREADS
+done:
+    for (Py_ssize_t i = 0; i < taken; i++)
+        Py_DECREF(recs[i].body);
+    PyMem_Free(recs);
+    return out;
+}

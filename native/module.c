@@ -49,6 +49,9 @@ static PyMethodDef native_methods[] = {
     {"frame_log_records", (PyCFunction)(void (*)(void))native_frame_log_records, METH_FASTCALL,
      "frame_log_records(records, batch, after, max_record_bytes) -> bytes: the durable log's "
      "records framed as one batch, checksummed and copied with the GIL released."},
+    {"frame_log_runs", (PyCFunction)(void (*)(void))native_frame_log_runs, METH_FASTCALL,
+     "frame_log_runs(runs, batch, after, max_record_bytes, prefix) -> bytes | None: runs of "
+     "delivered calls framed as one batch of log records (None: a payload is not bytes)."},
     {NULL, NULL, 0, NULL},
 };
 

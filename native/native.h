@@ -9,7 +9,7 @@
  *   plaincall.c  decode_plain_call, encode_plain_call (the usual call's msgpack)
  *   dispatch.c   dispatch_calls (the group's loop over delivered calls)
  *   bytescopy.c  bytes_copy
- *   logframe.c   frame_log_records (the durable log's batches)
+ *   logframe.c   frame_log_records, frame_log_runs (the durable log's batches)
  *   module.c     the method table, the module state and multi-phase init
  *
  * The pure-Python twin, derecho_async/_hotpath_pure/, has a module per file with the same
@@ -156,6 +156,7 @@ PyObject *native_encode_plain_call(PyObject *self, PyObject *const *args, Py_ssi
 PyObject *native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_bytes_copy(PyObject *self, PyObject *obj);
 PyObject *native_frame_log_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *native_frame_log_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 void native_logframe_init(void);
 
 /* plaincall.c's decoding steps, which dispatch.c runs without building what it does not use:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from derecho_async._hotpath_pure.bytescopy import bytes_copy
 from derecho_async._hotpath_pure.dispatch import dispatch_calls
-from derecho_async._hotpath_pure.logframe import frame_log_records
+from derecho_async._hotpath_pure.logframe import frame_log_records, frame_log_runs
 from derecho_async._hotpath_pure.ordering import MAX_TURN, frontier, turns_needed
 from derecho_async._hotpath_pure.plaincall import PlainCall, decode_plain_call, encode_plain_call
 from derecho_async._hotpath_pure.shmring import (
@@ -64,6 +64,7 @@ __all__ = [
     "encode_plain_call",
     "fence",
     "frame_log_records",
+    "frame_log_runs",
     "frontier",
     "load_u64",
     "min_u64",

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import struct
 import zlib
+from typing import Any
 
-__all__ = ["frame_log_records"]
+__all__ = ["frame_log_records", "frame_log_runs"]
 
 _MAX_U63 = (1 << 63) - 1
 _TAIL = struct.Struct("<IIQQQq")  # the header after magic and crc: what the crc covers first
@@ -55,4 +56,44 @@ def frame_log_records(records: list[tuple[tuple[int, int], int, bytes]], batch: 
         append(tail)
         append(body)
         last, prev = v, version
+    return b"".join(parts)
+
+
+def frame_log_runs(runs: list[tuple[list[Any], int]], batch: int, after: tuple[int, int] | None,
+                   max_record_bytes: int, prefix: bytes, /) -> bytes | None:
+    """As :func:`frame_log_records`, for runs of delivered calls as the driver reports them:
+    ``runs`` is a list of ``(events, time_ns)``, each event a tuple whose items 2 and 3 are its
+    view and seq and item 6 its payload; each record's body is ``prefix`` and the payload.
+    None (nothing framed) when a payload is not bytes."""
+    if type(runs) is not list or type(prefix) is not bytes:
+        raise TypeError("frame_log_runs: runs must be a list, prefix bytes")
+    for run in runs:
+        if not isinstance(run, tuple) or len(run) != 2 or type(run[0]) is not list:
+            raise TypeError("a run is an (events, time_ns) tuple")
+    last = _check_version(after) if after is not None else None
+    parts: list[bytes] = []
+    append = parts.append
+    tail_of, prefix_of, crc32 = _TAIL.pack, _PREFIX.pack, zlib.crc32
+    for events, time_ns in runs:
+        if type(time_ns) is not int or not -_MAX_U63 - 1 <= time_ns <= _MAX_U63:
+            raise ValueError(f"time_ns must be a 64-bit int, got {time_ns!r}")
+        for ev in events:
+            if not isinstance(ev, tuple) or len(ev) < 7:
+                raise TypeError("a delivered event is a tuple of 7 items")
+            payload = ev[6]
+            if type(payload) is not bytes:
+                return None
+            version = (ev[2], ev[3])
+            v = _check_version(version)
+            if last is not None and v <= last:
+                raise ValueError(f"version {version!r} does not follow ({last[0]}, {last[1]})")
+            n = len(prefix) + len(payload)
+            if n > max_record_bytes:
+                raise ValueError(f"a record of {n} bytes is over the limit of {max_record_bytes}")
+            tail = tail_of(n, _KIND_CALL, batch, v[0], v[1], time_ns)
+            append(prefix_of(_MAGIC, crc32(payload, crc32(prefix, crc32(tail)))))
+            append(tail)
+            append(prefix)
+            append(payload)
+            last = v
     return b"".join(parts)

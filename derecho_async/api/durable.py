@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from derecho_async import wire
 from derecho_async.api.delivery import Hosted
 from derecho_async.api.logged_calls import (
+    PLAIN,
     HistoryEntry,
     Logged,
     SuffixChunk,
@@ -476,6 +477,10 @@ class Durable:
             for name, batch in batches.items()}
         new, encode = tuple.__new__, encode_body  # (a LogRecord per call: no __new__ frame)
         only = self._only
+        # the usual flush: one subgroup, calls of plain bytes, framed natively
+        if (only is not None and runs and not records and only.log is not None
+                and only.log.append_delivered(runs, PLAIN)):
+            return {only.name: only.log.sync()}
         if only is not None:
             out = records.setdefault(only.name, [])
             add = out.append

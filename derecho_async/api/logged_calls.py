@@ -19,7 +19,7 @@ from derecho_async.api.delivery import Dispatcher, Hosted
 from derecho_async.durability import LogRecord
 from derecho_async.runtime.dataplane import OutOfBand
 
-__all__ = ["HistoryEntry", "Logged", "SuffixChunk", "Version", "decode_body", "encode_body",
+__all__ = ["PLAIN", "HistoryEntry", "Logged", "SuffixChunk", "Version", "decode_body", "encode_body",
            "held_by", "replay"]
 
 log = logging.getLogger("derecho_async.durable")
@@ -27,7 +27,8 @@ log = logging.getLogger("derecho_async.durable")
 Version = tuple[int, int]
 """``(view_id, seq)``: where a call stands in its subgroup's total order."""
 
-_PLAIN = b"\x00"  # a log body: the call's bytes as delivered
+PLAIN = b"\x00"
+"""The tag of a log body that is the call's bytes as delivered."""
 _ARRAYS = b"\x01"  # a log body: [call bytes, [host arrays]] encoded by the value codec
 _SEQ_MAX = 1 << 62  # "the end of a view" (as a seq: above any real one, + 1 still fits)
 
@@ -58,7 +59,7 @@ def encode_body(payload: object) -> bytes:
     if type(payload) is Logged:
         return bytes(payload)
     if type(payload) is bytes:
-        return _PLAIN + payload
+        return PLAIN + payload
     if isinstance(payload, OutOfBand):
         arrays = [_host_array(a) for a in payload.arrays]
         return _ARRAYS + wire.encode([payload.call, arrays])
@@ -68,7 +69,7 @@ def encode_body(payload: object) -> bytes:
 def decode_body(body: bytes) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     """``(wire name, args, kwargs)`` of a logged call (the inverse of :func:`encode_body`)."""
     tag, rest = body[:1], body[1:]
-    if tag == _PLAIN:
+    if tag == PLAIN:
         return wire.decode_call(rest)
     if tag == _ARRAYS:
         parts = wire.decode(rest)

@@ -40,7 +40,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from derecho_async.durability.files import Fs, RealFs, WriteFile
 from derecho_async.durability.records import (
@@ -52,7 +52,7 @@ from derecho_async.durability.records import (
     scan,
 )
 from derecho_async.errors import LogCorrupted, UsageError
-from derecho_async.hotpath import frame_log_records
+from derecho_async.hotpath import frame_log_records, frame_log_runs
 
 __all__ = ["Log", "Recovery", "segment_name"]
 
@@ -235,23 +235,46 @@ class Log:
                                          self._appended, self._max_record_bytes)
             except (TypeError, ValueError) as exc:
                 raise UsageError(str(exc)) from None
-            version = batch[-1][0]
-            last = (version[0], version[1])
+            first, last = batch[0][0], batch[-1][0]
+            self._write_batch(data, (first[0], first[1]), (last[0], last[1]))
+
+    def append_delivered(self, runs: list[tuple[list[Any], int]], prefix: bytes) -> bool:
+        """As :meth:`append`, for runs of delivered calls as the driver reports them (``(events,
+        time_ns)``, each event a ``Delivered``): a record per call, its body ``prefix`` and the
+        payload, framed without a Python object per record. False, and nothing written, when a
+        payload is not bytes (append those as records)."""
+        with self._lock:
+            self._check_usable()
             try:
-                seg = self._segments[-1] if self._segments else None
-                if seg is None or seg.size >= self._segment_bytes:
-                    seg = self._roll(batch[0].version)
-                elif self._file is None:
-                    self._file = self._fs.open_append(seg.path)
-                assert self._file is not None
-                self._file.write(data)
-            except BaseException as exc:
-                self._failed = exc
-                raise
-            seg.size += len(data)
-            seg.last = last
-            self._appended = last
-            self._next_batch += 1
+                data = frame_log_runs(runs, self._next_batch, self._appended,
+                                      self._max_record_bytes, prefix)
+            except (TypeError, ValueError) as exc:
+                raise UsageError(str(exc)) from None
+            if data is None:
+                return False
+            events = [ev for ev, _t in runs if ev]
+            if events:
+                first, last = events[0][0], events[-1][-1]
+                self._write_batch(data, (first[2], first[3]), (last[2], last[3]))
+            return True
+
+    def _write_batch(self, data: bytes, first: Version, last: Version) -> None:
+        """Writes one framed batch (under the state lock)."""
+        try:
+            seg = self._segments[-1] if self._segments else None
+            if seg is None or seg.size >= self._segment_bytes:
+                seg = self._roll(first)
+            elif self._file is None:
+                self._file = self._fs.open_append(seg.path)
+            assert self._file is not None
+            self._file.write(data)
+        except BaseException as exc:
+            self._failed = exc
+            raise
+        seg.size += len(data)
+        seg.last = last
+        self._appended = last
+        self._next_batch += 1
 
     def _roll(self, first: Version) -> _Segment:
         """Starts a new last segment for ``first`` (under the state lock); the old one is made

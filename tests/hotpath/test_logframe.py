@@ -90,3 +90,37 @@ def _native() -> bool:
     from tests.hotpath.twins import native
 
     return native is not None
+
+
+@st.composite
+def runs(draw: Any) -> tuple[list[Any], int, Any, int, bytes]:
+    """Runs of delivered calls (Delivered tuples), sometimes with a payload that is not bytes or
+    a version out of order."""
+    from derecho_async.core import Delivered
+
+    out: list[Any] = []
+    view, seq = draw(st.integers(0, 4)), draw(st.integers(0, 9))
+    for _ in range(draw(st.integers(0, 4))):
+        events = []
+        for _ in range(draw(st.integers(0, 4))):
+            seq += draw(st.integers(0, 2))  # 0: the same version again (out of order)
+            payload: Any = draw(st.one_of(st.binary(max_size=60),
+                                          st.sampled_from([bytearray(b"x"), None])))
+            events.append(Delivered("S", 0, view, seq, 1, seq, payload))
+        t = draw(st.one_of(st.integers(-(1 << 63), MAX), st.just(1 << 63)))
+        out.append((events, t))
+    after = draw(st.one_of(st.none(), st.tuples(good_ints, good_ints)))
+    return (out, draw(st.integers(0, 99)), after, draw(st.sampled_from([1 << 30, 30])),
+            draw(st.sampled_from([b"\x00", b"", b"ab"])))
+
+
+@needs_native
+@SETTINGS
+@given(runs())
+def test_frame_log_runs(case: tuple[list[Any], int, Any, int, bytes]) -> None:
+    kind, value = same("frame_log_runs", *case)
+    runs_, batch, after, limit, prefix = case
+    if kind != "ok" or value is None:
+        return
+    records = [((ev[2], ev[3]), t, prefix + ev[6]) for events, t in runs_ for ev in events]
+    assert value == pure.frame_log_records(records, batch, after, limit)  # the same framing
