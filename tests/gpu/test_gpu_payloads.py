@@ -224,7 +224,8 @@ def test_a_device_state_joins_over_the_cuda_ipc_plane(
     monkeypatch.setenv("DA_GPU_STATE_MB", "256")
     codes = da.launch_local(3, gpu_apps.device_state_join, group=f"gpustate{os.getpid()}",
                             timeout=180, initial_members=2, gpu_plane="ipc",
-                            state_chunk_kb=8192)
+                            state_chunk_kb=8192,
+                            log_level=os.environ.get("DA_GPU_LOG_LEVEL", "WARNING"))
     assert codes == [0, 0, 0]
     results = [json.loads((tmp_path / f"member{m}.json").read_text()) for m in range(3)]
     assert len({r["digest"] for r in results}) == 1, results
