@@ -3,10 +3,11 @@
 Theory of operation (docs/DESIGN.md §7.12): with ``data_dir`` set, each hosted subgroup gets a
 :class:`~derecho_async.durability.log.Log` and its
 :class:`~derecho_async.durability.snapshots.Snapshots` under
-``<data_dir>/<group>/member-<id>/<subgroup>/``. Each run of deliveries is added to a pending
-batch on the loop (a list append per call). One flush at a time runs in the executor: it encodes
-what is not plain bytes (arrays copied to host), appends, and syncs: one fsync per subgroup per
-flush however many calls it holds (group commit). Back on the loop it raises this member's
+``<data_dir>/<group>/member-<id>/<subgroup>/``. Each run of deliveries is kept as it is, on the
+loop (a list append per run). One flush at a time runs in the executor: it frames the runs as
+log records (natively, the GIL released; a call with out-of-band arrays is encoded first, its
+arrays copied to host), appends, and syncs: one fsync per subgroup per flush however many calls
+it holds (group commit). Back on the loop it raises this member's
 ``persisted`` word in the shared-state table; the core reports the lowest word of the shard's
 members as ``Persisted`` events, which move :attr:`Durable.frontier` and resolve
 ``persisted(version)``. Delivery never waits for the disk: the two frontiers are separate.
