@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -69,13 +70,28 @@ __all__ = [
 REQUESTED_PURE: bool = os.environ.get("DERECHO_ASYNC_PURE_PYTHON", "") not in ("", "0")
 
 
+def _missing(module: ModuleType) -> list[str]:
+    """The names of :data:`__all__` that ``module`` lacks (a native module built from older
+    sources than the package's: an editable install not rebuilt since a function was added)."""
+    return [name for name in __all__ if name != "REQUESTED_PURE" and not hasattr(module, name)]
+
+
 def _chosen() -> ModuleType:
-    """The native module unless the pure twin was asked for or the extension is missing."""
+    """The native module unless the pure twin was asked for or the extension is missing (or out
+    of date: then with a warning, since everything would run, only slower)."""
     if not REQUESTED_PURE:
         try:
-            return importlib.import_module("derecho_async._native")
+            native = importlib.import_module("derecho_async._native")
         except ImportError:  # built without a compiler: the pure twin does the same work
             pass
+        else:
+            missing = _missing(native)
+            if not missing:
+                return native
+            warnings.warn(
+                f"derecho_async._native is older than the package (it lacks "
+                f"{', '.join(missing)}): using the pure-Python twin; reinstall the package "
+                "to rebuild it", RuntimeWarning, stacklevel=2)
     return importlib.import_module("derecho_async._hotpath_pure")
 
 

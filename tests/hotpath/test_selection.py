@@ -64,3 +64,27 @@ def test_both_twins_have_the_same_api() -> None:
     if native is not None:
         public = {n for n in dir(native) if not n.startswith("_")}
         assert public == names
+
+
+def test_a_native_module_older_than_the_package_is_not_used() -> None:
+    """An editable install whose extension was built before a function was added would fail at
+    import with an AttributeError; the selector names what is missing and takes the twin."""
+    import types
+
+    assert hotpath._missing(pure) == []
+    if native is not None:
+        assert hotpath._missing(native) == []
+    stale = types.ModuleType("stale")
+    for name in hotpath.__all__:
+        if name not in ("REQUESTED_PURE", "frame_log_runs"):
+            setattr(stale, name, getattr(pure, name))
+    assert hotpath._missing(stale) == ["frame_log_runs"]
+    code = ("import sys, types, warnings; warnings.simplefilter('always'); "
+            "sys.modules['derecho_async._native'] = types.ModuleType('derecho_async._native'); "
+            "from derecho_async import hotpath; print(hotpath.IMPLEMENTATION)")
+    env = dict(os.environ)
+    env.pop("DERECHO_ASYNC_PURE_PYTHON", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "pure"
+    assert "older than the package" in out.stderr and "reinstall" in out.stderr
