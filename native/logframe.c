@@ -100,6 +100,91 @@ get_version(PyObject *version, uint64_t *view, uint64_t *seq)
     return -1;
 }
 
+/* A time_ns (a 64-bit int) into *out; 0, or -1 with ValueError. */
+static int
+get_time(PyObject *t, int64_t *out)
+{
+    int overflow = 0;
+    long long v = PyLong_CheckExact(t) ? PyLong_AsLongLongAndOverflow(t, &overflow) : 0;
+    if (!PyLong_CheckExact(t) || overflow) {
+        PyErr_Format(PyExc_ValueError, "time_ns must be a 64-bit int, got %R", t);
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* What both functions take after their first argument: batch, after, max_record_bytes. */
+typedef struct {
+    uint64_t batch;
+    long long limit;
+    int have_prev;
+    uint64_t pview, pseq; /* the last version framed (``after`` at first) */
+} frame_state;
+
+static int
+frame_start(PyObject *const *args, frame_state *st)
+{
+    unsigned long long batch = PyLong_AsUnsignedLongLong(args[1]);
+    if (batch == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    st->batch = (uint64_t)batch;
+    st->limit = PyLong_AsLongLong(args[3]);
+    if (st->limit == -1 && PyErr_Occurred())
+        return -1;
+    st->have_prev = args[2] != Py_None;
+    st->pview = st->pseq = 0;
+    return st->have_prev ? get_version(args[2], &st->pview, &st->pseq) : 0;
+}
+
+/* Whether (view, seq) follows the last version framed. */
+static int
+follows(const frame_state *st, uint64_t view, uint64_t seq)
+{
+    return !st->have_prev || view > st->pview || (view == st->pview && seq > st->pseq);
+}
+
+/* The framed batch of recs[0..n) (``total`` bytes), each body behind ``prefix``: headers,
+ * copies and crc32s with the GIL released. */
+static PyObject *
+frame_emit(const frame_rec *recs, Py_ssize_t n, size_t total, uint64_t batch,
+           const unsigned char *pre, size_t plen)
+{
+    if (total > (size_t)PY_SSIZE_T_MAX)
+        return PyErr_NoMemory();
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (out == NULL)
+        return NULL;
+    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t len = plen + (size_t)PyBytes_GET_SIZE(recs[i].body);
+        memcpy(dst, "DLR1", 4);
+        put32(dst + 8, (uint32_t)len);
+        put32(dst + 12, LOG_KIND_CALL);
+        put64(dst + 16, batch);
+        put64(dst + 24, recs[i].view);
+        put64(dst + 32, recs[i].seq);
+        put64(dst + 40, (uint64_t)recs[i].time_ns);
+        if (plen)
+            memcpy(dst + LOG_HEADER, pre, plen);
+        memcpy(dst + LOG_HEADER + plen, PyBytes_AS_STRING(recs[i].body), len - plen);
+        put32(dst + 4, crc32_update(crc32_update(0, dst + 8, LOG_HEADER - 8), dst + LOG_HEADER,
+                                    len));
+        dst += LOG_HEADER + len;
+    }
+    Py_END_ALLOW_THREADS
+    return out;
+}
+
+static void
+frame_release(frame_rec *recs, Py_ssize_t taken)
+{
+    for (Py_ssize_t i = 0; i < taken; i++)
+        Py_DECREF(recs[i].body);
+    PyMem_Free(recs);
+}
+
 PyObject *
 native_frame_log_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -113,15 +198,8 @@ native_frame_log_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_TypeError, "frame_log_records: records must be a list");
         return NULL;
     }
-    unsigned long long batch = PyLong_AsUnsignedLongLong(args[1]);
-    if (batch == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    long long limit = PyLong_AsLongLong(args[3]);
-    if (limit == -1 && PyErr_Occurred())
-        return NULL;
-    int have_prev = args[2] != Py_None;
-    uint64_t pview = 0, pseq = 0;
-    if (have_prev && get_version(args[2], &pview, &pseq) < 0)
+    frame_state st;
+    if (frame_start(args, &st) < 0)
         return NULL;
     PyObject *prev = args[2];
     Py_ssize_t n = PyList_GET_SIZE(records);
@@ -138,20 +216,15 @@ native_frame_log_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             goto done;
         }
         PyObject *version = PyTuple_GET_ITEM(rec, 0);
-        uint64_t view, seq;
-        if (get_version(version, &view, &seq) < 0)
+        frame_rec *r = &recs[i];
+        if (get_version(version, &r->view, &r->seq) < 0)
             goto done;
-        if (have_prev && (view < pview || (view == pview && seq <= pseq))) {
+        if (!follows(&st, r->view, r->seq)) {
             PyErr_Format(PyExc_ValueError, "version %R does not follow %R", version, prev);
             goto done;
         }
-        PyObject *t = PyTuple_GET_ITEM(rec, 1);
-        int overflow = 0;
-        long long time_ns = PyLong_CheckExact(t) ? PyLong_AsLongLongAndOverflow(t, &overflow) : 0;
-        if (!PyLong_CheckExact(t) || overflow) {
-            PyErr_Format(PyExc_ValueError, "time_ns must be a 64-bit int, got %R", t);
+        if (get_time(PyTuple_GET_ITEM(rec, 1), &r->time_ns) < 0)
             goto done;
-        }
         PyObject *body = PyTuple_GET_ITEM(rec, 2);
         if (!PyBytes_CheckExact(body)) {
             PyObject *name = PyType_GetName(Py_TYPE(body));
@@ -162,51 +235,22 @@ native_frame_log_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             goto done;
         }
         Py_ssize_t len = PyBytes_GET_SIZE(body);
-        if (len > limit) {
+        if (len > st.limit) {
             PyErr_Format(PyExc_ValueError, "a record of %zd bytes is over the limit of %lld", len,
-                         limit);
+                         st.limit);
             goto done;
         }
-        Py_INCREF(body);
-        recs[i].view = view;
-        recs[i].seq = seq;
-        recs[i].time_ns = (int64_t)time_ns;
-        recs[i].body = body;
+        r->body = Py_NewRef(body);
         taken = i + 1;
         total += LOG_HEADER + (size_t)len;
-        have_prev = 1;
-        pview = view;
-        pseq = seq;
+        st.have_prev = 1;
+        st.pview = r->view;
+        st.pseq = r->seq;
         prev = version;
     }
-    if (total > (size_t)PY_SSIZE_T_MAX) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
-    if (out == NULL)
-        goto done;
-    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(recs[i].body);
-        size_t len = (size_t)PyBytes_GET_SIZE(recs[i].body);
-        memcpy(dst, "DLR1", 4);
-        put32(dst + 8, (uint32_t)len);
-        put32(dst + 12, LOG_KIND_CALL);
-        put64(dst + 16, (uint64_t)batch);
-        put64(dst + 24, recs[i].view);
-        put64(dst + 32, recs[i].seq);
-        put64(dst + 40, (uint64_t)recs[i].time_ns);
-        memcpy(dst + LOG_HEADER, body, len);
-        put32(dst + 4, crc32_update(crc32_update(0, dst + 8, LOG_HEADER - 8), body, len));
-        dst += LOG_HEADER + len;
-    }
-    Py_END_ALLOW_THREADS
+    out = frame_emit(recs, taken, total, st.batch, NULL, 0);
 done:
-    for (Py_ssize_t i = 0; i < taken; i++)
-        Py_DECREF(recs[i].body);
-    PyMem_Free(recs);
+    frame_release(recs, taken);
     return out;
 }
 
@@ -227,17 +271,9 @@ native_frame_log_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "frame_log_runs: runs must be a list, prefix bytes");
         return NULL;
     }
-    unsigned long long batch = PyLong_AsUnsignedLongLong(args[1]);
-    if (batch == (unsigned long long)-1 && PyErr_Occurred())
+    frame_state st;
+    if (frame_start(args, &st) < 0)
         return NULL;
-    long long limit = PyLong_AsLongLong(args[3]);
-    if (limit == -1 && PyErr_Occurred())
-        return NULL;
-    int have_prev = args[2] != Py_None;
-    uint64_t pview = 0, pseq = 0;
-    if (have_prev && get_version(args[2], &pview, &pseq) < 0)
-        return NULL;
-    const unsigned char *pre = (const unsigned char *)PyBytes_AS_STRING(prefix);
     size_t plen = (size_t)PyBytes_GET_SIZE(prefix);
     Py_ssize_t nruns = PyList_GET_SIZE(runs), n = 0;
     for (Py_ssize_t r = 0; r < nruns; r++) {
@@ -255,18 +291,13 @@ native_frame_log_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *out = NULL;
     Py_ssize_t taken = 0;
     size_t total = 0;
-    int foreign = 0;
-    for (Py_ssize_t r = 0; r < nruns && !foreign; r++) {
+    for (Py_ssize_t r = 0; r < nruns; r++) {
         PyObject *run = PyList_GET_ITEM(runs, r);
-        PyObject *events = PyTuple_GET_ITEM(run, 0), *t = PyTuple_GET_ITEM(run, 1);
-        int overflow = 0;
-        long long time_ns = PyLong_CheckExact(t) ? PyLong_AsLongLongAndOverflow(t, &overflow) : 0;
-        if (!PyLong_CheckExact(t) || overflow) {
-            PyErr_Format(PyExc_ValueError, "time_ns must be a 64-bit int, got %R", t);
+        PyObject *events = PyTuple_GET_ITEM(run, 0);
+        int64_t time_ns;
+        if (get_time(PyTuple_GET_ITEM(run, 1), &time_ns) < 0)
             goto done;
-        }
-        Py_ssize_t m = PyList_GET_SIZE(events);
-        for (Py_ssize_t i = 0; i < m; i++) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
             PyObject *ev = PyList_GET_ITEM(events, i);
             if (!PyTuple_Check(ev) || PyTuple_GET_SIZE(ev) < 7) {
                 PyErr_SetString(PyExc_TypeError, "a delivered event is a tuple of 7 items");
@@ -274,73 +305,40 @@ native_frame_log_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             }
             PyObject *payload = PyTuple_GET_ITEM(ev, 6);
             if (!PyBytes_CheckExact(payload)) {
-                foreign = 1;
-                break;
+                out = Py_NewRef(Py_None); /* framed by the caller, as records */
+                goto done;
             }
             PyObject *version = PyTuple_Pack(2, PyTuple_GET_ITEM(ev, 2), PyTuple_GET_ITEM(ev, 3));
             if (version == NULL)
                 goto done;
-            uint64_t view, seq;
-            int bad = get_version(version, &view, &seq) < 0;
-            if (!bad && have_prev && (view < pview || (view == pview && seq <= pseq))) {
+            frame_rec *rec = &recs[taken];
+            int bad = get_version(version, &rec->view, &rec->seq) < 0;
+            if (!bad && !follows(&st, rec->view, rec->seq)) {
                 PyErr_Format(PyExc_ValueError, "version %R does not follow (%llu, %llu)", version,
-                             (unsigned long long)pview, (unsigned long long)pseq);
+                             (unsigned long long)st.pview, (unsigned long long)st.pseq);
                 bad = 1;
             }
             Py_DECREF(version);
             if (bad)
                 goto done;
             size_t len = plen + (size_t)PyBytes_GET_SIZE(payload);
-            if ((long long)len > limit) {
+            if ((long long)len > st.limit) {
                 PyErr_Format(PyExc_ValueError, "a record of %zu bytes is over the limit of %lld",
-                             len, limit);
+                             len, st.limit);
                 goto done;
             }
-            Py_INCREF(payload);
-            recs[taken].view = view;
-            recs[taken].seq = seq;
-            recs[taken].time_ns = (int64_t)time_ns;
-            recs[taken].body = payload;
+            rec->time_ns = time_ns;
+            rec->body = Py_NewRef(payload);
             taken++;
             total += LOG_HEADER + len;
-            have_prev = 1;
-            pview = view;
-            pseq = seq;
+            st.have_prev = 1;
+            st.pview = rec->view;
+            st.pseq = rec->seq;
         }
     }
-    if (foreign) {
-        out = Py_NewRef(Py_None);
-        goto done;
-    }
-    if (total > (size_t)PY_SSIZE_T_MAX) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
-    if (out == NULL)
-        goto done;
-    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < taken; i++) {
-        const unsigned char *payload = (const unsigned char *)PyBytes_AS_STRING(recs[i].body);
-        size_t len = (size_t)PyBytes_GET_SIZE(recs[i].body);
-        memcpy(dst, "DLR1", 4);
-        put32(dst + 8, (uint32_t)(plen + len));
-        put32(dst + 12, LOG_KIND_CALL);
-        put64(dst + 16, (uint64_t)batch);
-        put64(dst + 24, recs[i].view);
-        put64(dst + 32, recs[i].seq);
-        put64(dst + 40, (uint64_t)recs[i].time_ns);
-        memcpy(dst + LOG_HEADER, pre, plen);
-        memcpy(dst + LOG_HEADER + plen, payload, len);
-        put32(dst + 4, crc32_update(crc32_update(0, dst + 8, LOG_HEADER - 8), dst + LOG_HEADER,
-                                    plen + len));
-        dst += LOG_HEADER + plen + len;
-    }
-    Py_END_ALLOW_THREADS
+    out = frame_emit(recs, taken, total, st.batch,
+                     (const unsigned char *)PyBytes_AS_STRING(prefix), plen);
 done:
-    for (Py_ssize_t i = 0; i < taken; i++)
-        Py_DECREF(recs[i].body);
-    PyMem_Free(recs);
+    frame_release(recs, taken);
     return out;
 }

@@ -24,6 +24,21 @@ def _check_version(version: object) -> tuple[int, int]:
     raise ValueError(f"a version is a pair of ints in 0..2**63-1, got {version!r}")
 
 
+def _check_time(time_ns: object) -> int:
+    if type(time_ns) is not int or not -_MAX_U63 - 1 <= time_ns <= _MAX_U63:
+        raise ValueError(f"time_ns must be a 64-bit int, got {time_ns!r}")
+    return time_ns
+
+
+def _frame(parts: list[bytes], batch: int, version: tuple[int, int], time_ns: int,
+           prefix: bytes, body: bytes) -> None:
+    """One record (its body ``prefix`` and ``body``) onto ``parts``."""
+    tail = _TAIL.pack(len(prefix) + len(body), _KIND_CALL, batch, version[0], version[1],
+                      time_ns)
+    parts += (_PREFIX.pack(_MAGIC, zlib.crc32(body, zlib.crc32(prefix, zlib.crc32(tail)))),
+              tail, prefix, body)
+
+
 def frame_log_records(records: list[tuple[tuple[int, int], int, bytes]], batch: int,
                       after: tuple[int, int] | None, max_record_bytes: int, /) -> bytes:
     """``records`` (each ``(version, time_ns, body)``; versions strictly increasing from
@@ -35,8 +50,6 @@ def frame_log_records(records: list[tuple[tuple[int, int], int, bytes]], batch: 
     prev: object = after
     last = _check_version(after) if after is not None else None
     parts: list[bytes] = []
-    append = parts.append
-    tail_of, prefix_of, crc32 = _TAIL.pack, _PREFIX.pack, zlib.crc32
     for record in records:
         if not isinstance(record, tuple) or len(record) != 3:
             raise TypeError("a log record is a (version, time_ns, body) tuple")
@@ -44,17 +57,13 @@ def frame_log_records(records: list[tuple[tuple[int, int], int, bytes]], batch: 
         v = _check_version(version)
         if last is not None and v <= last:
             raise ValueError(f"version {version!r} does not follow {prev!r}")
-        if type(time_ns) is not int or not -_MAX_U63 - 1 <= time_ns <= _MAX_U63:
-            raise ValueError(f"time_ns must be a 64-bit int, got {time_ns!r}")
+        _check_time(time_ns)
         if type(body) is not bytes:
             raise TypeError(f"a record's body is bytes, got {type(body).__name__}")
         if len(body) > max_record_bytes:
             raise ValueError(f"a record of {len(body)} bytes is over the limit of "
                              f"{max_record_bytes}")
-        tail = tail_of(len(body), _KIND_CALL, batch, v[0], v[1], time_ns)
-        append(prefix_of(_MAGIC, crc32(body, crc32(tail))))
-        append(tail)
-        append(body)
+        _frame(parts, batch, v, time_ns, b"", body)
         last, prev = v, version
     return b"".join(parts)
 
@@ -72,11 +81,8 @@ def frame_log_runs(runs: list[tuple[list[Any], int]], batch: int, after: tuple[i
             raise TypeError("a run is an (events, time_ns) tuple")
     last = _check_version(after) if after is not None else None
     parts: list[bytes] = []
-    append = parts.append
-    tail_of, prefix_of, crc32 = _TAIL.pack, _PREFIX.pack, zlib.crc32
     for events, time_ns in runs:
-        if type(time_ns) is not int or not -_MAX_U63 - 1 <= time_ns <= _MAX_U63:
-            raise ValueError(f"time_ns must be a 64-bit int, got {time_ns!r}")
+        _check_time(time_ns)
         for ev in events:
             if not isinstance(ev, tuple) or len(ev) < 7:
                 raise TypeError("a delivered event is a tuple of 7 items")
@@ -90,10 +96,6 @@ def frame_log_runs(runs: list[tuple[list[Any], int]], batch: int, after: tuple[i
             n = len(prefix) + len(payload)
             if n > max_record_bytes:
                 raise ValueError(f"a record of {n} bytes is over the limit of {max_record_bytes}")
-            tail = tail_of(n, _KIND_CALL, batch, v[0], v[1], time_ns)
-            append(prefix_of(_MAGIC, crc32(payload, crc32(prefix, crc32(tail)))))
-            append(tail)
-            append(prefix)
-            append(payload)
+            _frame(parts, batch, v, time_ns, prefix, payload)
             last = v
     return b"".join(parts)
