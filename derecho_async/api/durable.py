@@ -110,14 +110,13 @@ class Durable:
         self._only = next(iter(self._subs.values())) if len(self._subs) == 1 else None
         self._waiters: dict[str, list[tuple[Version, asyncio.Future[None]]]] = {
             name: [] for name in self._subs}
-        self.resumed_from: dict[str, Version | None] = {}
         self.closed: BaseException | None = None
         self._crashed = False
 
     # -- start ---------------------------------------------------------------------------------
-    async def open(self) -> bool:
+    async def open(self) -> None:
         """Open (or create) the files and bring the actors to what they hold: the newest
-        snapshot, then the log after it. True when this member resumed from earlier files."""
+        snapshot, then the log after it."""
         loop = asyncio.get_running_loop()
         found = await loop.run_in_executor(None, self._open_files)
         for sub in self._subs.values():
@@ -127,11 +126,8 @@ class Durable:
             if snap is not None:
                 upto, _t, data = snap
                 actor.restore(wire.decode(data))
-            last = await replay(sub.hosted, records, upto)
-            self.resumed_from[sub.name] = last if last is not None else (
-                held_by(upto) if upto is not None else None)
+            await replay(sub.hosted, records, upto)
             sub.durable = sub.log.durable_through if sub.log is not None else None
-        return any(v is not None for v in self.resumed_from.values())
 
     def _open_files(self) -> dict[str, tuple[tuple[Version, int, bytes] | None,
                                              list[LogRecord]]]:
@@ -160,24 +156,23 @@ class Durable:
         new list per run) for the next flush, which makes the log records off the loop."""
         self._runs.append((events, time.time_ns()))
         only = self._only
-        if only is not None:
-            only.since_snapshot += len(events)
-            if only.since_snapshot >= self._snapshot_every and not only.snapshot_due:
-                only.snapshot_due = True
-                asyncio.get_running_loop().call_soon(self._snapshot, only)
+        if only is not None:  # (every delivery is its subgroup's: no walk over the run)
+            self._count(only, len(events))
         else:
-            subs = self._subs
             for ev in events:
-                sub = subs.get(ev[0])
-                if sub is None:
-                    continue
-                sub.since_snapshot += 1
-                if sub.since_snapshot >= self._snapshot_every and not sub.snapshot_due:
-                    sub.snapshot_due = True
-                    asyncio.get_running_loop().call_soon(self._snapshot, sub)
+                sub = self._subs.get(ev[0])
+                if sub is not None:
+                    self._count(sub, 1)
         flush = self._flush
         if flush is None or flush.done():
             self._kick()
+
+    def _count(self, sub: _Subgroup, calls: int) -> None:
+        """``calls`` more logged calls of ``sub``: a snapshot once ``snapshot_every`` passed."""
+        sub.since_snapshot += calls
+        if sub.since_snapshot >= self._snapshot_every and not sub.snapshot_due:
+            sub.snapshot_due = True
+            asyncio.get_running_loop().call_soon(self._snapshot, sub)
 
     def on_view(self, ev: ViewInstalled) -> None:
         """A view was installed: record it, and mark again from 1 once it is on the disk."""
@@ -476,24 +471,16 @@ class Durable:
         records: dict[str, list[LogRecord]] = {
             name: [LogRecord(v, t, encode_body(p)) for v, t, p in batch]
             for name, batch in batches.items()}
-        new, encode = tuple.__new__, encode_body  # (a LogRecord per call: no __new__ frame)
         only = self._only
         # the usual flush: one subgroup, calls of plain bytes, framed natively
         if (only is not None and runs and not records and only.log is not None
                 and only.log.append_delivered(runs, PLAIN)):
             return {only.name: only.log.sync()}
-        if only is not None:
-            out = records.setdefault(only.name, [])
-            add = out.append
-            for events, now in runs:
-                for ev in events:
-                    add(new(LogRecord, ((ev[2], ev[3]), now, encode(ev[6]))))
-        else:
-            for events, now in runs:
-                for ev in events:
-                    if ev[0] in self._subs:
-                        records.setdefault(ev[0], []).append(
-                            new(LogRecord, ((ev[2], ev[3]), now, encode(ev[6]))))
+        for events, now in runs:  # else a record per call (arrays encoded, copied to host)
+            for ev in events:
+                if ev[0] in self._subs:
+                    records.setdefault(ev[0], []).append(
+                        LogRecord((ev[2], ev[3]), now, encode_body(ev[6])))
         durable: dict[str, Version | None] = {}
         for name, batch in records.items():
             logfile = self._subs[name].log

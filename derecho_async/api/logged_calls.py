@@ -119,10 +119,9 @@ class SuffixChunk:
         return cls(snap, [LogRecord((v, q), t, b) for v, q, t, b in records], last)
 
 
-async def replay(hosted: Hosted, records: list[LogRecord], upto: Version | None) -> Version | None:
+async def replay(hosted: Hosted, records: list[LogRecord], upto: Version | None) -> None:
     """Run logged calls (those at or after ``upto``) on ``hosted``'s actor, in order; their
-    outcomes are dropped (each replica had the same). The last version replayed."""
-    last = None
+    outcomes are dropped (each replica had the same)."""
     spec, _runner, actor, methods = hosted
     for rec in records:
         if upto is not None and rec.version < upto:
@@ -135,5 +134,3 @@ async def replay(hosted: Hosted, records: list[LogRecord], upto: Version | None)
                 await result
         except BaseException as exc:  # the handler's own outcome, as when it first ran
             log.debug("replayed call %s raised %r", rec.version, exc)
-        last = rec.version
-    return last
