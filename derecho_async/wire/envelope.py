@@ -8,6 +8,7 @@ unpickled.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
@@ -141,52 +142,45 @@ def decode(data: bytes) -> list[Any]:
         _check_state_parts(msg[5])
     elif msg[0] == STATE_ABORT and len(msg[2]) > _MAX_REASON:
         raise ProtocolViolation(f"state abort reason of {len(msg[2])} characters")
-    elif RECOVER_INFO <= msg[0] <= SUFFIX:
+    elif msg[0] in (RECOVER_INFO, RECOVER_PLAN, SUFFIX):
         _check_restart(msg)
     return msg
 
 
-_MAX_RESTART_ITEMS = 1 << 20  # members, subgroups or records in one restart message
+_MAX_RESTART_ITEMS = 1 << 20  # subgroups or records in one restart message
 
 
-def _ints(values: object, n: int) -> bool:
-    return (isinstance(values, list) and len(values) == n
-            and all(type(v) is int and 0 <= v <= _MAX_INT for v in values))
+def _unsigned(value: object) -> bool:
+    return type(value) is int and 0 <= value <= _MAX_INT
 
 
-def _entries(items: list[Any], head: tuple[type, ...], what: str) -> None:
-    """Each item a list of ``head`` types then unsigned ints up to the item's length."""
-    if len(items) > _MAX_RESTART_ITEMS:
-        raise ProtocolViolation(f"{len(items)} {what} in a restart message")
-    for item in items:
-        if not isinstance(item, list) or len(item) < len(head):
-            raise ProtocolViolation(f"malformed {what} in a restart message")
-        if not all(isinstance(v, t) for v, t in zip(item, head, strict=False)):
-            raise ProtocolViolation(f"malformed {what} in a restart message")
+def _members(members: list[Any]) -> bool:
+    return len(members) <= 64 and all(map(_unsigned, members))
+
+
+def _record(r: list[Any]) -> bool:  # [view_id, seq, time_ns, bytes]: a record or a snapshot
+    return (len(r) == 4 and _unsigned(r[0]) and _unsigned(r[1]) and type(r[2]) is int
+            and type(r[3]) is bytes)
+
+
+def _rows(items: list[Any], row: Callable[[list[Any]], bool]) -> bool:
+    return len(items) <= _MAX_RESTART_ITEMS and all(type(i) is list and row(i) for i in items)
 
 
 def _check_restart(msg: list[Any]) -> None:
+    """RECOVER_INFO, RECOVER_PLAN and SUFFIX past their field types (the other restart kinds
+    have nothing more to check)."""
     kind = msg[0]
-    if kind == RECOVER_INFO:
-        if not _ints(msg[2], len(msg[2])) or len(msg[2]) > 64:
-            raise ProtocolViolation("malformed members in a restart info")
-        _entries(msg[3], (str,), "subgroups")
-        if not all(len(e) == 3 and _ints(e[1:], 2) for e in msg[3]):
-            raise ProtocolViolation("malformed durable versions in a restart info")
-    elif kind == RECOVER_PLAN:
-        if not _ints(msg[3], len(msg[3])) or len(msg[3]) > 64:
-            raise ProtocolViolation("malformed members in a restart plan")
-        _entries(msg[4], (str,), "subgroups")
-        if not all(len(e) == 4 and _ints(e[1:], 3) for e in msg[4]):
-            raise ProtocolViolation("malformed sources in a restart plan")
-    elif kind == SUFFIX:
-        snapshot, records = msg[3], msg[4]
-        if snapshot and not (len(snapshot) == 4 and _ints(snapshot[:2], 2)
-                             and type(snapshot[2]) is int and isinstance(snapshot[3], bytes)):
-            raise ProtocolViolation("malformed snapshot in a restart suffix")
-        _entries(records, (int, int, int, bytes), "records")
-        if not all(len(r) == 4 and _ints(r[:2], 2) and type(r[2]) is int for r in records):
-            raise ProtocolViolation("malformed record in a restart suffix")
+    if kind == RECOVER_INFO:  # versions: [subgroup, view_id, seq + 1]
+        ok = _members(msg[2]) and _rows(msg[3], lambda e: len(e) == 3 and type(e[0]) is str
+                                        and _unsigned(e[1]) and _unsigned(e[2]))
+    elif kind == RECOVER_PLAN:  # sources: [subgroup, source, view_id, seq + 1]
+        ok = _members(msg[3]) and _rows(msg[4], lambda e: len(e) == 4 and type(e[0]) is str
+                                        and all(map(_unsigned, e[1:])))
+    else:
+        ok = (not msg[3] or _record(msg[3])) and _rows(msg[4], _record)
+    if not ok:
+        raise ProtocolViolation(f"malformed restart message of kind {kind}")
 
 
 _MAX_REASON = 4096  # characters of a STATE_ABORT reason
