@@ -32,13 +32,12 @@ from derecho_async.testing.actorsim import (
     CallOutcome,
     P2POutcome,
     RecordingObserver,
-    SimLog,
-    SimLogStop,
     run_actor_schedule,
 )
 from derecho_async.testing.checker import Delivery, InvariantViolation
 from derecho_async.testing.conformance import TransportFactory, check_transport
 from derecho_async.testing.sim import SimCluster
+from derecho_async.testing.simlog import SimLog, SimLogStop
 from derecho_async.testing.simnet import SimNetwork, SimTransport, TraceEvent, crash_group
 from derecho_async.testing.vloop import (
     SimulationStalled,

@@ -39,8 +39,9 @@ from typing import Any
 from derecho_async import wire
 from derecho_async.api import HandlerError, Replies
 from derecho_async.errors import GroupClosed, MemberFailed, PartitionedError, UsageError
-from derecho_async.testing.actorsim import RAISE_BEFORE, ActorRun, StateKey, state_of
+from derecho_async.testing.actorsim import ActorRun
 from derecho_async.testing.checker import InvariantViolation
+from derecho_async.testing.simlog import RAISE_BEFORE, StateKey, state_of
 
 __all__ = ["check_actor_run", "replay_command"]
 
