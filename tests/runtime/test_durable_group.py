@@ -7,6 +7,7 @@ import itertools
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,10 +47,17 @@ def cfg(group: str, member: int, data_dir: Path | None, n: int = 3, **kw: object
                      data_dir=None if data_dir is None else str(data_dir), **kw)  # type: ignore[arg-type]
 
 
-async def start(data_dir: Path | None, n: int = 3, **kw: object) -> list[da.Group]:
-    name = f"d{next(_ids)}"
+async def join_all(name: str, data_dir: Path | None, n: int = 3, *, timeout: float = 10,
+                   **kw: Any) -> list[da.Group]:
+    """Members 0..n-1 of group ``name`` hosting KV, joined together (a restart when their
+    files are there)."""
     return list(await asyncio.gather(*(
-        da.Group.join(cfg(name, i, data_dir, n, **kw), actors=[KV], timeout=10) for i in range(n))))
+        da.Group.join(cfg(name, i, data_dir, n, **kw), actors=[KV], timeout=timeout)
+        for i in range(n))))
+
+
+async def start(data_dir: Path | None, n: int = 3, **kw: Any) -> list[da.Group]:
+    return await join_all(f"d{next(_ids)}", data_dir, n, **kw)
 
 
 def local(group: da.Group) -> KV:
@@ -125,8 +133,7 @@ async def test_snapshots_bound_the_log_and_reads_still_see_every_version(tmp_pat
 
 async def test_a_member_restarted_with_its_files_resumes_then_catches_up(tmp_path: Path) -> None:
     name = f"d{next(_ids)}"
-    groups = list(await asyncio.gather(*(
-        da.Group.join(cfg(name, i, tmp_path, 3), actors=[KV], timeout=10) for i in range(3))))
+    groups = await join_all(name, tmp_path)
     kv = groups[0].subgroup(KV)
     for i in range(10):
         v = await kv.put.cast(f"k{i}", b"x")
@@ -147,8 +154,7 @@ async def test_a_member_restarted_with_its_files_resumes_then_catches_up(tmp_pat
 
 async def test_the_group_restarts_after_every_member_stopped(tmp_path: Path) -> None:
     name = f"d{next(_ids)}"
-    groups = list(await asyncio.gather(*(
-        da.Group.join(cfg(name, i, tmp_path, 3), actors=[KV], timeout=10) for i in range(3))))
+    groups = await join_all(name, tmp_path)
     kv = groups[1].subgroup(KV)
     for i in range(30):
         v = await kv.put.cast(f"k{i}", b"%d" % i)
@@ -156,8 +162,7 @@ async def test_the_group_restarts_after_every_member_stopped(tmp_path: Path) -> 
     before = local(groups[0]).data
     for g in groups:  # one after the other: each member's last view differs
         await g.leave()
-    groups = list(await asyncio.gather(*(
-        da.Group.join(cfg(name, i, tmp_path, 3), actors=[KV], timeout=20) for i in range(3))))
+    groups = await join_all(name, tmp_path, timeout=20)
     assert all(local(g).data == before for g in groups)
     view = groups[0].view
     assert view.view_id >= 3 and sorted(view.members) == [0, 1, 2]
@@ -173,9 +178,7 @@ async def test_the_group_restarts_after_every_member_stopped(tmp_path: Path) -> 
 async def test_a_restart_brings_every_member_to_the_longest_durable_log(
         tmp_path: Path, snapshot_every: int) -> None:
     name = f"d{next(_ids)}"
-    groups = list(await asyncio.gather(*(
-        da.Group.join(cfg(name, i, tmp_path, 3, snapshot_every=snapshot_every), actors=[KV],
-                      timeout=10) for i in range(3))))
+    groups = await join_all(name, tmp_path, snapshot_every=snapshot_every)
     kv = groups[2].subgroup(KV)
     for i in range(10):
         await kv.put.cast(f"a{i}", b"1")
@@ -186,9 +189,7 @@ async def test_a_restart_brings_every_member_to_the_longest_durable_log(
     before = local(groups[2]).data
     await groups[1].leave()
     await groups[2].leave()
-    groups = list(await asyncio.gather(*(
-        da.Group.join(cfg(name, i, tmp_path, 3, snapshot_every=snapshot_every), actors=[KV],
-                      timeout=20) for i in range(3))))
+    groups = await join_all(name, tmp_path, timeout=20, snapshot_every=snapshot_every)
     assert [len(local(g).data) for g in groups] == [35, 35, 35]
     assert all(local(g).data == before for g in groups)
     history = [e.version async for e in groups[0].subgroup(KV).history()]
@@ -274,8 +275,7 @@ async def test_out_of_band_arguments_are_logged_by_value_and_replayed(tmp_path: 
 
 async def test_the_contact_restarted_alone_joins_the_running_group(tmp_path: Path) -> None:
     name = f"d{next(_ids)}"
-    groups = list(await asyncio.gather(*(
-        da.Group.join(cfg(name, i, tmp_path, 3), actors=[KV], timeout=10) for i in range(3))))
+    groups = await join_all(name, tmp_path)
     kv = groups[1].subgroup(KV)
     await kv.put.cast("before", b"1")
     await groups[0].leave()  # the contact stops; the others go on
