@@ -64,6 +64,7 @@ from derecho_async.core import (
     MemberState,
     Partitioned,
     Ready,
+    Suspected,
     View,
     ViewInstalled,
     Welcome,
@@ -158,6 +159,11 @@ class Driver:
         self._step_handle: asyncio.Handle | None = None  # the step kick() scheduled
         self._stepping = False  # a step is being carried out (steps do not nest)
         self._tick_handle: asyncio.TimerHandle | None = None
+        self._tick_due = 0.0  # when the next tick is due (loop time)
+        #: a tick this late means the loop was held long enough to matter (a third of the
+        #: suspicion timeout); warned about at most every 10 s
+        self._stall_warn_s = config.suspect_after_ms / 3000.0
+        self._next_stall_warning = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self.first_view: asyncio.Future[View] | None = None
@@ -245,6 +251,7 @@ class Driver:
             contacts = tuple(sorted(self.config.peers)) or (self.contact,)
             contacts = tuple(c for c in contacts if c != self.member_id) or (self.contact,)
             self.core = Member(self.member_id, self.core_config, contacts=contacts)
+        self._tick_due = self._loop.time() + self.tick_s
         self._tick_handle = self._loop.call_later(self.tick_s, self._on_tick)
         self.kick()
 
@@ -429,8 +436,22 @@ class Driver:
     def _on_tick(self) -> None:
         if self._closed:
             return
-        assert self._loop is not None
-        self._tick_handle = self._loop.call_later(self.tick_s, self._on_tick)
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        late = now - self._tick_due
+        if late > self._stall_warn_s and now >= self._next_stall_warning:
+            # Peers see no heartbeat from a member whose loop is held: say so here, where the
+            # cause is (a handler or a library call that blocks), not only as their suspicion.
+            self._next_stall_warning = now + 10.0
+            core = self.core
+            where = ("before joining" if core is None or core.state is not MemberState.ACTIVE
+                     else f"in view {core.view.view_id}")
+            log.warning("member %d: the event loop was held for %.0f ms %s (peers suspect a "
+                        "member after %d ms)", self.member_id, (late + self.tick_s) * 1000,
+                        where, self.config.suspect_after_ms)
+        self._tick_due = now + self.tick_s
+        self._tick_handle = loop.call_later(self.tick_s, self._on_tick)
         if self.core is not None:
             self.core.tick()
         self._step()
@@ -510,6 +531,10 @@ class Driver:
                             self.transport.add_peer(m, self.config.peers.get(m))
                     if self.first_view is not None and not self.first_view.done():
                         self.first_view.set_result(event.view)
+                elif isinstance(event, Suspected):
+                    log.warning("member %d suspects member %d (view %d): no sign of life for "
+                                "%d ms", self.member_id, event.member, core.view.view_id,
+                                self.config.suspect_after_ms)
                 elif isinstance(event, (Partitioned, Evicted, Left)) and (
                     self.first_view is not None and not self.first_view.done()
                 ):
