@@ -56,12 +56,27 @@ SENT_BESIDE_COUNT = 4
 tensor, two pairs of arrays alone, one array sent in place from the pool."""
 
 
+def _warm_device() -> None:
+    """Make the kernels :class:`Accumulator` and :func:`sends_device_arrays` use, and torch's
+    CUDA state, before joining: with a cold kernel cache the first use compiles and can hold
+    the loop past ``suspect_after_ms`` (in a view, a peer would suspect this member)."""
+    import cupy
+    import torch
+
+    x = cupy.full((256, 256), 1.0, dtype=cupy.float32)
+    y = cupy.full((8, 8), 1, dtype=cupy.int64)
+    float((x.copy() + x).ravel()[0]), float(y[7, 7].item())
+    torch.full((8,), 1.0, device="cuda")
+    cupy.cuda.Device().synchronize()
+
+
 async def sends_device_arrays(config: da.Config) -> None:
     import cupy
     import torch
 
     me = config.member_id
     count = int(os.environ.get("DA_GPU_COUNT", "20"))
+    _warm_device()  # not yet in a view: a long first compile here holds nobody up
     async with da.Group(config, actors=[Accumulator]) as group:
         acc = group.subgroup(Accumulator)
         n = len(group.view.members)
@@ -131,6 +146,15 @@ async def _wait_pools(group: da.Group, peers: tuple[int, ...], timeout: float = 
     while not all(driver.gpuplane.peer_ready(m) for m in peers):
         if loop.time() > deadline:
             raise TimeoutError(f"member {group.member_id}: no pool announced by some of {peers}")
+        await asyncio.sleep(0.01)
+
+
+async def _wait_file(path: str, timeout: float = 60.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not os.path.exists(path):
+        if loop.time() > deadline:
+            raise TimeoutError(f"{path} did not appear")
         await asyncio.sleep(0.01)
 
 
@@ -266,11 +290,16 @@ async def landing_fails(config: da.Config) -> None:
                 return real(*args)
 
             plane._array_over = failing  # type: ignore[method-assign,assignment]
+            with open(os.path.join(os.environ["DA_GPU_OUT"], "armed"), "w") as f:
+                f.write("1")
             await _wait_left(group)
             _write(os.environ["DA_GPU_OUT"], me, {
                 "closed": str(group._closed), "seen": len(local.seen)})
             return
         if me == 0:
+            # every array must travel by the CUDA IPC plane and meet member 2's injected fault
+            await _wait_pools(group, (1, 2))
+            await _wait_file(os.path.join(os.environ["DA_GPU_OUT"], "armed"))
             for i in range(6):
                 x = cupy.full((4096,), float(i + 1), dtype=cupy.float32)
                 r = await asyncio.wait_for(chk.put(x, f"c{i}", float(i + 1)), 60)
@@ -655,11 +684,12 @@ class DeviceState(da.Actor):
         self.calls, self.value = state
 
 
-def _device_digest(value: Any) -> str:
+def _device_digest(value: Any, device: Any = None) -> str:
     import cupy
 
-    flat = value.ravel().view(cupy.uint64)
-    return f"{type(value).__name__}-{int(flat.sum()):x}-{int((flat ^ (flat >> 7)).sum()):x}"
+    with device if device is not None else cupy.cuda.Device():
+        flat = value.ravel().view(cupy.uint64)
+        return f"{type(value).__name__}-{int(flat.sum()):x}-{int((flat ^ (flat >> 7)).sum()):x}"
 
 
 async def device_state_join(config: da.Config) -> None:
@@ -682,6 +712,15 @@ async def device_state_join(config: da.Config) -> None:
         def emit(self, rec: logging.LogRecord) -> None:
             lines.append(rec.getMessage())
 
+    # Device work that can take long (a first kernel's compile or load, a pass over 256 MiB)
+    # runs off the loop: a member whose loop is held past suspect_after_ms is suspected, and
+    # once both founders were, the joiner lost its majority and wedged.
+    device = cupy.cuda.Device()
+    loop = asyncio.get_running_loop()
+
+    def off_loop(fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        return loop.run_in_executor(None, fn, *args)
+
     xfer_log = logging.getLogger("derecho_async.statexfer")
     xfer_log.addHandler(Keep())
     xfer_log.setLevel(logging.INFO)
@@ -692,10 +731,15 @@ async def device_state_join(config: da.Config) -> None:
     else:
         group = await da.Group.join(config, actors=[DeviceState], timeout=120)
         state = group.local(DeviceState)
-        arr = cupy.arange(size // 4, dtype=cupy.uint32)
-        arr *= 2654435761
-        cupy.cuda.Device().synchronize()
-        state.value = arr  # type: ignore[attr-defined]
+
+        def build() -> Any:
+            with device:
+                arr = cupy.arange(size // 4, dtype=cupy.uint32)
+                arr *= 2654435761
+                device.synchronize()
+                return arr
+
+        state.value = await off_loop(build)  # type: ignore[attr-defined]
         await group.subgroup(DeviceState).touch()
         if me == 0:
             await _wait_pools(group, (1,))
@@ -723,7 +767,9 @@ async def device_state_join(config: da.Config) -> None:
             return None
 
         record = {
-            "me": me, "digest": _device_digest(local.value),  # type: ignore[attr-defined]
+            "me": me,
+            "digest": await off_loop(_device_digest, local.value,  # type: ignore[attr-defined]
+                                     device),
             "is_cupy": isinstance(local.value, cupy.ndarray),  # type: ignore[attr-defined]
             "views": [v.view_id for v in group.history],
             "by_gpu": counts(r"(\d+) of (\d+) chunks moved by a GPU plane"),
