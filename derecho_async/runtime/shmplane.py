@@ -29,8 +29,10 @@ the sender delivers its own message (delivery means stable, stable means every m
 frontier passed it, and a frontier passes a large message only once its bytes landed there,
 i.e. the copy-out finished); or a view newer than the message's is installed (every survivor
 wedged before the install, so a late copy-out is ignored by a frozen shard, and an undelivered
-message is re-sent under a new key); or the member leaves the group / closes. Regions are freed
-in any order; the allocator coalesces neighbours.
+message is re-sent under a new key); or the member leaves the group / closes. A state chunk is
+no core message (nothing freezes its landing), so only its sponsor frees it, when the joiner
+acknowledged it or the transfer ended. Regions are freed in any order; the allocator coalesces
+neighbours.
 
 Cleanup of names: the owner unlinks its segments when it closes (and any leftover of an earlier
 incarnation when it creates one); the survivors of a view change unlink the segments of departed
@@ -63,6 +65,7 @@ from derecho_async.runtime.dataplane import (
     read_flat,
     write_flat,
 )
+from derecho_async.runtime.statexfer.wire import STATE_TAG
 from derecho_async.transport.shm import pool as shmpool
 from derecho_async.transport.shm.pool import BadPoolSegment, PoolSegment
 from derecho_async.wire import envelope as env
@@ -319,7 +322,9 @@ class ShmPlane:
             return
         if isinstance(event, ViewInstalled):
             self._view_id = vid = event.view.view_id
-            for key in [k for k in self.outstanding if k[0] < vid]:
+            # (a state chunk's region stays: the joiner may still be reading it; the sponsor
+            # releases it with the chunk's acknowledgement or the transfer's end)
+            for key in [k for k in self.outstanding if k[0] < vid and k[2] < STATE_TAG]:
                 self._release(key)
             members = set(event.view.members)
             # (their files: the transport's view change removes those of dead departed members)

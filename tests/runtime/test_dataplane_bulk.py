@@ -354,3 +354,54 @@ async def test_a_plane_added_first_is_offered_every_transfer_before_the_others(
     finally:
         for g in groups:
             await g.leave()
+
+
+class Blob(da.Actor):
+    """A large state: moved to joiners in many chunks."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    @da.ordered
+    def fill(self, n: int) -> int:
+        self.data = np.random.default_rng(n).bytes(n)
+        return len(self.data)
+
+    def snapshot(self) -> bytes:
+        return self.data
+
+    def restore(self, state: bytes) -> None:
+        self.data = state
+
+
+async def test_joiners_one_after_another_get_their_state_over_shm_and_the_pool_empties() -> None:
+    """Two joins in quick succession: the second's view change comes while the first's chunks
+    stream, so they are re-sent under the new view; every copy's region is freed once its chunk
+    is acknowledged, and none is reused while a joiner may still read it."""
+    name = f"bulkjoin{os.getpid()}x{next(_ids)}"
+
+    def config(member: int) -> da.Config:
+        return da.Config(group=name, member_id=member, initial_members=1, transport="shm",
+                         state_chunk_kb=64, heartbeat_ms=50, suspect_after_ms=5000)
+
+    founder = await da.Group.join(config(0), actors=[Blob], timeout=20)
+    groups = [founder]
+    try:
+        await founder.subgroup(Blob).fill(24 << 20)
+        first = asyncio.ensure_future(da.Group.join(config(1), actors=[Blob], timeout=30))
+        xfer = founder._xfer
+        assert xfer is not None
+        for _ in range(2000):  # the first transfer is streaming: now the second joiner comes
+            if any(o.phase == "stream" and o.acked > 2 for o in xfer.sponsor.transfers.values()):
+                break
+            await asyncio.sleep(0.001)
+        second = asyncio.ensure_future(da.Group.join(config(2), actors=[Blob], timeout=30))
+        groups += await asyncio.gather(first, second)
+        want = founder.local(Blob).data  # type: ignore[attr-defined]
+        assert all(g.local(Blob).data == want for g in groups)  # type: ignore[attr-defined]
+        plane = _plane(founder)
+        assert not xfer.sponsor.transfers and not plane.outstanding
+        assert plane.pool.in_use == 0
+    finally:
+        for g in reversed(groups):
+            await g.leave()

@@ -285,3 +285,32 @@ async def test_a_failed_large_shm_copy_out_is_reported_and_the_next_message_land
         receiver.close()
         sender.close()
     assert ShmTransport.segments(group) == []
+
+
+async def test_a_state_chunks_region_outlives_a_view_change_until_its_sponsor_frees_it() -> None:
+    """A joiner may read a state chunk sent under a view its sponsor has since left behind (no
+    frozen shard ignores a chunk's landing): the region must not be reused under it."""
+    from derecho_async.runtime.statexfer.wire import chunk_msg_no
+    from derecho_async.wire import envelope as env
+
+    group = f"chunks{os.getpid()}x{next(_ids)}"
+    frames: list[bytes] = []
+    sender = ShmPlane(group, 0, lambda to, f: frames.append(f), lambda k, p: None)
+    landed: list[tuple[Any, Any]] = []
+    joiner = ShmPlane(group, 1, lambda to, f: None, lambda k, p: landed.append((k, p)))
+    first, second = (0, 0, chunk_msg_no(1, 0)), (1, 0, chunk_msg_no(2, 0))
+    try:
+        assert sender.start(first, da_oob(b"transfer 1", (np.full(64, 1, np.uint8),)), (1,))
+        sender.on_event(view_installed(1, (0, 1, 2)))  # another joiner: a new view
+        assert sender.start(second, da_oob(b"transfer 2", (np.full(64, 2, np.uint8),)), (2,))
+        joiner.receive(0, env.decode(frames[0]), b"")  # the first descriptor, read late
+        ((key, got),) = landed
+        assert key == first and got.call == b"transfer 1"
+        np.testing.assert_array_equal(got.arrays[0], np.full(64, 1, np.uint8))
+        for key in (first, second):  # acknowledged: the sponsor frees them
+            sender.on_own_delivered(key)
+        assert sender.pool.in_use == 0 and not sender.outstanding
+    finally:
+        joiner.close()
+        sender.close()
+    assert ShmTransport.segments(group) == []

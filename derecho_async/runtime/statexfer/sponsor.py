@@ -67,6 +67,9 @@ class Outgoing:
     next_index: int = 0
     building: int = 0
     inflight: dict[int, tuple[tuple[int, int, int], OutOfBand]] = field(default_factory=dict)
+    #: keys of earlier copies of an unacknowledged chunk (sent under older views): the joiner
+    #: may still read them, so their plane buffers go only with the chunk's acknowledgement
+    resent: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
     acked: int = 0
     by_gpu: set[int] = field(default_factory=set)  # chunks a GPU plane took (last sent)
     bytes_done: int = 0
@@ -238,6 +241,9 @@ class Sponsor:
         view = ctx.view
         view_id = view.view_id if view is not None else out.view_id
         key = (view_id, ctx.me, chunk_msg_no(out.xfer_id, index))
+        earlier = out.inflight.get(index)
+        if earlier is not None and earlier[0] != key:
+            out.resent.setdefault(index, []).append(earlier[0])
         out.inflight[index] = (key, payload)
         driver = ctx.driver
         plane = driver.start_transfer(key, payload, (out.joiner,))
@@ -251,7 +257,8 @@ class Sponsor:
         if entry is None:
             return  # a duplicate (a chunk re-sent under a new view landed twice)
         ctx = self.ctx
-        ctx.driver.release_sent(entry[0])
+        for key in (*out.resent.pop(index, ()), entry[0]):
+            ctx.driver.release_sent(key)
         assert out.stream is not None
         out.acked += 1
         out.bytes_done += out.stream.length(index)
@@ -269,7 +276,7 @@ class Sponsor:
     # -- views, failures, the timer ------------------------------------------------------------
     def on_view(self, members: set[int], view_id: int) -> None:
         """A view was installed: transfers to departed joiners end; the others re-send what is
-        unacknowledged (the planes forget keys of older views)."""
+        unacknowledged under the new view (the joiner drops chunks of views it left behind)."""
         for out in list(self.transfers.values()):
             if out.joiner not in members:
                 self.abort(out, f"joiner {out.joiner} departed (view {view_id})", tell=False,
@@ -317,7 +324,11 @@ class Sponsor:
         ctx.release_holds(out)
         for key, _payload in out.inflight.values():
             ctx.driver.release_sent(key)
+        for keys in out.resent.values():
+            for key in keys:
+                ctx.driver.release_sent(key)
         out.inflight.clear()
+        out.resent.clear()
         out.parts = []
         log.log(level, "member %d: state transfer %d to joiner %d aborted: %s; this member "
                 "stays in the group", ctx.me, out.xfer_id, out.joiner, reason)
