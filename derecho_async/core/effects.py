@@ -114,9 +114,14 @@ class ViewInstalled:
 
 @dataclass(frozen=True, slots=True)
 class Suspected:
-    """This member now suspects ``member`` (its row is frozen; a view change follows)."""
+    """This member now suspects ``member`` (its row is frozen; a view change follows).
+
+    ``cause`` says why: ``"silent"`` (no heartbeat within the suspicion timeout), ``"link"`` (the
+    transport lost it), ``"violation"`` (it broke the protocol), ``"peer"`` (another member
+    suspects it) or ``"left"`` (it left)."""
 
     member: int
+    cause: str = "silent"
 
 
 @dataclass(frozen=True, slots=True)

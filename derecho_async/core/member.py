@@ -297,7 +297,7 @@ class Member:
         if self.state is not _ACTIVE or member == self.member_id:
             return
         if member in self.view.members:
-            self.view_change.suspect(self.view.members.index(member))
+            self.view_change.suspect(self.view.members.index(member), "link")
 
     def leave(self, reason: str = "") -> None:
         """Leave the group: the others remove this member in the next view. ``reason`` (empty
@@ -545,7 +545,7 @@ class Member:
         if exc.member is not None and exc.member in self.view.members:
             r = self.view.members.index(exc.member)
             if r != self.rank:
-                self.view_change.suspect(r)
+                self.view_change.suspect(r, "violation")
 
     def _run_multicast(self) -> None:
         events = self._ready.events

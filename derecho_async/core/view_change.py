@@ -169,21 +169,22 @@ class ViewChange:
                 self._last_hb[r] = hb
                 self._last_change[r] = now
             elif now - self._last_change[r] >= self.suspect_after:
-                self.suspect(r)
+                self.suspect(r, "silent")
 
     def heard_from(self, member: int, now: int) -> None:
         """``member`` (of the view) showed a sign of life at ``now``."""
         self._last_change[self.view.members.index(member)] = now
 
-    def suspect(self, rank: int) -> None:
-        """Suspect ``rank`` (rule 1): freeze its row; a view change follows."""
+    def suspect(self, rank: int, cause: str) -> None:
+        """Suspect ``rank`` (rule 1) for ``cause`` (see :class:`Suspected`): freeze its row; a
+        view change follows."""
         if self.suspected >> rank & 1:
             return
         self.suspected |= 1 << rank
         self.changed = True
         self.table.freeze(rank)
         if rank != self.rank:
-            self._host.ready().events.append(Suspected(self.view.members[rank]))
+            self._host.ready().events.append(Suspected(self.view.members[rank], cause))
 
     def join_request(self, joiner: int) -> None:
         """``joiner`` asks to join (rule 2 at the leader)."""
@@ -251,19 +252,21 @@ class ViewChange:
         mask = self.suspected
         wedge_seen = False
         leavers = 0
+        left = 0  # the ranks that suspect themselves: they left voluntarily
         for r in range(n):
             if r == self.rank:
                 continue
             theirs = t.get(r, sc.suspected)
             mask |= theirs
             if theirs >> r & 1:
-                leavers += 1  # it suspects itself: it left voluntarily
+                leavers += 1
+                left |= 1 << r
             if t.get(r, sc.wedged):
                 wedge_seen = True
         mask &= (1 << n) - 1
         for r in range(n):
             if mask >> r & 1 and not self.suspected >> r & 1 and r != self.rank:
-                self.suspect(r)
+                self.suspect(r, "left" if left >> r & 1 else "peer")
         if mask >> self.rank & 1:
             self._host.leave_group(Evicted(self.view.view_id))
             return False
@@ -294,7 +297,7 @@ class ViewChange:
         self._host.push_all(self.schema.wedged.offset, WORD)
 
     def _depart(self) -> None:
-        self.suspect(self.rank)
+        self.suspect(self.rank, "left")
         self._publish_suspicions()
         self._host.fail_queued("this member left the group")
         # (its queues are empty now: leave_group fails nothing more)

@@ -433,6 +433,19 @@ class Driver:
         if self._step_handle is not None and not self._stepping:
             self._step()
 
+    def _log_suspicion(self, event: Suspected, view_id: int) -> None:
+        """Say why this member now suspects a peer; a peer that left is no cause for alarm."""
+        why = {
+            "silent": f"no sign of life for {self.config.suspect_after_ms:g} ms",
+            "link": "the transport lost it",
+            "violation": "it broke the protocol",
+            "peer": "another member suspects it",
+            "left": "it left the group",
+        }.get(event.cause, event.cause)
+        log.log(logging.INFO if event.cause == "left" else logging.WARNING,
+                "member %d suspects member %d (view %d): %s", self.member_id, event.member,
+                view_id, why)
+
     def _on_tick(self) -> None:
         if self._closed:
             return
@@ -532,9 +545,7 @@ class Driver:
                     if self.first_view is not None and not self.first_view.done():
                         self.first_view.set_result(event.view)
                 elif isinstance(event, Suspected):
-                    log.warning("member %d suspects member %d (view %d): no sign of life for "
-                                "%d ms", self.member_id, event.member, core.view.view_id,
-                                self.config.suspect_after_ms)
+                    self._log_suspicion(event, core.view.view_id)
                 elif isinstance(event, (Partitioned, Evicted, Left)) and (
                     self.first_view is not None and not self.first_view.done()
                 ):

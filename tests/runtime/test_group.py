@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
@@ -510,5 +511,51 @@ async def test_a_leave_during_a_view_change_waits_for_it_and_the_last_member_goe
         assert r == {2: 2}
         assert gs[2].view.members == (2,)
         assert gs[2].local(Log).items == [b"before", b"alone"]  # type: ignore[attr-defined]
+    finally:
+        await close(gs)
+
+
+async def _wait_view(group: da.Group, members: tuple[int, ...]) -> None:
+    for _ in range(250):
+        if group.view.members == members:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"view is {group.view}, not {members}")
+
+
+async def test_the_log_says_why_a_member_is_suspected_and_a_leave_is_no_alarm(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, gs = await start(4)
+    try:
+        with caplog.at_level("INFO", logger="derecho_async.driver"):
+            await gs[3].leave()
+            await _wait_view(gs[0], (0, 1, 2))
+            left = [r for r in caplog.records if "suspects member 3" in r.getMessage()]
+            assert left and all(r.levelname == "INFO" and r.getMessage().endswith(
+                "it left the group") for r in left)
+            caplog.clear()
+            driver = gs[2]._driver
+            assert driver is not None and driver._tick_handle is not None
+            driver._tick_handle.cancel()  # member 2 goes silent: no more heartbeats
+            await _wait_view(gs[0], (0, 1))
+        silent = [r.getMessage() for r in caplog.records
+                  if "suspects member 2" in r.getMessage() and r.levelname == "WARNING"]
+        assert any(m.endswith("no sign of life for 500 ms") for m in silent), silent
+    finally:
+        await close(gs[:2])
+
+
+async def test_the_log_says_when_the_event_loop_was_held(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, gs = await start(1)
+    try:
+        with caplog.at_level("WARNING", logger="derecho_async.driver"):
+            await asyncio.sleep(0.05)
+            time.sleep(0.3)  # a handler that blocks the loop: longer than suspect_after_ms / 3
+            await asyncio.sleep(0.05)
+        assert "member 0: the event loop was held for" in caplog.text
+        assert "in view 0 (peers suspect a member after 500 ms)" in caplog.text
     finally:
         await close(gs)

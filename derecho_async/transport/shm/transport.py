@@ -130,6 +130,8 @@ class ShmTransport(Transport):
         self._bell: Doorbell | None = None
         self._out: dict[int, OutLink] = {}
         self._in: dict[int, InLink] = {}
+        #: the (sender, incarnation) pairs whose ring could not be attached: said once each
+        self._attach_failed: set[tuple[int, int | None]] = set()
         self._dirty: set[OutLink] = set()
         self._kick_scheduled = False
         self._poll_scheduled = False
@@ -476,9 +478,13 @@ class ShmTransport(Transport):
         try:
             ring = attach_ring(path, sender, self.member_id)
         except BadSegment as exc:
-            log.warning(
-                "member %d: cannot attach ring from member %d: %s", self.member_id, sender, exc
-            )
+            # a dead sender's doorbells may keep coming: say it once per incarnation
+            first = (sender, inc) not in self._attach_failed
+            if first and len(self._attach_failed) < 1024:
+                self._attach_failed.add((sender, inc))
+            log.log(logging.WARNING if first else logging.DEBUG,
+                    "member %d: cannot attach ring from member %d: %s", self.member_id, sender,
+                    exc)
             return
         w = ring.words
         pinc = w[W_PINC]
