@@ -11,6 +11,9 @@ it holds (group commit). Back on the loop it raises this member's
 ``persisted`` word in the shared-state table; the core reports the lowest word of the shard's
 members as ``Persisted`` events, which move :attr:`Durable.frontier` and resolve
 ``persisted(version)``. Delivery never waits for the disk: the two frontiers are separate.
+Under load (a flush of at least ``_BUSY_CALLS`` calls just ended) the next flush first waits
+up to ``log_batch_ms``, or until ``_FULL_CALLS`` calls are waiting, so that more calls share
+its fsync; after a quiet spell a call is flushed at once.
 
 Snapshots are labelled with the version they run up to, exclusive: a snapshot labelled
 ``(v, s)`` holds every call before ``(v, s)`` and none after. One is taken through a hold in the
@@ -57,6 +60,11 @@ __all__ = ["Durable", "member_dir"]
 
 log = logging.getLogger("derecho_async.durable")
 
+_BUSY_CALLS = 64
+"""A flush of at least this many calls means load: the next one waits for more calls."""
+_FULL_CALLS = 512
+"""A waiting flush starts at once when this many calls are waiting."""
+
 
 def member_dir(config: Config) -> Path:
     """Where a member keeps its files: ``<data_dir>/<group>/member-<id>``."""
@@ -91,6 +99,9 @@ class Durable:
         self._fs = fs
         self._state = state
         self._snapshot_every = config.snapshot_every
+        self._batch_s = config.log_batch_ms / 1000.0
+        self._run_calls = 0  # calls in self._runs
+        self._paced: asyncio.Future[None] | None = None  # set: a flush waits for more calls
         self._subs = {name: _Subgroup(name, h, self.root / name, fs) for name, h in hosted.items()}
         self._last_delivered = last_delivered  # the p2p server's map (written per delivery run)
         self._flush: asyncio.Task[None] | None = None
@@ -155,6 +166,10 @@ class Durable:
         """A run of deliveries (before their handlers run): kept as it is (the driver makes a
         new list per run) for the next flush, which makes the log records off the loop."""
         self._runs.append((events, time.time_ns()))
+        self._run_calls += len(events)
+        paced = self._paced
+        if paced is not None and self._run_calls >= _FULL_CALLS:
+            _resolve(paced)
         only = self._only
         if only is not None:  # (every delivery is its subgroup's: no walk over the run)
             self._count(only, len(events))
@@ -226,6 +241,8 @@ class Durable:
         closed once the last flush is done."""
         if self.closed is None:
             self.closed = exc
+        if self._paced is not None:
+            _resolve(self._paced)
         for waiters in self._waiters.values():
             for _v, fut in waiters:
                 if not fut.done():
@@ -243,9 +260,12 @@ class Durable:
             sub.log = None
         self._jobs = []
         self._runs = []
+        self._run_calls = 0
 
     async def aclose(self) -> None:
         """Finish the flush under way and close the files."""
+        if self._paced is not None:
+            _resolve(self._paced)  # a flush waiting for more calls: there will be none
         task = self._flush
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
@@ -432,15 +452,32 @@ class Durable:
             self._flush = asyncio.get_running_loop().create_task(self._flush_loop())
 
     async def _flush_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while (self._runs or self._jobs or self._view_dirty
                or any(s.pending for s in self._subs.values())):
-            await self._flush_once()
+            calls = await self._flush_once()
+            if calls >= _BUSY_CALLS and self._batch_s > 0 and self.closed is None:
+                await self._pace(loop.time() + self._batch_s)
 
-    async def _flush_once(self) -> None:
+    async def _pace(self, deadline: float) -> None:
+        """Under load: wait until ``deadline`` or until ``_FULL_CALLS`` calls wait."""
+        if self._run_calls >= _FULL_CALLS:
+            return
+        loop = asyncio.get_running_loop()
+        self._paced = paced = loop.create_future()
+        timer = loop.call_at(deadline, _resolve, paced)
+        try:
+            await paced
+        finally:
+            timer.cancel()
+            self._paced = None
+
+    async def _flush_once(self) -> int:
+        """Flush what is pending now; the number of delivered calls it wrote."""
         async with self._lock:
-            await self._flush_locked()
+            return await self._flush_locked()
 
-    async def _flush_locked(self) -> None:
+    async def _flush_locked(self) -> int:
         view_id = self._view_id
         self._view_dirty = False
         batches = {name: sub.pending for name, sub in self._subs.items() if sub.pending}
@@ -448,6 +485,7 @@ class Durable:
             self._subs[name].pending = []
         jobs, self._jobs = self._jobs, []
         runs, self._runs = self._runs, []
+        calls, self._run_calls = self._run_calls, 0
         loop = asyncio.get_running_loop()
         try:
             durable = await loop.run_in_executor(None, self._write, batches, runs, jobs)
@@ -461,6 +499,7 @@ class Durable:
             self._base_marker = None
             self._base_pending = False
         self._publish(view_id)
+        return calls
 
     def _write(self, batches: dict[str, list[tuple[Version, int, object]]],
                runs: list[tuple[list[Delivered], int]],
@@ -567,3 +606,8 @@ class Durable:
 
 def _base_written() -> None:
     """A job that does nothing: a flush that ran it has written the base snapshots."""
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

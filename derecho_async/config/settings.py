@@ -185,6 +185,10 @@ class Config:
         Int(1, 1 << 40, "calls"),
         "durable actors: a snapshot of a subgroup's actor after this many logged calls, and "
         "the log before it trimmed"))
+    log_batch_ms: float = field(default=5.0, metadata=key(
+        Number(0.0, 1000.0, "milliseconds"),
+        "durable actors: under load (a flush of many calls just ended), how long the next flush "
+        "waits for more calls to share its fsync; a lone call never waits; 0: never wait"))
     # -- rdma
     rdma_device: str | None = field(default=None, metadata=key(
         Text("the name of an RDMA device (as in ibv_devices)", "a device name"),

@@ -290,14 +290,17 @@ async def test_the_contact_restarted_alone_joins_the_running_group(tmp_path: Pat
 class _StuckFsync:
     """A real file whose fsync waits until the test lets it go (a disk that stalls)."""
 
-    def __init__(self, inner: object, gate: threading.Event) -> None:
+    def __init__(self, inner: object, gate: threading.Event, waiting: threading.Event) -> None:
         self._inner = inner
         self._gate = gate
+        self.waiting = waiting  # set when an fsync waits at the closed gate
 
     def write(self, data: bytes) -> None:
         self._inner.write(data)  # type: ignore[attr-defined]
 
     def fsync(self) -> None:
+        if not self._gate.is_set():
+            self.waiting.set()
         self._gate.wait(30)
         self._inner.fsync()  # type: ignore[attr-defined]
 
@@ -310,9 +313,10 @@ class _StallingFs(RealFs):
 
     def __init__(self, gate: threading.Event) -> None:
         self.gate = gate
+        self.waiting = threading.Event()  # an fsync waits at the closed gate
 
     def open_append(self, path: Path) -> WriteFile:
-        return _StuckFsync(super().open_append(path), self.gate)
+        return _StuckFsync(super().open_append(path), self.gate, self.waiting)
 
 
 async def test_a_slow_disk_holds_back_persisted_not_delivery(tmp_path: Path) -> None:
@@ -337,3 +341,40 @@ async def test_a_slow_disk_holds_back_persisted_not_delivery(tmp_path: Path) -> 
     await asyncio.wait_for(waiting, 10)
     assert kv.persisted_frontier is not None and kv.persisted_frontier >= versions[-1]
     await close(groups)
+
+
+async def test_under_load_flushes_wait_for_more_calls_and_a_quiet_member_does_not(
+        tmp_path: Path) -> None:
+    """Group commit under load: after a flush of many calls, member 0 (log_batch_ms=1000) waits
+    before its next flush so that more calls share its fsync; a lone call after a quiet spell
+    is flushed at once."""
+    name = f"d{next(_ids)}"
+    gate = threading.Event()
+    gate.set()
+    fs = _StallingFs(gate)
+    groups = list(await asyncio.gather(*(
+        da.Group.join(cfg(name, i, tmp_path, 3, log_batch_ms=1000.0 if i == 0 else 0.0),
+                      actors=[KV], timeout=10, fs=fs if i == 0 else None) for i in range(3))))
+    try:
+        kv = groups[1].subgroup(KV)
+        t0 = time.monotonic()
+        await kv.persisted(await kv.put.cast("lone", b"0"))
+        assert time.monotonic() - t0 < 0.5, "a lone call must not wait for company"
+        gate.clear()  # member 0's next fsync stalls: calls pile up behind it
+        await kv.put.cast("first", b"1")
+        assert await asyncio.to_thread(fs.waiting.wait, 10)
+        versions = [await kv.put.cast(f"k{i}", b"2") for i in range(99)]
+        gate.set()  # one flush of 99 calls: load
+        await asyncio.wait_for(kv.persisted(versions[-1]), 10)
+        t0 = time.monotonic()
+        await kv.persisted(await kv.put.cast("late", b"3"))
+        waited = time.monotonic() - t0
+        assert waited > 0.6, f"after a busy flush the next waited only {waited:.3f} s"
+        await asyncio.sleep(1.1)  # quiet again
+        t0 = time.monotonic()
+        await kv.persisted(await kv.put.cast("quiet", b"4"))
+        assert time.monotonic() - t0 < 0.5, "a lone call after a quiet spell must not wait"
+        assert local(groups[0]).data == local(groups[2]).data and len(local(groups[0]).data) == 103
+    finally:
+        gate.set()
+        await close(groups)
