@@ -451,10 +451,19 @@ class Durable:
         if self._flush is None or self._flush.done():
             self._flush = asyncio.get_running_loop().create_task(self._flush_loop())
 
+    def _holding_calls(self) -> bool:
+        """A joiner whose base is not yet queued for the disk: its delivered calls wait, so
+        that no call of its view is durable over the hole a crash before the base would
+        leave (everything before the view)."""
+        return self._base_pending and self._base_marker is None
+
+    def _has_work(self) -> bool:
+        return bool(self._jobs or self._view_dirty or (not self._holding_calls() and (
+            self._runs or any(s.pending for s in self._subs.values()))))
+
     async def _flush_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        while (self._runs or self._jobs or self._view_dirty
-               or any(s.pending for s in self._subs.values())):
+        while self._has_work():
             calls = await self._flush_once()
             if calls >= _BUSY_CALLS and self._batch_s > 0 and self.closed is None:
                 await self._pace(loop.time() + self._batch_s)
@@ -480,12 +489,16 @@ class Durable:
     async def _flush_locked(self) -> int:
         view_id = self._view_id
         self._view_dirty = False
-        batches = {name: sub.pending for name, sub in self._subs.items() if sub.pending}
-        for name in batches:
-            self._subs[name].pending = []
         jobs, self._jobs = self._jobs, []
-        runs, self._runs = self._runs, []
-        calls, self._run_calls = self._run_calls, 0
+        batches: dict[str, list[tuple[Version, int, object]]] = {}
+        runs: list[tuple[list[Delivered], int]] = []
+        calls = 0
+        if not self._holding_calls():  # (the base, if pending, is among these jobs)
+            batches = {name: sub.pending for name, sub in self._subs.items() if sub.pending}
+            for name in batches:
+                self._subs[name].pending = []
+            runs, self._runs = self._runs, []
+            calls, self._run_calls = self._run_calls, 0
         loop = asyncio.get_running_loop()
         try:
             durable = await loop.run_in_executor(None, self._write, batches, runs, jobs)

@@ -13,6 +13,7 @@ import pytest
 
 import derecho_async as da
 from derecho_async.durability import RealFs, WriteFile
+from derecho_async.durability.records import HEADER
 
 _ids = itertools.count()
 
@@ -378,3 +379,87 @@ async def test_under_load_flushes_wait_for_more_calls_and_a_quiet_member_does_no
     finally:
         gate.set()
         await close(groups)
+
+
+class _NotingFile:
+    """A real log file that notes, at each fsync, the newest view of the records it made
+    durable."""
+
+    def __init__(self, inner: WriteFile, events: list[tuple[str, int]]) -> None:
+        self._inner = inner
+        self._events = events
+        self._views: list[int] = []
+
+    def write(self, data: bytes) -> None:
+        at = 0
+        while at + HEADER.size <= len(data):
+            magic, _crc, length, _kind, _batch, view, _seq, _t = HEADER.unpack_from(data, at)
+            assert magic == b"DLR1", "a log write that does not start on a record"
+            self._views.append(view)
+            at += HEADER.size + length
+        self._inner.write(data)
+
+    def fsync(self) -> None:
+        self._inner.fsync()
+        if self._views:
+            self._events.append(("log", max(self._views)))
+            self._views = []
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _NotingFs(RealFs):
+    """The real file system, noting in order what became durable: log records (by view) and
+    snapshots put in place (by the view of their label)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+
+    def open_append(self, path: Path) -> WriteFile:
+        return _NotingFile(super().open_append(path), self.events)
+
+    def rename(self, src: Path, dst: Path) -> None:
+        super().rename(src, dst)
+        if dst.suffix == ".snap":
+            self.events.append(("snapshot", int(dst.name[:16], 16)))
+
+
+async def test_a_joiner_logs_no_call_of_its_view_before_its_base_is_on_disk(
+        tmp_path: Path) -> None:
+    """A joiner's log must not hold calls of the view it joined before the state it joined
+    with is durable: a crash in between would leave a log that claims those versions over a
+    hole (every call before the view), and a restart would resume from it."""
+    name = f"d{next(_ids)}"
+    groups = await join_all(name, tmp_path, state_chunk_kb=16)
+    kv = groups[0].subgroup(KV)
+    await groups[2].leave()
+    for i in range(8):  # a state that takes a while to move in 16 KiB chunks
+        await kv.put.cast(f"big{i}", bytes([i]) * (1 << 20))
+    stop = asyncio.Event()
+
+    async def cast_on() -> None:
+        i = 0
+        while not stop.is_set():
+            await kv.put.cast(f"during{i}", b"x")
+            i += 1
+            await asyncio.sleep(0.001)
+
+    caster = asyncio.ensure_future(cast_on())
+    fs = _NotingFs()
+    try:
+        groups[2] = await da.Group.join(cfg(name, 2, tmp_path, 3, state_chunk_kb=16),
+                                        actors=[KV], timeout=20, fs=fs)
+        joined_view = groups[2].view.view_id
+        await asyncio.sleep(0.2)
+    finally:
+        stop.set()
+        await caster
+    v = await kv.put.cast("last", b"z")
+    await kv.persisted(v)
+    base = fs.events.index(("snapshot", joined_view))
+    early = [e for e in fs.events[:base] if e[0] == "log" and e[1] >= joined_view]
+    assert not early, f"calls of view {joined_view} were durable before the base: {fs.events}"
+    assert any(e == ("log", joined_view) for e in fs.events[base:])
+    assert local(groups[2]).data == local(groups[0]).data
+    await close(groups)
