@@ -119,6 +119,22 @@ def test_durable_schedules_restart_after_total_failure_and_keep_what_was_persist
         check_actor_run(run)
 
 
+def test_crashed_members_restart_from_their_disks_while_the_group_runs() -> None:
+    run = run_actor_schedule(0, durable=True)  # (member 0 crashes in this schedule)
+    check_actor_run(run)
+    back = [m for m, log in run.rejoins.items() if isinstance(log, list)]
+    assert back and run.rejoin_log
+    log = run.rejoins[back[0]]
+    assert isinstance(log, list)
+    del log[len(log) // 2]  # a member that came back without one call
+    with pytest.raises(InvariantViolation, match=r"check \(i\).*first difference"):
+        check_actor_run(run)
+    run = run_actor_schedule(0, durable=True)
+    run.rejoins[back[0]] = "not admitted: (a member that could not get back in)"
+    with pytest.raises(InvariantViolation, match=r"check \(i\).*not admitted"):
+        check_actor_run(run)
+
+
 def test_about_half_the_sweep_runs_with_disks() -> None:
     durable = sum(run_actor_schedule(seed, steps=1).knobs["durable"] for seed in range(40))
     assert 10 <= durable <= 30

@@ -45,9 +45,12 @@ from derecho_async.api.logged_calls import (
     decode_body,
     encode_body,
     held_by,
+    pack_records,
     replay,
+    unpack_records,
 )
 from derecho_async.durability import Fs, Log, LogRecord, Snapshots, atomic_write, read_checked
+from derecho_async.durability.records import MAX_U63
 from derecho_async.errors import GroupClosed, UsageError
 
 if TYPE_CHECKING:
@@ -443,6 +446,55 @@ class Durable:
         await replay(sub.hosted, records, None)
         sub.pending.extend((r.version, r.time_ns, Logged(r.body)) for r in records)
         await self._flush_once()
+
+    # -- a restarted member rejoining a running group (api/rejoin.py) ---------------------------
+    async def log_suffix(self, name: str, since: Version, view_id: int, max_calls: int,
+                         max_bytes: int) -> bytes | None:
+        """At a sponsor whose runners are fenced for a joiner of view ``view_id``: the calls of
+        ``name`` after ``since`` and before that view, packed; None when this log does not
+        hold ``since`` itself, they are more than ``max_calls`` or ``max_bytes``, or the log
+        is incomplete here (this member's own base is not yet written)."""
+        sub = self._subs.get(name)
+        if sub is None or sub.log is None or self._base_pending or self.closed is not None:
+            return None
+        await self._flush_once()  # every call delivered before the view is in the file now
+        logfile = sub.log
+        below = (since[0], since[1] - 1) if since[1] > 0 else (since[0] - 1, MAX_U63)
+
+        def load() -> bytes | None:
+            first = logfile.first_version
+            if first is None or first > since:
+                return None
+            records: list[LogRecord] = []
+            size = 0
+            for rec in logfile.read(below):
+                if not records and rec.version != since:
+                    return None  # ``since`` is not a call this member delivered
+                if rec.version[0] >= view_id:
+                    break
+                records.append(rec)
+                size += len(rec.body)
+                if len(records) > max_calls + 1 or size > max_bytes:
+                    return None
+            return pack_records(records[1:]) if records else None
+
+        return await asyncio.get_running_loop().run_in_executor(None, load)
+
+    async def replay_suffix(self, name: str, since: Version, data: bytes) -> int:
+        """At a joiner: run the calls of ``name`` a sponsor sent as what this member's files
+        lack (``since`` must be how far they reach); the number of calls. The base snapshot
+        taken after the transfer makes them durable."""
+        sub = self._subs.get(name)
+        if sub is None:
+            raise ValueError(f"a log suffix for {name!r}, which this member does not host")
+        have = self.durable_versions().get(name)
+        if have != since:
+            raise ValueError(f"a log suffix of {name} after {since}, but this member's files "
+                             f"reach {have}")
+        records = await asyncio.get_running_loop().run_in_executor(
+            None, unpack_records, data, since)
+        await replay(sub.hosted, records, None)
+        return len(records)
 
     # -- flushing ------------------------------------------------------------------------------
     def _kick(self) -> None:

@@ -27,6 +27,7 @@ from derecho_async.api.durable import Durable
 from derecho_async.api.handles import SubgroupHandle
 from derecho_async.api.membership import Membership
 from derecho_async.api.p2pcalls import P2PServer
+from derecho_async.api.rejoin import LogSuffixes
 from derecho_async.api.restart import Restart
 from derecho_async.config import Config
 from derecho_async.core import (
@@ -124,9 +125,11 @@ class Group:
         self.flush = dispatch.flush
         self._durable: Durable | None = None
         self._restart: Restart | None = None  # restarting with files (until in a view)
+        self._rejoin: LogSuffixes | None = None  # a member restarted with files rejoins
         if config.data_dir is not None:
             self._durable = Durable(config, state, hosted, self._p2p.last_delivered, fs)
             dispatch.record = self._durable.record
+            self._rejoin = LogSuffixes(self._durable, config.snapshot_every)
         self._driver: Driver | None = None
         self._xfer: StateTransfer | None = None  # state transfer to and from joiners
         self._gone: asyncio.Future[None] | None = None  # resolved once a deferred leave is done
@@ -174,7 +177,8 @@ class Group:
                 grace_s=2 * self.config.suspect_after_ms / 1000,
                 stall_s=self.config.state_stall_s, fail=self._restart_failed)
             driver.hold_bootstrap = self._restart.is_contact
-        self._xfer = StateTransfer(driver, self._actors, self._runners, self._observer)
+        self._xfer = StateTransfer(driver, self._actors, self._runners, self._observer,
+                                   self._rejoin)
         try:
             await driver.start()
         except BaseException:
@@ -369,6 +373,9 @@ class Group:
             elif kind == env.RECOVER_INFO and self._state.view is not None and (
                     self._state.closed is None and self._driver is not None):
                 # a member restarting with its files while the group runs: it joins through me
+                # (or another member), and its files make most of its state
+                if self._rejoin is not None:
+                    self._rejoin.offered(sender, msg[3])  # type: ignore[arg-type]
                 self._driver.transport.send(sender, env.encode(env.RECOVER_LIVE,
                                                                self._state.view.view_id))
         elif kind == env.P2P_RESP:
@@ -396,6 +403,8 @@ class Group:
             self._restart = None
         if state.me in ev.joined:  # the state this member starts from: no call of this view
             self._p2p.joined(ev)
+        if self._rejoin is not None:
+            self._rejoin.joined(ev.joined)
         # (a joiner's state: the driver hands the view to self._xfer next, which holds the
         # runners until it restored it)
         self._calls.new_view()

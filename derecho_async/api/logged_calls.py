@@ -10,6 +10,7 @@ logged calls on an actor, dropping their outcomes (every replica had the same).
 from __future__ import annotations
 
 import logging
+import struct
 from dataclasses import dataclass
 from types import CoroutineType
 from typing import Any
@@ -20,7 +21,8 @@ from derecho_async.durability import LogRecord
 from derecho_async.runtime.dataplane import OutOfBand
 
 __all__ = ["PLAIN", "HistoryEntry", "Logged", "SuffixChunk", "Version", "decode_body", "encode_body",
-           "held_by", "replay"]
+           "held_by", "pack_records", "replay", "unpack_records", "version_from_wire",
+           "wire_version"]
 
 log = logging.getLogger("derecho_async.durable")
 
@@ -31,6 +33,7 @@ PLAIN = b"\x00"
 """The tag of a log body that is the call's bytes as delivered."""
 _ARRAYS = b"\x01"  # a log body: [call bytes, [host arrays]] encoded by the value codec
 _SEQ_MAX = 1 << 62  # "the end of a view" (as a seq: above any real one, + 1 still fits)
+_PACKED = struct.Struct("<QQqI")  # a packed record's header: view_id, seq, time_ns, body length
 
 
 def held_by(upto: Version) -> Version | None:
@@ -40,6 +43,16 @@ def held_by(upto: Version) -> Version | None:
     if seq > 0:
         return (view_id, seq - 1)
     return (view_id - 1, _SEQ_MAX) if view_id > 0 else None
+
+
+def wire_version(version: Version | None) -> list[int]:
+    """A version as two unsigned wire fields, ``[view_id, seq + 1]`` (``[0, 0]``: none)."""
+    return [0, 0] if version is None else [version[0], version[1] + 1]
+
+
+def version_from_wire(view_id: int, seq_plus_one: int) -> Version | None:
+    """The inverse of :func:`wire_version`."""
+    return None if seq_plus_one == 0 else (view_id, seq_plus_one - 1)
 
 
 def _host_array(array: object) -> object:
@@ -117,6 +130,36 @@ class SuffixChunk:
         """From fields the envelope validated (types and ranges)."""
         snap = None if not snapshot else ((snapshot[0], snapshot[1]), snapshot[2], snapshot[3])
         return cls(snap, [LogRecord((v, q), t, b) for v, q, t, b in records], last)
+
+
+def pack_records(records: list[LogRecord]) -> bytes:
+    """Records as one byte string (a joiner's log suffix): each a header and its body."""
+    out = bytearray()
+    for rec in records:
+        out += _PACKED.pack(rec.version[0], rec.version[1], rec.time_ns, len(rec.body))
+        out += rec.body
+    return bytes(out)
+
+
+def unpack_records(data: bytes, after: Version) -> list[LogRecord]:
+    """The records :func:`pack_records` made, checked: every length inside ``data``, versions
+    rising from above ``after``; ValueError naming the offset otherwise."""
+    records = []
+    at, last = 0, after
+    view_ = memoryview(data)
+    while at < len(data):
+        if at + _PACKED.size > len(data):
+            raise ValueError(f"a log suffix ends inside a record header at offset {at}")
+        view_id, seq, time_ns, length = _PACKED.unpack_from(data, at)
+        at += _PACKED.size
+        if length > len(data) - at:
+            raise ValueError(f"a log suffix record at offset {at} runs past the end")
+        if (view_id, seq) <= last:
+            raise ValueError(f"a log suffix record at offset {at} is not after {last}")
+        last = (view_id, seq)
+        records.append(LogRecord(last, time_ns, bytes(view_[at:at + length])))
+        at += length
+    return records
 
 
 async def replay(hosted: Hosted, records: list[LogRecord], upto: Version | None) -> None:

@@ -2,7 +2,8 @@
 
 Theory of operation (docs/DESIGN.md §7.13): a member whose ``data_dir`` holds a last view is
 *recovering*. Until it is in a view it sends its RECOVER_INFO (that last view and how far each
-subgroup's log is durable) to the contact. The contact, recovering too, does not form view 0:
+subgroup's log is durable) to the contact and the members of that view (a running one keeps it:
+:mod:`.rejoin`). The contact, recovering too, does not form view 0:
 it gathers infos until it has heard from a majority of the latest last view any of them reports
 (the *restart rule*: the same majority rule as every view change, so a view that could have
 installed after it and persisted anything would have been reported by one of them), waits a
@@ -25,7 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from derecho_async.api.logged_calls import SuffixChunk
+from derecho_async.api.logged_calls import SuffixChunk, version_from_wire, wire_version
 from derecho_async.errors import GroupClosed, ProtocolViolation
 from derecho_async.wire import envelope as env
 
@@ -40,14 +41,6 @@ log = logging.getLogger("derecho_async.restart")
 
 _INFO_EVERY_S = 0.1  # how often a recovering member repeats its info until it is in a view
 _CHUNK_BYTES = 4 << 20  # record bytes in one SUFFIX message (about)
-
-
-def _wire_version(version: Version | None) -> list[int]:
-    return [0, 0] if version is None else [version[0], version[1] + 1]
-
-
-def _version(view_id: int, seq_plus_one: int) -> Version | None:
-    return None if seq_plus_one == 0 else (view_id, seq_plus_one - 1)
 
 
 class _Info:
@@ -137,12 +130,13 @@ class Restart:
                 for m in self.last_view[1]:
                     if m != self._me:
                         self._send(m, info)
-        else:
-            self._send(self._contact, info)
+        else:  # (every member of the last view: whichever admits me, it knows my files)
+            for m in sorted({self._contact, *self.last_view[1]} - {self._me}):
+                self._send(m, info)
         self._timer = loop.call_later(_INFO_EVERY_S, self._tick)
 
     def _info_message(self) -> bytes:
-        durable = [[name, *_wire_version(v)] for name, v in self._durable.durable_versions().items()]
+        durable = [[name, *wire_version(v)] for name, v in self._durable.durable_versions().items()]
         view_id, members = self.last_view
         return env.encode(env.RECOVER_INFO, view_id, list(members), durable)
 
@@ -174,7 +168,7 @@ class Restart:
             log.info("member %d: the group runs (view %d): joining through member %d",
                      self._me, msg[1], sender)
             self.stop()
-            self._driver.join_through(sender)
+            self._driver.join_through(sender, (*self.last_view[1], *self._driver.config.peers))
         elif (kind == env.RECOVER_READY and self.is_contact and self._plan is not None
               and msg[1] == self._plan_epoch):
             self._ready.add(sender)
@@ -186,7 +180,7 @@ class Restart:
             raise ProtocolViolation("too many members in the restart", sender)
         self._infos[sender] = _Info(
             last_view, tuple(members),
-            {name: _version(view_id, seq1) for name, view_id, seq1 in durable})
+            {name: version_from_wire(view_id, seq1) for name, view_id, seq1 in durable})
 
     # -- the contact ---------------------------------------------------------------------------
     def _step_contact(self, now: float) -> None:
@@ -223,7 +217,7 @@ class Restart:
                 v = self._infos[m].durable.get(name)
                 if v is not None and (best_v is None or v > best_v):
                     best, best_v = m, v
-            sources.append([name, best, *_wire_version(best_v)])
+            sources.append([name, best, *wire_version(best_v)])
         self._plan_epoch += 1
         self._plan = (new_view, members)
         self._ready = set()
@@ -257,13 +251,13 @@ class Restart:
         self._waiting = set()
         self._sources = {}
         for name, source, view_id, seq1 in sources:
-            target = _version(view_id, seq1)
+            target = version_from_wire(view_id, seq1)
             have = mine.get(name)
             if source == self._me or target is None or (have is not None and have >= target):
                 continue
             self._waiting.add(name)
             self._sources[name] = source
-            self._send(source, env.encode(env.SUFFIX_REQ, epoch, name, *_wire_version(have)))
+            self._send(source, env.encode(env.SUFFIX_REQ, epoch, name, *wire_version(have)))
         self._chunks = asyncio.Queue()
         self._applying = asyncio.get_running_loop().create_task(self._apply(epoch))
 
@@ -290,7 +284,7 @@ class Restart:
 
     def _on_suffix_request(self, sender: int, msg: list[Any]) -> None:
         _, epoch, name, view_id, seq1 = msg
-        since = _version(view_id, seq1)
+        since = version_from_wire(view_id, seq1)
         loop = asyncio.get_running_loop()
 
         async def serve() -> None:

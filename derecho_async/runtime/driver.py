@@ -612,13 +612,16 @@ class Driver:
             self.transport.add_peer(sender, self.config.peers.get(sender))
         self.core.receive_message(sender, message)
 
-    def join_through(self, member: int) -> None:
+    def join_through(self, member: int, others: tuple[int, ...] = ()) -> None:
         """The contact, holding its bootstrap, joins a group that runs without it by asking
-        ``member`` to admit it (as every other joiner does)."""
+        ``member``, then each of ``others`` in turn, to admit it (as every other joiner does:
+        only the group's leader admits, and ``member`` need not be it)."""
         if self.core is not None or self._closed:
             return
-        self.transport.add_peer(member, self.config.peers.get(member))
-        self.core = Member(self.member_id, self.core_config, contacts=(member,))
+        contacts = tuple(dict.fromkeys(m for m in (member, *others) if m != self.member_id))
+        for m in contacts:
+            self.transport.add_peer(m, self.config.peers.get(m))
+        self.core = Member(self.member_id, self.core_config, contacts=contacts)
         self.kick()
 
     def form_view(self, view_id: int, others: list[int]) -> None:

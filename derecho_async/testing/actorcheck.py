@@ -27,7 +27,9 @@
 #   (g) nothing a handler raises reaches the event loop's exception handler;
 #   (h) durable schedules: after a total failure (every member and every disk crashed), the
 #       restarted members agree, their log is a prefix of the order before the failure, and it
-#       holds every call that persisted() acknowledged.
+#       holds every call that persisted() acknowledged;
+#   (i) durable schedules: a crashed member restarted from its disk while the group runs is
+#       admitted and, after a barrier call, holds exactly the caller's log.
 """The actor-level contract checker over an :class:`~.actorsim.ActorRun`."""
 
 from __future__ import annotations
@@ -354,6 +356,7 @@ def check_actor_run(run: ActorRun) -> None:
                                 f"succeeded but is {n} times in survivor {m}'s log")
 
     if run.knobs.get("durable"):
+        _check_rejoins(run, fail)
         _check_restart(run, fail)
 
     # -- handler outcomes the group reported (where it does) ---------------------------------------
@@ -365,6 +368,19 @@ def check_actor_run(run: ActorRun) -> None:
                 raise fail("d", f"member {m}: the group reported call {cid} at {version} "
                                 f"{'ok' if ok else 'failed'} but the handler "
                                 f"{'returned' if reported[0] else 'raised'}")
+
+
+def _check_rejoins(run: ActorRun, fail: _Fail) -> None:
+    """(i): members restarted from their disks while the group ran caught up exactly."""
+    for m, log in sorted(run.rejoins.items()):
+        if isinstance(log, str):
+            raise fail("i", f"member {m}, restarted with its files while the group ran, {log}")
+        if log != run.rejoin_log:
+            i = next((i for i, (x, y) in enumerate(zip(log, run.rejoin_log, strict=False))
+                      if x != y), min(len(log), len(run.rejoin_log)))
+            raise fail("i", f"member {m}, restarted with its files while the group ran, holds "
+                            f"{len(log)} calls, the group {len(run.rejoin_log)}; first "
+                            f"difference at {i}: {log[i:i + 3]} vs {run.rejoin_log[i:i + 3]}")
 
 
 def _check_restart(run: ActorRun, fail: _Fail) -> None:

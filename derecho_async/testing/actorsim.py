@@ -26,7 +26,9 @@
 # acknowledged. Their end is a total failure: every member crashes and so does every disk
 # (unsynced writes lost or torn); then every member that ever started restarts from what its
 # disk kept, on a fresh network, and a barrier call runs in the re-formed group. Each restarted
-# replica's log is recorded for the checker's check (h).
+# replica's log is recorded for the checker's check (h). Before that, once the end's barrier
+# call succeeded, every crashed member restarts from its disk (crashed too) while the group
+# runs, and a second barrier shows whether each caught up (check (i)).
 """Seeded schedules of real Groups hosting a test actor, for the actor-level checker."""
 
 from __future__ import annotations
@@ -155,6 +157,10 @@ class ActorRun:
     #: barrier's cid (None: no restarted member got in)
     restarted_logs: dict[int, list[int]] = field(default_factory=dict)
     restart_barrier: int | None = None
+    #: durable schedules: each crashed member restarted from its disk while the group ran, with
+    #: its log after a barrier call (or why it got no log), and the caller's log after it
+    rejoins: dict[int, list[int] | str] = field(default_factory=dict)
+    rejoin_log: list[int] = field(default_factory=list)
 
     @property
     def survivors(self) -> list[int]:
@@ -180,6 +186,7 @@ class ActorRun:
             self.loop_errors,
             self.persisted,
             sorted(self.restarted_logs.items()),
+            sorted(self.rejoins.items()),
             self.virtual_s,
         ):
             h.update(repr(part).encode())
@@ -517,6 +524,10 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
                for m, g in groups.items() if run.fates.get(m) != "crashed"):
             break
         await asyncio.sleep(0.01)
+    rejoined: list[Group] = []
+    if durable and live and any(c.kind == "barrier" and c.ok for c in run.calls):
+        rejoined = await _rejoin_crashed(run, net, disks, groups[min(live)], n, ids, next_cid)
+        next_cid += 1
     for m, g in sorted(groups.items()):
         if g.history:
             run.final_views[m] = (g.view.view_id, g.view.members)
@@ -526,13 +537,54 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
         run.final_logs[m] = list(actor.log)
     if durable and persist_tasks:
         await asyncio.wait(persist_tasks, timeout=5.0)
-    for m in sorted(live):
-        crash_group(net, groups[m])  # stop them without a view change (the run is over)
+    for g in [*(groups[m] for m in sorted(live)), *rejoined]:
+        crash_group(net, g)  # stop them without a view change (the run is over)
     if durable:
         await _total_failure(rng, run, net, disks, n, ids, next_cid, say)
     run.counts = dict(net.counts)
     run.trace = list(net.trace)
     run.virtual_s = loop.time()
+
+
+async def _rejoin_crashed(run: ActorRun, net: SimNetwork, disks: dict[int, SimDisk],
+                          caller: Group, n: int, ids: int, cid: int) -> list[Group]:
+    """Each crashed member's disk crashes too; the member restarts from what it kept while the
+    group runs (a log suffix or a snapshot brings it up to date), then ``caller`` makes a
+    barrier call ``cid``. Records each one's log once it ran the barrier (check (i))."""
+    back: list[Group] = []
+    for m in sorted(m for m, fate in run.fates.items() if fate == "crashed" and m in disks):
+        disks[m].crash()
+        g = Group(_config(m, n, ids, run.knobs), [SimLog], transport=net.transport(m),
+                  fs=disks[m])
+        actor = g.local(SimLog)
+        assert isinstance(actor, SimLog)
+        actor.bind(m, [], bool(run.knobs["with_array"]))
+        try:
+            await g.start(timeout=5.0)
+        except (GroupClosed, PartitionedError) as exc:
+            run.rejoins[m] = f"not admitted: {exc}"
+            continue
+        back.append(g)
+    if not back:
+        return back
+    try:
+        await asyncio.wait_for(caller.subgroup(SimLog).add(cid, OK), 10.0)
+    except (GroupClosed, PartitionedError, TimeoutError) as exc:
+        for g in back:
+            run.rejoins[g.member_id] = f"rejoined, but the barrier failed: {exc!r}"
+        return back
+    lead = caller.local(SimLog)
+    assert isinstance(lead, SimLog)
+    run.rejoin_log = list(lead.log)
+    for g in back:
+        actor = g.local(SimLog)
+        assert isinstance(actor, SimLog)
+        for _ in range(500):
+            if cid in actor.log or g.closed is not None:
+                break
+            await asyncio.sleep(0.01)
+        run.rejoins[g.member_id] = list(actor.log)
+    return back
 
 
 async def _total_failure(rng: random.Random, run: ActorRun, old: SimNetwork,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -54,10 +55,45 @@ async def stream(config: da.Config) -> None:
                 acked.write(k + "\n")
 
 
-async def report(config: da.Config) -> None:
-    """Restart from the files, then write this member's state and view and leave."""
+async def stream_until_stopped(config: da.Config) -> None:
+    """Write keys (32 in flight) until the parent creates ``stop``; then report as
+    :func:`report` does, from the same group."""
     out = Path(os.environ["DA_DURABLE_OUT"])
     group = await da.Group.join(config, actors=[Store], timeout=60)
+    kv = group.subgroup(Store)
+    (out / f"up-{config.member_id}").touch()
+    pending: list[asyncio.Future[None]] = []
+    i = 0
+    while not (out / "stop").exists():
+        i += 1
+        version = await kv.put.cast(f"{config.member_id}-{i}", i)
+        pending.append(asyncio.ensure_future(kv.persisted(version)))
+        while len(pending) >= 32 or (pending and pending[0].done()):
+            await pending.pop(0)
+    await asyncio.gather(*pending)
+    await _report(config, group)
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+async def report(config: da.Config) -> None:
+    """Restart from the files, then write this member's state and view and leave."""
+    lines = _Lines()  # how its state came (in the report)
+    logging.getLogger("derecho_async.statexfer").addHandler(lines)
+    group = await da.Group.join(config, actors=[Store], timeout=60)
+    logging.getLogger("derecho_async.statexfer").removeHandler(lines)
+    await _report(config, group, lines.lines)
+
+
+async def _report(config: da.Config, group: da.Group, lines: list[str] | None = None) -> None:
+    out = Path(os.environ["DA_DURABLE_OUT"])
     store = group.local(Store)
     assert isinstance(store, Store)
     kv = group.subgroup(Store)
@@ -71,7 +107,8 @@ async def report(config: da.Config) -> None:
     data = dict(store.data)
     (out / f"report-{config.member_id}.json").write_text(json.dumps({
         "digest": digest(data), "keys": len(data),
-        "view": [group.view.view_id, list(group.view.members)], "data": data}))
+        "view": [group.view.view_id, list(group.view.members)], "data": data,
+        "joined": lines or []}))
     (out / f"reported-{config.member_id}").touch()
     while not all((out / f"reported-{m}").exists() for m in range(config.initial_members)):
         await asyncio.sleep(0.01)  # nobody leaves before every report is written

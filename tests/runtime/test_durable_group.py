@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 import derecho_async as da
-from derecho_async.durability import RealFs, WriteFile
+from derecho_async import wire
+from derecho_async.durability import RealFs, Snapshots, WriteFile
 from derecho_async.durability.records import HEADER
 
 _ids = itertools.count()
@@ -462,4 +463,52 @@ async def test_a_joiner_logs_no_call_of_its_view_before_its_base_is_on_disk(
     assert not early, f"calls of view {joined_view} were durable before the base: {fs.events}"
     assert any(e == ("log", joined_view) for e in fs.events[base:])
     assert local(groups[2]).data == local(groups[0]).data
+    await close(groups)
+
+
+async def test_a_member_restarted_with_its_files_gets_only_the_calls_it_missed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Behind by a few calls, a restarted member gets those calls from its sponsor's log, not a
+    snapshot of the whole state, and ends with the same state."""
+    name = f"d{next(_ids)}"
+    groups = await join_all(name, tmp_path)
+    kv = groups[0].subgroup(KV)
+    for i in range(50):
+        v = await kv.put.cast(f"k{i}", b"x" * 100)
+    await kv.persisted(v)
+    await groups[2].leave()
+    missed = [await kv.put.cast(f"away{i}", b"y") for i in range(7)]
+    caplog.set_level("INFO", logger="derecho_async.statexfer")
+    groups[2] = await da.Group.join(cfg(name, 2, tmp_path, 3), actors=[KV], timeout=10)
+    assert "KV as log suffixes" in caplog.text
+    assert f"ran {len(missed)} calls of KV from log suffixes" in caplog.text
+    v = await kv.put.cast("last", b"z")
+    await kv.persisted(v)
+    states = [local(g).data for g in groups]
+    assert states[0] == states[1] == states[2] and len(states[0]) == 58
+    await close(groups)
+    # the base it wrote after running them holds them: a later restart starts from there
+    newest = Snapshots(tmp_path / name / "member-2" / "KV" / "snapshots").load_newest()
+    assert newest is not None
+    base = wire.decode(newest[2])
+    assert isinstance(base, dict) and {f"away{i}" for i in range(7)} <= set(base)
+
+
+async def test_a_restarted_member_gets_a_snapshot_when_the_log_no_longer_reaches_back(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    name = f"d{next(_ids)}"
+    groups = await join_all(name, tmp_path, snapshot_every=4)
+    kv = groups[0].subgroup(KV)
+    v = await kv.put.cast("first", b"1")
+    await kv.persisted(v)
+    await groups[2].leave()
+    for i in range(40):  # several snapshots while it is away: the others' logs are trimmed
+        await kv.put.cast(f"away{i % 9}", b"%d" % i)
+    caplog.set_level("INFO", logger="derecho_async.statexfer")
+    groups[2] = await da.Group.join(cfg(name, 2, tmp_path, 3, snapshot_every=4), actors=[KV],
+                                    timeout=10)
+    assert "log suffixes" not in caplog.text
+    v = await kv.put.cast("last", b"z")
+    await kv.persisted(v)
+    assert local(groups[0]).data == local(groups[1]).data == local(groups[2]).data
     await close(groups)

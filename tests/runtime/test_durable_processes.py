@@ -26,10 +26,11 @@ TRIALS = int(os.environ.get("DERECHO_ASYNC_KILL_TRIALS", "3"))
 N = 3
 
 
-def _start(main: object, fields: dict[str, object]) -> list[multiprocessing.process.BaseProcess]:
+def _start(main: object, fields: dict[str, object],
+           members: range = range(N)) -> list[multiprocessing.process.BaseProcess]:
     ctx = multiprocessing.get_context("spawn")
     procs: list[multiprocessing.process.BaseProcess] = []
-    for i in range(N):
+    for i in members:
         p = ctx.Process(target=run_member, args=(main, {**fields, "member_id": i}),
                         name=f"durable-member-{i}")
         p.start()
@@ -115,3 +116,42 @@ def test_the_durable_example_resumes_from_its_files(tmp_path: Path) -> None:
         assert "exit codes: [0, 0, 0]" in r.stdout
         assert r.stdout.count(f"run {run} in view") == 3, r.stdout
         assert r.stdout.count(f"{3 * run} keys written so far") == 3, r.stdout
+
+
+def test_a_member_killed_and_restarted_gets_the_calls_it_missed_from_a_log(
+        tmp_path: Path) -> None:
+    """Over shm: member 2 is SIGKILLed while the others stream calls, and restarted from its
+    files while they still do; it gets the calls it missed as a log suffix and ends with the
+    same state."""
+    out = tmp_path
+    os.environ["DA_DURABLE_OUT"] = str(out)
+    group = f"rejoin{os.getpid()}"
+    fields: dict[str, object] = dict(
+        group=group, initial_members=N, transport="shm", data_dir=str(out / "data"),
+        heartbeat_ms=20, suspect_after_ms=400, snapshot_every=1_000_000)
+    procs = _start(durable_apps.stream_until_stopped, fields)
+    try:
+        _wait_files(out, "up", 60)
+        time.sleep(0.5)
+        os.kill(procs[2].pid, signal.SIGKILL)  # type: ignore[arg-type]
+        procs[2].join(10)
+        time.sleep(1.5)  # the others go on without it
+        procs[2:] = _start(durable_apps.report, {**fields, "log_level": "INFO"}, range(2, 3))
+        (out / "stop").touch()
+        for p in procs:
+            p.join(90)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        registry.kind("shm").clean(group)
+    codes = [p.exitcode for p in procs]
+    assert codes == [0] * N, f"exit codes {codes}"
+    reports = [json.loads((out / f"report-{m}.json").read_text()) for m in range(N)]
+    assert len({r["digest"] for r in reports}) == 1, "the restarted member's state differs"
+    ran = [line for line in reports[2]["joined"] if "from log suffixes" in line]
+    assert ran, reports[2]["joined"]
+    print("rejoined:", ran[0], "state of", reports[2]["keys"], "keys")

@@ -20,13 +20,33 @@ if TYPE_CHECKING:
     from derecho_async.runtime.observer import GroupObserver
     from derecho_async.runtime.runner import SerialRunner
 
-__all__ = ["LOG_EVERY_S", "Context", "Holder", "failure", "log", "restore_reason"]
+__all__ = ["LOG_EVERY_S", "LOG_SUFFIX_KEY", "Context", "Holder", "StateLog", "failure", "log",
+           "restore_reason"]
 
 log = logging.getLogger("derecho_async.statexfer")
 """The logger of both ends (one name, whichever module logs)."""
 
 LOG_EVERY_S = 2.0
 """Seconds between two progress lines of a running transfer."""
+
+
+LOG_SUFFIX_KEY = "~log"
+"""The state map's entry (no actor's name) for actors whose state travels as a log suffix."""
+
+
+class StateLog(Protocol):
+    """A durable member's log, standing in for snapshots when a joiner's own files hold most of
+    the state (the API layer's ``LogSuffixes``)."""
+
+    async def suffixes(self, joiner: int, view_id: int) -> dict[str, object]:
+        """At the fenced sponsor: per actor name, what the joiner lacks (encodable), for the
+        actors where that can replace a snapshot."""
+        ...
+
+    async def apply(self, suffixes: object) -> dict[str, int]:
+        """At the joiner: bring those actors forward; the calls run per actor. ValueError
+        saying why not."""
+        ...
 
 
 class Holder(Protocol):
@@ -45,6 +65,7 @@ class Context:
         runners: Mapping[str, SerialRunner],
         observer: GroupObserver | None,
         tick_soon: Callable[[], None],
+        state_log: StateLog | None = None,
     ) -> None:
         self.driver = driver
         self.me = driver.member_id
@@ -59,6 +80,8 @@ class Context:
         self.view: View | None = None
         #: starts the stall and progress timer if it is not running
         self.tick_soon = tick_soon
+        #: where actors' state can travel as a log suffix (a durable member), or None
+        self.state_log = state_log
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

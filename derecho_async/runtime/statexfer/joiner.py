@@ -40,6 +40,7 @@ from derecho_async.runtime.statexfer.chunks import (
 )
 from derecho_async.runtime.statexfer.context import (
     LOG_EVERY_S,
+    LOG_SUFFIX_KEY,
     Context,
     failure,
     log,
@@ -67,7 +68,7 @@ class Incoming:
     started: float
     future: asyncio.Future[None]
     releases: list[Callable[[], None]] = field(default_factory=list)
-    phase: str = "wait_begin"  # wait_begin, receiving, finishing, done, failed
+    phase: str = "wait_begin"  # wait_begin, receiving, finishing, replaying, done, failed
     parts: list[tuple[str, str, list[int], Any]] = field(default_factory=list)
     stream: Stream | None = None
     chunk_state: bytearray = field(default_factory=bytearray)
@@ -96,7 +97,8 @@ class Joiner:
     def active(self) -> bool:
         """Whether a transfer is under way here (the timer must keep running)."""
         inc = self.incoming
-        return inc is not None and inc.phase in ("wait_begin", "receiving", "finishing")
+        return inc is not None and inc.phase in ("wait_begin", "receiving", "finishing",
+                                                 "replaying")
 
     def expect(self, ev: ViewInstalled) -> bool:
         """This member's first view, whose Welcome carried a ticket: hold the runners and wait
@@ -283,6 +285,7 @@ class Joiner:
             self.fail(f"the state from {inc.sponsor} is not a map of actor names")
             return
         ctx = self.ctx
+        suffixes = value.pop(LOG_SUFFIX_KEY, None)
         for name, actor in ctx.actors.items():
             if name in value:
                 try:
@@ -290,6 +293,36 @@ class Joiner:
                 except Exception as exc2:
                     self.fail(restore_reason(name, "restore", exc2))
                     return
+        if suffixes is None:
+            self._restored(inc, value)
+            return
+        if ctx.state_log is None:
+            self.fail(f"member {inc.sponsor} sent log suffixes, and this member keeps no log")
+            return
+        inc.phase = "replaying"
+        task = ctx.loop.create_task(ctx.state_log.apply(suffixes))
+        task.add_done_callback(functools.partial(self._replayed, inc, value))
+
+    def _replayed(self, inc: Incoming, value: dict[str, object],
+                  task: asyncio.Future[dict[str, int]]) -> None:
+        if inc.phase != "replaying":
+            return
+        exc = failure(task)
+        if exc is not None:
+            self.fail(f"the log suffix from {inc.sponsor} could not be used: {exc}")
+            return
+        ctx = self.ctx
+        ran = task.result()
+        log.info("member %d: state transfer %d from %d: ran %s from log suffixes", ctx.me,
+                 inc.xfer_id, inc.sponsor,
+                 ", ".join(f"{n} calls of {name}" for name, n in sorted(ran.items())))
+        if ctx.observer is not None:
+            for name in ran:
+                value[name] = wire.decode(wire.encode(ctx.actors[name].snapshot()))
+        self._restored(inc, value)
+
+    def _restored(self, inc: Incoming, value: dict[str, object]) -> None:
+        ctx = self.ctx
         inc.phase = "done"
         stream = inc.stream
         total = stream.total if stream is not None else 0

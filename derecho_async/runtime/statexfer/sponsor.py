@@ -33,6 +33,7 @@ from derecho_async.runtime.statexfer.chunks import (
 )
 from derecho_async.runtime.statexfer.context import (
     LOG_EVERY_S,
+    LOG_SUFFIX_KEY,
     Context,
     failure,
     log,
@@ -63,6 +64,8 @@ class Outgoing:
     phase: str = "fence"  # fence, freeze, ready_wait, stream, done, aborted
     fence_timer: asyncio.TimerHandle | None = None
     parts: list[Any] = field(default_factory=list)
+    #: actors sent as log suffixes: their state here at the fence (for an observer)
+    observed: dict[str, object] = field(default_factory=dict)
     stream: Stream | None = None
     next_index: int = 0
     building: int = 0
@@ -127,6 +130,24 @@ class Sponsor:
     def _snapshot(self, out: Outgoing) -> None:
         if out.phase != "fence":
             return
+        state_log = self.ctx.state_log
+        if state_log is None:
+            self._take(out, {})
+            return
+        task = self.ctx.loop.create_task(state_log.suffixes(out.joiner, out.view_id))
+        task.add_done_callback(functools.partial(self._suffixed, out))
+
+    def _suffixed(self, out: Outgoing, task: asyncio.Future[dict[str, object]]) -> None:
+        if out.phase != "fence":
+            return
+        exc = failure(task)
+        if exc is not None:  # the snapshots can still do
+            log.warning("member %d: no log suffix for joiner %d: %r", self.ctx.me, out.joiner,
+                        exc)
+        self._take(out, {} if exc is not None else task.result())
+
+    def _take(self, out: Outgoing, suffixes: dict[str, object]) -> None:
+        """Fenced: take every actor's snapshot but those whose state goes as a log suffix."""
         if out.fence_timer is not None:
             out.fence_timer.cancel()
         out.phase = "freeze"
@@ -134,10 +155,17 @@ class Sponsor:
         state: dict[str, object] = {}
         for name, actor in ctx.actors.items():
             try:
-                state[name] = actor.snapshot()
+                if name not in suffixes:
+                    state[name] = actor.snapshot()
+                elif ctx.observer is not None:  # (what the joiner must arrive at)
+                    out.observed[name] = wire.decode(wire.encode(actor.snapshot()))
             except Exception as exc:
                 self.abort(out, restore_reason(name, "snapshot", exc))
                 return
+        if suffixes:
+            state[LOG_SUFFIX_KEY] = suffixes
+            log.info("member %d: state transfer %d to %d: %s as log suffixes", ctx.me,
+                     out.xfer_id, out.joiner, ", ".join(sorted(suffixes)))
         buffers: list[object] = []
         try:
             skeleton = wire.encode(state, buffers=buffers)
@@ -183,6 +211,8 @@ class Sponsor:
             except Exception:
                 seen = state
             if isinstance(seen, dict):
+                seen.pop(LOG_SUFFIX_KEY, None)
+                seen.update(out.observed)
                 ctx.observer.snapshot_taken(ctx.me, out.view_id, out.joiner, seen)
         out.phase = "ready_wait"
         out.last_progress = ctx.now()
