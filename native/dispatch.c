@@ -188,7 +188,8 @@ native_dispatch_calls(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(payload);
         const unsigned char *end = p + PyBytes_GET_SIZE(payload), *m;
         Py_ssize_t mlen;
-        if (end - p < 4 || *p != 0x93 || (p++, !plain_method_span(&p, end, &m, &mlen)))
+        if (end - p < 4 || (*p != 0x93 && !drop_stamp(p, &end)) ||
+            (p++, !plain_method_span(&p, end, &m, &mlen)))
             break;
         if (last_method == NULL || mlen != last_len || memcmp(m, last_bytes, (size_t)mlen)) {
             PyObject *method = method_str(m, mlen);

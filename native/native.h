@@ -164,6 +164,30 @@ void native_logframe_init(void);
 int plain_method_span(const unsigned char **pp, const unsigned char *end,
                       const unsigned char **m, Py_ssize_t *mlen);
 PyObject *plain_call_args(const unsigned char *p, const unsigned char *end);
+
+/* A call stamped with its sender's clock (wire.stamp_call): the envelope is a fixarray of 4
+ * whose last item is the time as a 9-byte uint64. Moves *end before the stamp and returns 1;
+ * 0 (nothing moved) for any other bytes. */
+static inline int
+drop_stamp(const unsigned char *p, const unsigned char **end)
+{
+    if (*end - p > 4 + 9 && *p == 0x94 && (*end)[-9] == 0xcf) {
+        *end -= 9;
+        return 1;
+    }
+    return 0;
+}
+
+/* The time a stamped call carries, as a signed 64-bit int (call only after drop_stamp said 1,
+ * with the end it had before). */
+static inline int64_t
+stamp_time(const unsigned char *end)
+{
+    uint64_t v = 0;
+    for (int i = 8; i > 0; i--)
+        v = v << 8 | end[-i];
+    return (int64_t)v;
+}
 PyObject *method_str(const unsigned char *m, Py_ssize_t mlen);
 
 #pragma GCC visibility pop

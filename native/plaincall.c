@@ -235,7 +235,7 @@ native_decode_plain_call(PyObject *self, PyObject *data)
     const unsigned char *end = p + PyBytes_GET_SIZE(data);
     const unsigned char *m;
     Py_ssize_t mlen;
-    if (end - p < 4 || *p != 0x93)  /* fixarray of 3 */
+    if (end - p < 4 || (*p != 0x93 && !drop_stamp(p, &end)))  /* fixarray of 3 (or stamped) */
         Py_RETURN_NONE;
     p++;
     if (!plain_method_span(&p, end, &m, &mlen))

@@ -117,6 +117,13 @@ def test_durable_schedules_restart_after_total_failure_and_keep_what_was_persist
     run.restarted_logs[members[-1]].pop(0)  # one member restarted differently
     with pytest.raises(InvariantViolation, match=r"check \(h\).*differ"):
         check_actor_run(run)
+    run = run_actor_schedule(0, durable=True)
+    times = run.restarted_times[members[-1]]
+    others = {v for m in members[:-1] for v, _t in run.restarted_times[m]}
+    i = next(i for i, (v, _t) in enumerate(times) if v in others)  # a version others log too
+    times[i] = (times[i][0], times[i][1] + 1.0)  # logged at another time here
+    with pytest.raises(InvariantViolation, match=r"check \(h\).*logged at"):
+        check_actor_run(run)
 
 
 def test_crashed_members_restart_from_their_disks_while_the_group_runs() -> None:

@@ -72,8 +72,9 @@ def frame_log_runs(runs: list[tuple[list[Any], int]], batch: int, after: tuple[i
                    max_record_bytes: int, prefix: bytes, /) -> bytes | None:
     """As :func:`frame_log_records`, for runs of delivered calls as the driver reports them:
     ``runs`` is a list of ``(events, time_ns)``, each event a tuple whose items 2 and 3 are its
-    view and seq and item 6 its payload; each record's body is ``prefix`` and the payload.
-    None (nothing framed) when a payload is not bytes."""
+    view and seq and item 6 its payload; each record's body is ``prefix`` and the payload, its
+    time the run's, or the sender's clock of a stamped call (``wire.stamp_call``). None
+    (nothing framed) when a payload is not bytes."""
     if type(runs) is not list or type(prefix) is not bytes:
         raise TypeError("frame_log_runs: runs must be a list, prefix bytes")
     for run in runs:
@@ -96,6 +97,8 @@ def frame_log_runs(runs: list[tuple[list[Any], int]], batch: int, after: tuple[i
             n = len(prefix) + len(payload)
             if n > max_record_bytes:
                 raise ValueError(f"a record of {n} bytes is over the limit of {max_record_bytes}")
-            _frame(parts, batch, v, time_ns, prefix, payload)
+            stamped = len(payload) > 13 and payload[0] == 0x94 and payload[-9] == 0xcf
+            at = int.from_bytes(payload[-8:], "big", signed=True) if stamped else time_ns
+            _frame(parts, batch, v, at, prefix, payload)
             last = v
     return b"".join(parts)

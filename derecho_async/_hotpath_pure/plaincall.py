@@ -28,7 +28,10 @@ def decode_plain_call(data: object, /) -> PlainCall | None:
     None for anything else: another type than ``bytes``, another shape, a nested or ext value,
     an envelope not written as a fixarray of 3 or kwargs not as an empty fixmap (the bytes msgpack
     writes for such a call), truncated or trailing bytes, invalid UTF-8. The general decoder
-    then takes the message and says what is wrong with it. The method name is not checked."""
+    then takes the message and says what is wrong with it. The method name is not checked. A
+    call stamped with its sender's clock (``wire.stamp_call``) decodes as the call without it."""
+    if type(data) is bytes and len(data) > 13 and data[0] == 0x94 and data[-9] == 0xcf:
+        data = b"\x93" + data[1:-9]
     if type(data) is not bytes or len(data) < 4 or data[0] != 0x93 or data[-1] != 0x80:
         return None
     try:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -162,17 +163,19 @@ class CallTable:
     (the native dispatch completes own one-way calls in ``casts`` itself)."""
 
     __slots__ = ("_early_replies", "_layout", "_loop", "_max_call", "_max_queued",
-                 "_max_queued_bytes", "_repliers", "_runners", "_state", "casts", "parked",
-                 "parked_bytes", "paused", "pending")
+                 "_max_queued_bytes", "_repliers", "_runners", "_stamp", "_state", "casts",
+                 "parked", "parked_bytes", "paused", "pending")
 
-    def __init__(self, state: Membership, layout: Layout,
-                 runners: Sequence[SerialRunner]) -> None:
+    def __init__(self, state: Membership, layout: Layout, runners: Sequence[SerialRunner],
+                 clock: Callable[[], int] = time.time_ns) -> None:
         config = state.config
         self._state = state
         self._layout = layout
         self._runners = tuple(runners)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the group runs on
         self._max_call = config.max_call_mb << 20  # bytes of an encoded ordered call, at most
+        # a durable member's calls carry its clock (None: no stamp)
+        self._stamp = clock if config.data_dir is not None else None
         self.pending: dict[int, PendingCall] = {}
         # One-way calls of mine not delivered yet: msg_no -> future of their version.
         self.casts: dict[int, asyncio.Future[tuple[int, int]]] = {}
@@ -209,6 +212,8 @@ class CallTable:
         if len(arrays) > MAX_ARRAYS:
             raise UsageError(f"an ordered call carries at most {MAX_ARRAYS} arrays, not "
                              f"{len(arrays)}: pack them into fewer")
+        if self._stamp is not None:  # the sender's clock: every durable member logs it so
+            call = wire.stamp_call(call, self._stamp())
         oob = OutOfBand(call, tuple(arrays)) if arrays else None
         # the encoded size: large byte strings and arrays are out of band, so nothing is copied
         size = len(call) if oob is None else oob.nbytes

@@ -199,7 +199,8 @@ class Dispatcher:
                     return
                 # my own call of device arrays alone comes back as it was sent; the rest (and
                 # every peer's) is decoded and its arrays checked
-                own = wire.own_device_call(payload.call, payload.arrays) if sender == me else None
+                own = wire.own_device_call(wire.unstamped(payload.call),
+                                           payload.arrays) if sender == me else None
                 name, args, kwargs = own if own is not None else wire.decode_call(
                     payload.call, buffers=list(payload.arrays))
             else:

@@ -4,12 +4,14 @@ Theory of operation (docs/DESIGN.md §7.12): with ``data_dir`` set, each hosted 
 :class:`~derecho_async.durability.log.Log` and its
 :class:`~derecho_async.durability.snapshots.Snapshots` under
 ``<data_dir>/<group>/member-<id>/<subgroup>/``. Each run of deliveries is kept as it is, on the
-loop (a list append per run). One flush at a time runs in the executor: it frames the runs as
-log records (natively, the GIL released; a call with out-of-band arrays is encoded first, its
-arrays copied to host), appends, and syncs: one fsync per subgroup per flush however many calls
-it holds (group commit). Back on the loop it raises this member's
-``persisted`` word in the shared-state table; the core reports the lowest word of the shard's
-members as ``Persisted`` events, which move :attr:`Durable.frontier` and resolve
+loop (a list append per run). A call stamped with its sender's clock (``wire.stamp_call``:
+every durable member stamps the calls it makes) is logged at that time, the same at every
+member; another at this member's clock when its run was delivered. One flush at a time runs in
+the executor: it frames the runs as log records (natively, the GIL released; a call with
+out-of-band arrays is encoded first, its arrays copied to host), appends, and syncs: one fsync
+per subgroup per flush however many calls it holds (group commit). Back on the loop it raises
+this member's ``persisted`` word in the shared-state table; the core reports the lowest word of
+the shard's members as ``Persisted`` events, which move :attr:`Durable.frontier` and resolve
 ``persisted(version)``. Delivery never waits for the disk: the two frontiers are separate.
 Under load (a flush of at least ``_BUSY_CALLS`` calls just ended) the next flush first waits
 up to ``log_batch_ms``, or until ``_FULL_CALLS`` calls are waiting, so that more calls share
@@ -97,8 +99,10 @@ class Durable:
     ``data_dir`` is set; the dispatcher calls :meth:`record`, the Group routes events."""
 
     def __init__(self, config: Config, state: Membership, hosted: dict[str, Hosted],
-                 last_delivered: dict[str, Version], fs: Fs | None = None) -> None:
+                 last_delivered: dict[str, Version], fs: Fs | None = None,
+                 clock: Callable[[], int] = time.time_ns) -> None:
         self.root = member_dir(config)
+        self._clock = clock
         self._fs = fs
         self._state = state
         self._snapshot_every = config.snapshot_every
@@ -168,7 +172,7 @@ class Durable:
     def record(self, events: list[Delivered]) -> None:
         """A run of deliveries (before their handlers run): kept as it is (the driver makes a
         new list per run) for the next flush, which makes the log records off the loop."""
-        self._runs.append((events, time.time_ns()))
+        self._runs.append((events, self._clock()))
         self._run_calls += len(events)
         paced = self._paced
         if paced is not None and self._run_calls >= _FULL_CALLS:
@@ -351,7 +355,7 @@ class Durable:
         return actor
 
     async def at_time(self, name: str, t: float) -> Actor:
-        """As :meth:`at_version`, for the last call delivered here at or before ``t``."""
+        """As :meth:`at_version`, for the last call logged at or before ``t``."""
         version = await self.version_at(name, t)
         if version is not None:
             return await self.at_version(name, version)
@@ -361,7 +365,8 @@ class Durable:
         return sub.hosted.spec.cls()
 
     async def version_at(self, name: str, t: float) -> Version | None:
-        """The version of the last logged call of ``name`` delivered at or before time ``t``."""
+        """The version of the last call of ``name`` logged at or before time ``t`` (its sender's
+        stamp, or the delivery time here of a call without one), before the first after it."""
         sub = self._subs[name]
         await self._flush_once()
         logfile = sub.log
@@ -583,8 +588,11 @@ class Durable:
         for events, now in runs:  # else a record per call (arrays encoded, copied to host)
             for ev in events:
                 if ev[0] in self._subs:
-                    records.setdefault(ev[0], []).append(
-                        LogRecord((ev[2], ev[3]), now, encode_body(ev[6])))
+                    payload = ev[6]
+                    at = wire.call_time(payload if type(payload) is bytes
+                                        else getattr(payload, "call", b""))
+                    records.setdefault(ev[0], []).append(LogRecord(
+                        (ev[2], ev[3]), now if at is None else at, encode_body(payload)))
         durable: dict[str, Version | None] = {}
         for name, batch in records.items():
             logfile = self._subs[name].log
@@ -636,7 +644,7 @@ class Durable:
                 release()
                 return
             release()
-            now = time.time_ns()
+            now = self._clock()
 
             def write() -> None:
                 sub.snapshots.write(upto, now, data)

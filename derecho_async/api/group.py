@@ -86,12 +86,15 @@ class Group:
         transport: Transport | None = None,
         observer: GroupObserver | None = None,
         fs: Fs | None = None,
+        clock: Callable[[], int] = time.time_ns,
     ) -> None:
         """``transport``: a transport to use instead of the one ``config`` names (testing kits
         such as derecho_async.testing build their own); ``observer``: hooks told of deliveries,
         views and state transfer (:class:`~derecho_async.runtime.observer.GroupObserver`);
         ``fs``: the file system ``data_dir`` is on (default: the real one; the simulator's
-        :class:`~derecho_async.testing.simdisk.SimDisk` can crash)."""
+        :class:`~derecho_async.testing.simdisk.SimDisk` can crash); ``clock``: the wall clock,
+        in nanoseconds since the epoch, that durable calls are stamped and logged with (the
+        simulator passes its virtual one)."""
         if not isinstance(config, Config):
             raise UsageError("Group needs a derecho_async.Config")
         if transport is not None and transport.member_id != config.member_id:
@@ -117,7 +120,8 @@ class Group:
                   for name, spec in self._specs.items()}
         names = tuple(self._specs) or ("default",)
         self.layout = Layout(tuple(SubgroupSpec(n) for n in names))
-        self._calls = calls = CallTable(state, self.layout, tuple(self._runners.values()))
+        self._calls = calls = CallTable(state, self.layout, tuple(self._runners.values()),
+                                        clock)
         self._p2p = P2PServer(state, self._specs, hosted)
         self._dispatch = dispatch = Dispatcher(state, hosted, calls, self._p2p.last_delivered,
                                                observer)
@@ -127,7 +131,7 @@ class Group:
         self._restart: Restart | None = None  # restarting with files (until in a view)
         self._rejoin: LogSuffixes | None = None  # a member restarted with files rejoins
         if config.data_dir is not None:
-            self._durable = Durable(config, state, hosted, self._p2p.last_delivered, fs)
+            self._durable = Durable(config, state, hosted, self._p2p.last_delivered, fs, clock)
             dispatch.record = self._durable.record
             self._rejoin = LogSuffixes(self._durable, config.snapshot_every)
         self._driver: Driver | None = None
@@ -150,11 +154,12 @@ class Group:
         transport: Transport | None = None,
         observer: GroupObserver | None = None,
         fs: Fs | None = None,
+        clock: Callable[[], int] = time.time_ns,
     ) -> Self:
         """Join the group named by ``config`` and return once this member is in a view.
 
-        ``transport``, ``observer``, ``fs``: as for :class:`Group`."""
-        group = cls(config, actors, transport=transport, observer=observer, fs=fs)
+        ``transport``, ``observer``, ``fs``, ``clock``: as for :class:`Group`."""
+        group = cls(config, actors, transport=transport, observer=observer, fs=fs, clock=clock)
         await group.start(timeout=timeout)
         return group
 

@@ -143,8 +143,8 @@ class SubgroupHandle:
         return await self._durable_state().at_version(self._spec.name, version)
 
     async def at_time(self, t: float) -> Actor:
-        """As :meth:`at_version`, for the last call delivered here at or before ``t`` (seconds
-        since the epoch, this member's clock)."""
+        """As :meth:`at_version`, for the last call logged at or before ``t`` (seconds since the
+        epoch: the time a call's sender stamped it with, the same at every member)."""
         return await self._durable_state().at_time(self._spec.name, float(t))
 
     def __getattr__(self, name: str) -> Any:

@@ -97,7 +97,9 @@ def decode_body(body: bytes) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
 class HistoryEntry:
     """One delivered call as the log holds it (``subgroup.history()``).
 
-    ``time`` is the delivery time at this member, in seconds since the epoch (its wall clock);
+    ``time`` is the sender's wall clock when it made the call, in seconds since the epoch, the
+    same in every member's log (a call from a member without ``data_dir`` carries none: then
+    this member's clock at delivery);
     ``method`` the ordered method's name; ``one_way`` whether it was a ``.cast``."""
 
     version: Version

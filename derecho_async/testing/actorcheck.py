@@ -26,8 +26,9 @@
 #       closed, and every call of a survivor finishes;
 #   (g) nothing a handler raises reaches the event loop's exception handler;
 #   (h) durable schedules: after a total failure (every member and every disk crashed), the
-#       restarted members agree, their log is a prefix of the order before the failure, and it
-#       holds every call that persisted() acknowledged;
+#       restarted members agree, their log is a prefix of the order before the failure, it
+#       holds every call that persisted() acknowledged, and every member's log gives a version
+#       the same time (one clock for the group);
 #   (i) durable schedules: a crashed member restarted from its disk while the group runs is
 #       admitted and, after a barrier call, holds exactly the caller's log.
 """The actor-level contract checker over an :class:`~.actorsim.ActorRun`."""
@@ -403,6 +404,13 @@ def _check_restart(run: ActorRun, fail: _Fail) -> None:
         longest = max(run.final_logs.values(), key=len)
         if body != longest[: len(body)]:
             raise fail("h", "the restarted log is not a prefix of the order before the failure")
+    at: dict[tuple[int, int], tuple[int, float]] = {}
+    for m, pairs in sorted(run.restarted_times.items()):
+        for version, t in pairs:
+            seen = at.setdefault(version, (m, t))
+            if seen[1] != t:
+                raise fail("h", f"version {version} is logged at {seen[1]} by member {seen[0]} "
+                                f"but at {t} by member {m}")
     mode = {c.cid: c.mode for c in run.calls}
     have = set(body)
     lost = [cid for cid in run.persisted if mode.get(cid) != RAISE_BEFORE and cid not in have]

@@ -157,6 +157,8 @@ class ActorRun:
     #: barrier's cid (None: no restarted member got in)
     restarted_logs: dict[int, list[int]] = field(default_factory=dict)
     restart_barrier: int | None = None
+    #: durable schedules: each restarted member's logged (version, time) pairs (history())
+    restarted_times: dict[int, list[tuple[tuple[int, int], float]]] = field(default_factory=dict)
     #: durable schedules: each crashed member restarted from its disk while the group ran, with
     #: its log after a barrier call (or why it got no log), and the caller's log after it
     rejoins: dict[int, list[int] | str] = field(default_factory=dict)
@@ -210,6 +212,13 @@ GROUP = "actorsim"
 
 
 DATA_DIR = "/sim"
+_EPOCH_NS = 1_800_000_000 * 10**9  # the simulated wall clock's zero
+
+
+def _virtual_clock() -> int:
+    """The wall clock of a simulated member: the virtual loop's, from a fixed epoch (so durable
+    calls' stamps, and with them the bytes pushed, replay bit for bit)."""
+    return _EPOCH_NS + int(asyncio.get_running_loop().time() * 1e9)
 
 
 def _config(member: int, n: int, ids: int, knobs: Mapping[str, Any]) -> Config:
@@ -313,7 +322,7 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
         if durable:
             fs = disks.setdefault(member, SimDisk(int(knobs["disk_seed"]) + member))
         g = Group(_config(member, n, ids, knobs), [SimLog], transport=net.transport(member),
-                  observer=obs, fs=fs)
+                  observer=obs, fs=fs, clock=_virtual_clock)
         actor = g.local(SimLog)
         assert isinstance(actor, SimLog)
         actor.bind(member, run.records.setdefault(member, []), bool(knobs["with_array"]),
@@ -555,7 +564,7 @@ async def _rejoin_crashed(run: ActorRun, net: SimNetwork, disks: dict[int, SimDi
     for m in sorted(m for m, fate in run.fates.items() if fate == "crashed" and m in disks):
         disks[m].crash()
         g = Group(_config(m, n, ids, run.knobs), [SimLog], transport=net.transport(m),
-                  fs=disks[m])
+                  fs=disks[m], clock=_virtual_clock)
         actor = g.local(SimLog)
         assert isinstance(actor, SimLog)
         actor.bind(m, [], bool(run.knobs["with_array"]))
@@ -599,7 +608,7 @@ async def _total_failure(rng: random.Random, run: ActorRun, old: SimNetwork,
     groups: dict[int, Group] = {}
     for m in sorted(disks):
         g = Group(_config(m, n, ids, run.knobs), [SimLog], transport=net.transport(m),
-                  fs=disks[m])
+                  fs=disks[m], clock=_virtual_clock)
         actor = g.local(SimLog)
         assert isinstance(actor, SimLog)
         actor.bind(m, [], bool(run.knobs["with_array"]))
@@ -634,6 +643,8 @@ async def _total_failure(rng: random.Random, run: ActorRun, old: SimNetwork,
                 actor = groups[m].local(SimLog)
                 assert isinstance(actor, SimLog)
                 run.restarted_logs[m] = list(actor.log)
+                run.restarted_times[m] = [(e.version, e.time) async for e in
+                                          groups[m].subgroup(SimLog).history()]
     for g in groups.values():
         if g._driver is not None and not g._driver.closed:
             crash_group(net, g)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from derecho_async.wire.arrays import DTYPES, MAX_NDIM, TYPESTRS, is_cupy_array, numpy_dtype_name
 from derecho_async.wire.call_memos import own_device_call
-from derecho_async.wire.calls import decode_call, encode_call
+from derecho_async.wire.calls import call_time, decode_call, encode_call, stamp_call, unstamped
 from derecho_async.wire.values import (
     BUFFER_KINDS,
     LARGE_BYTES,
@@ -31,6 +31,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_NDIM",
     "TYPESTRS",
+    "call_time",
     "decode",
     "decode_call",
     "encode",
@@ -39,4 +40,6 @@ __all__ = [
     "numpy_dtype_name",
     "own_device_call",
     "pack",
+    "stamp_call",
+    "unstamped",
 ]

@@ -42,7 +42,8 @@ from derecho_async.wire.values import (
     pack,
 )
 
-__all__ = ["decode_call", "encode_call", "valid_method"]
+__all__ = ["STAMP_BYTES", "call_time", "decode_call", "encode_call", "stamp_call", "unstamped",
+           "valid_method"]
 
 _unpackb: Final = msgpack.unpackb  # its max_*_len limits default to the input's length
 
@@ -53,6 +54,38 @@ _encode_plain: Final = hotpath.encode_plain_call if hotpath.IMPLEMENTATION == "n
 
 _valid_methods: Final = VALID_METHODS.table  # the caches' dicts, read directly (one lookup)
 _oob_calls: Final = OOB_CALLS.table
+
+
+STAMP_BYTES: Final = 9
+"""What :func:`stamp_call` adds to a call: a uint64 in msgpack's fixed 9-byte form."""
+
+
+def stamp_call(data: bytes, time_ns: int) -> bytes:
+    """An encoded call with its sender's clock: the envelope ``[method, args, kwargs]`` becomes
+    ``[method, args, kwargs, time_ns]``, the time always as a 9-byte uint64 at the end. Every
+    decoder here takes both; :func:`call_time` reads the time back."""
+    if data[:1] != b"\x93":
+        raise ValueError("not an encoded call")
+    return b"".join((b"\x94", memoryview(data)[1:], b"\xcf", time_ns.to_bytes(8, "big")))
+
+
+def _stamped(data: bytes | bytearray | memoryview) -> bool:
+    return len(data) > 4 + STAMP_BYTES and data[0] == 0x94 and data[-STAMP_BYTES] == 0xcf
+
+
+def call_time(data: bytes | bytearray | memoryview) -> int | None:
+    """The sender's clock a stamped call carries (nanoseconds, as a signed 64-bit int), None
+    for a call without one."""
+    if not _stamped(data):
+        return None
+    return int.from_bytes(data[-8:], "big", signed=True)
+
+
+def unstamped(data: bytes) -> bytes:
+    """A call without its stamp (itself when it has none)."""
+    if not _stamped(data):
+        return data
+    return b"".join((b"\x93", memoryview(data)[1:-STAMP_BYTES]))
 
 
 def valid_method(method: object) -> bool:
@@ -206,8 +239,11 @@ def decode_call(
     """Decode bytes made by :func:`encode_call` into ``(method, args, kwargs)``.
 
     The envelope is validated (three fields, a dotted-identifier method name, a list of args, a
-    map of identifier keys); any defect raises ProtocolViolation.
+    map of identifier keys; a fourth, a :func:`stamp_call` time, is dropped); any defect raises
+    ProtocolViolation.
     """
+    if _stamped(data):
+        data = unstamped(bytes(data))
     if type(data) is bytes and len(data) <= max_size:
         if not buffers and _decode_plain is not None:
             plain = _decode_plain(data)

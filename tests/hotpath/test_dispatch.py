@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from derecho_async import _hotpath_pure as pure
+from derecho_async import wire
 from tests.hotpath.twins import SETTINGS, native, needs_native, packed, plain_args
 
 # -- dispatch_calls ------------------------------------------------------------------------------
@@ -109,8 +110,10 @@ def dispatch_cases(draw: st.DrawFn) -> dict[str, Any]:
             sender = draw(st.sampled_from([0, 1, 2]))
             if sender == 2 and method == "A.put.cast":
                 usual_casts.add(i)
-            events.append(("A", 0, 7, i, sender, i,
-                           packed([method, draw(st.lists(plain_args, max_size=3)), {}])))
+            call = packed([method, draw(st.lists(plain_args, max_size=3)), {}])
+            if draw(st.booleans()):  # with its sender's clock
+                call = wire.stamp_call(call, draw(st.integers(0, (1 << 64) - 1)))
+            events.append(("A", 0, 7, i, sender, i, call))
             continue
         if kind == "not a tuple":
             events.append(["A", 0, 1, 2, 1, 3, b""])
@@ -121,6 +124,7 @@ def dispatch_cases(draw: st.DrawFn) -> dict[str, Any]:
                 b"\x93\xa2\xff\xfe\x90\x80",  # a method that is not UTF-8
                 packed(["A." + "x" * 70, [], {}]),  # a long method name, not in the table
                 packed(["A.put", [], {"k": 1}]),  # kwargs: not the plain call
+                b"\x94" + packed(["A.put", [], {}])[1:] + b"\xcf\x00",  # a stamp cut short
             ]))
         else:
             payload = packed([draw(_dispatch_methods),

@@ -92,6 +92,19 @@ def _native() -> bool:
     return native is not None
 
 
+def _stamped(call: bytes, clock: bytes) -> bytes:
+    """A payload shaped as a call stamped with its sender's clock (wire.stamp_call)."""
+    return b"\x94" + call[1:] + b"\xcf" + clock
+
+
+def _time(payload: bytes, run_time: int) -> int:
+    """The time a framed record of ``payload`` has: a stamped call's own, else its run's."""
+    from derecho_async import wire
+
+    at = wire.call_time(payload)
+    return run_time if at is None else at
+
+
 @st.composite
 def runs(draw: Any) -> tuple[list[Any], int, Any, int, bytes]:
     """Runs of delivered calls (Delivered tuples), sometimes with a payload that is not bytes or
@@ -105,7 +118,9 @@ def runs(draw: Any) -> tuple[list[Any], int, Any, int, bytes]:
         for _ in range(draw(st.integers(0, 4))):
             seq += draw(st.integers(0, 2))  # 0: the same version again (out of order)
             payload: Any = draw(st.one_of(st.binary(max_size=60),
-                                          st.sampled_from([bytearray(b"x"), None])))
+                                          st.sampled_from([bytearray(b"x"), None]),
+                                          st.builds(_stamped, st.binary(min_size=4, max_size=40),
+                                                    st.binary(min_size=8, max_size=8))))
             events.append(Delivered("S", 0, view, seq, 1, seq, payload))
         t = draw(st.one_of(st.integers(-(1 << 63), MAX), st.just(1 << 63)))
         out.append((events, t))
@@ -122,5 +137,6 @@ def test_frame_log_runs(case: tuple[list[Any], int, Any, int, bytes]) -> None:
     runs_, batch, after, limit, prefix = case
     if kind != "ok" or value is None:
         return
-    records = [((ev[2], ev[3]), t, prefix + ev[6]) for events, t in runs_ for ev in events]
+    records = [((ev[2], ev[3]), _time(ev[6], t), prefix + ev[6])
+               for events, t in runs_ for ev in events]
     assert value == pure.frame_log_records(records, batch, after, limit)  # the same framing

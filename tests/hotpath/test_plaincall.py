@@ -50,7 +50,10 @@ def call_bytes(draw: st.DrawFn) -> bytes:
     kwargs = draw(st.sampled_from([{}, {}, {"k": 1}]))
     data = packed([draw(method_names), args, kwargs])
     how = draw(st.sampled_from(["as is", "as is", "cut", "extend", "flip", "array16", "map16",
-                                "args32"]))
+                                "args32", "stamp", "stamp"]))
+    if how == "stamp" and data[:1] == b"\x93":  # with its sender's clock (wire.stamp_call)
+        data = wire.stamp_call(data, draw(st.integers(-(1 << 63), (1 << 63) - 1)) % (1 << 64))
+        how = draw(st.sampled_from(["as is", "as is", "cut", "extend", "flip"]))
     if how == "cut":
         data = data[: draw(st.integers(0, max(len(data) - 1, 0)))]
     elif how == "extend":
@@ -81,7 +84,7 @@ def test_decode_plain_call(data: bytes) -> None:
     assert repr(got) == repr(want), f"{data!r}: native {got!r}, pure {want!r}"
     assert want[0] == "ok"
     if want[1] is not None and calls.valid_method(want[1][0]):
-        assert repr(calls._decode_call_checked(data, None)) == repr(want[1])
+        assert repr(calls._decode_call_checked(wire.unstamped(data), None)) == repr(want[1])
         assert repr(wire.decode_call(data)) == repr(want[1])
 
 
@@ -101,6 +104,27 @@ def test_decode_plain_call_examples() -> None:
         assert mod.decode_plain_call(bad_utf8) is None
         # a count past the bytes left: refused before anything is allocated for it
         assert mod.decode_plain_call(b"\x93\xa1a\xdd\xff\xff\xff\xff\x80") is None
+
+
+def test_a_stamped_call_decodes_as_the_call_and_carries_its_time() -> None:
+    call = wire.encode_call("Log.append", (b"x", 7), {})
+    for t in (0, 1_733_500_000_123_456_789, -5):
+        stamped = wire.stamp_call(call, t % (1 << 64))
+        assert stamped[0] == 0x94 and len(stamped) == len(call) + wire.calls.STAMP_BYTES
+        assert wire.call_time(stamped) == t
+        assert wire.unstamped(stamped) == call
+        assert wire.decode_call(stamped) == wire.decode_call(call)
+        assert msgpack.unpackb(stamped)[3] == t % (1 << 64)  # a plain msgpack array of four
+        for mod in (pure, native) if native is not None else (pure,):
+            assert mod.decode_plain_call(stamped) == mod.decode_plain_call(call)
+    arrays_call = wire.encode_call("Log.append", ({"k": [1, 2]},), {"w": 3})  # not plain
+    stamped = wire.stamp_call(arrays_call, 99)
+    assert wire.decode_call(stamped) == wire.decode_call(arrays_call)
+    assert wire.call_time(call) is None and wire.unstamped(call) == call
+    with pytest.raises(ValueError, match="not an encoded call"):
+        wire.stamp_call(b"\x92\x01\x02", 1)
+    with pytest.raises(ProtocolViolation):  # a fourth item that is no stamp
+        wire.decode_call(packed(["Log.append", [], {}, "when"]))
 
 
 def test_decode_call_checks_the_method_of_a_plain_call() -> None:

@@ -512,3 +512,28 @@ async def test_a_restarted_member_gets_a_snapshot_when_the_log_no_longer_reaches
     await kv.persisted(v)
     assert local(groups[0]).data == local(groups[1]).data == local(groups[2]).data
     await close(groups)
+
+
+async def test_every_member_logs_a_call_at_its_senders_clock(tmp_path: Path) -> None:
+    """entry.time is one clock for the group: the sender's when it made the call, the same in
+    every member's log, and at_time picks the same version everywhere."""
+    groups = await start(tmp_path)
+    sent: list[tuple[float, float]] = []
+    versions = []
+    for i in range(12):
+        caller = groups[i % 3].subgroup(KV)
+        before = time.time()
+        versions.append(await caller.put.cast(f"k{i}", b"%d" % i))
+        sent.append((before, time.time()))
+        await asyncio.sleep(0.003)
+    await groups[0].subgroup(KV).persisted(versions[-1])
+    logs = [[e async for e in g.subgroup(KV).history()] for g in groups]
+    times = [[e.time for e in log] for log in logs]
+    assert times[0] == times[1] == times[2]
+    for entry, (before, after) in zip(logs[0], sent, strict=True):
+        assert before <= entry.time <= after, "the time is the sender's clock at the call"
+    middle = (times[0][5] + times[0][6]) / 2
+    at = [await g.subgroup(KV).at_time(middle) for g in groups]
+    assert all(isinstance(a, KV) and a.data == {f"k{i}": b"%d" % i for i in range(6)}
+               for a in at)
+    await close(groups)
