@@ -31,6 +31,7 @@ from derecho_async.errors import (
     PartitionedError,
     ProtocolViolation,
     QueueFull,
+    SubscriptionDropped,
     UsageError,
 )
 from derecho_async.launch import launch_local
@@ -53,6 +54,7 @@ __all__ = [
     "QueueFull",
     "Replies",
     "SubgroupHandle",
+    "SubscriptionDropped",
     "UsageError",
     "Versioned",
     "View",

@@ -4,7 +4,8 @@ Every error the library raises on purpose derives from :class:`DerechoError`. Th
 who is at fault: :class:`ConfigError` and :class:`UsageError` mean the caller misused the library;
 :class:`ProtocolViolation` means a peer broke the protocol; :class:`PartitionedError`,
 :class:`MemberFailed` and :class:`GroupClosed` report what happened to the group;
-:class:`LogCorrupted` reports damaged stable storage. Anything else is a bug in derecho_async.
+:class:`LogCorrupted` reports damaged stable storage; :class:`SubscriptionDropped` ends a
+subscriber that fell too far behind. Anything else is a bug in derecho_async.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = [
     "PartitionedError",
     "ProtocolViolation",
     "QueueFull",
+    "SubscriptionDropped",
     "UsageError",
 ]
 
@@ -110,3 +112,9 @@ class LogCorrupted(DerechoError):
         self.offset = offset
         self.why = why
         super().__init__(f"{path}: damaged record at offset {offset}: {why}")
+
+
+class SubscriptionDropped(DerechoError):
+    """A subscriber (``group.subscribe``) fell more deliveries behind than its ``max_backlog``:
+    the member dropped it rather than hold more. Subscribe again (``since=`` the last version
+    taken, with a ``data_dir``, to miss nothing)."""

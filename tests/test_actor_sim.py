@@ -142,6 +142,19 @@ def test_crashed_members_restart_from_their_disks_while_the_group_runs() -> None
         check_actor_run(run)
 
 
+def test_member_0s_subscription_and_views_are_checked() -> None:
+    run = run_actor_schedule(0)
+    check_actor_run(run)
+    assert len(run.subscribed) > 10 and run.views_seen, "member 0 saw calls and views"
+    run.subscribed.pop(3)  # a subscription that missed a call
+    with pytest.raises(InvariantViolation, match=r"check \(j\).*first difference at 3"):
+        check_actor_run(run)
+    run = run_actor_schedule(0)
+    run.views_seen.append(run.views_seen[-1] + 5)
+    with pytest.raises(InvariantViolation, match=r"check \(j\).*views\(\)"):
+        check_actor_run(run)
+
+
 def test_about_half_the_sweep_runs_with_disks() -> None:
     durable = sum(run_actor_schedule(seed, steps=1).knobs["durable"] for seed in range(40))
     assert 10 <= durable <= 30

@@ -46,6 +46,7 @@ from derecho_async.api.logged_calls import (
     Version,
     decode_body,
     encode_body,
+    entry_of,
     held_by,
     pack_records,
     replay,
@@ -312,10 +313,7 @@ class Durable:
         loop = asyncio.get_running_loop()
         records = await loop.run_in_executor(None, lambda: list(logfile.read(since)))
         for rec in records:
-            name_, args, kwargs = decode_body(rec.body)
-            one_way = name_.endswith(".cast")
-            method = name_.removesuffix(".cast").partition(".")[2]
-            yield HistoryEntry(rec.version, rec.time_ns / 1e9, method, args, kwargs, one_way)
+            yield entry_of(rec.version, rec.time_ns, *decode_body(rec.body))
 
     async def at_version(self, name: str, version: Version) -> Actor:
         """A new replica of ``name``'s actor holding every call up to ``version`` (from the

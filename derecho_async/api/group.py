@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -24,8 +24,10 @@ from derecho_async.api.actor import Actor, ActorSpec, actor_spec
 from derecho_async.api.calls import CallTable, decode_result
 from derecho_async.api.delivery import Dispatcher, Hosted
 from derecho_async.api.durable import Durable
-from derecho_async.api.handles import SubgroupHandle
+from derecho_async.api.handles import SubgroupHandle, check_version
+from derecho_async.api.logged_calls import HistoryEntry
 from derecho_async.api.membership import Membership
+from derecho_async.api.notify import Notifier
 from derecho_async.api.p2pcalls import P2PServer
 from derecho_async.api.rejoin import LogSuffixes
 from derecho_async.api.restart import Restart
@@ -134,6 +136,8 @@ class Group:
             self._durable = Durable(config, state, hosted, self._p2p.last_delivered, fs, clock)
             dispatch.record = self._durable.record
             self._rejoin = LogSuffixes(self._durable, config.snapshot_every)
+        self._notifier = Notifier(clock, self._rewire)
+        self._closed_future: asyncio.Future[None] | None = None
         self._driver: Driver | None = None
         self._xfer: StateTransfer | None = None  # state transfer to and from joiners
         self._gone: asyncio.Future[None] | None = None  # resolved once a deferred leave is done
@@ -270,10 +274,54 @@ class Group:
         return view
 
     @property
-    def closed(self) -> BaseException | None:
-        """Why this member is out of the group (the error its calls now raise: it left, was
-        removed, wedged), or None while it is in (or not started)."""
-        return self._state.closed
+    def closed(self) -> asyncio.Future[None]:
+        """A future set once this member is out of the group: its exception says why (the error
+        its calls now raise: it left, was removed, wedged). Read it on the group's loop."""
+        fut = self._closed_future
+        if fut is None:
+            fut = self._closed_future = asyncio.get_running_loop().create_future()
+            if self._state.closed is not None:
+                _fail_quietly(fut, self._state.closed)
+        return fut
+
+    def views(self) -> AsyncIterator[View]:
+        """Every view this member installs from now on, in order; the iteration ends when it
+        is out of the group (:attr:`closed` says why)."""
+        return self._notifier.views(self._state.view)
+
+    def subscribe(self, actor: type[Actor], *, since: tuple[int, int] | None = None,
+                  max_backlog: int = 65536) -> AsyncIterator[HistoryEntry]:
+        """``actor``'s calls as this member delivers them (stable, in the group's order, each
+        once), as :class:`HistoryEntry` (version, time, method, args, kwargs, one_way), from
+        now on, or every one after version ``since`` (replayed from the log first: needs
+        ``data_dir``). The iteration ends when this member is out of the group; a subscriber
+        more than ``max_backlog`` deliveries behind is dropped with
+        :class:`SubscriptionDropped`, so a slow one never makes the member hold more."""
+        spec = self._spec_of(actor)
+        if since is not None:
+            if self._durable is None:
+                raise UsageError("subscribe(since=...) replays from the log: it needs data_dir")
+            since = check_version(since)
+        if type(max_backlog) is not int or max_backlog < 1:
+            raise UsageError(f"max_backlog must be a positive int, got {max_backlog!r}")
+        return self._notifier.subscribe(spec.name, since, self._durable, max_backlog)
+
+    def _rewire(self) -> None:
+        """The dispatcher's hook for each run of deliveries: the log's, the subscriptions'."""
+        log_run = self._durable.record if self._durable is not None else None
+        if not self._notifier.subscribed:
+            self._dispatch.record = log_run
+            return
+        notify = self._notifier.on_run
+        if log_run is None:
+            self._dispatch.record = notify
+            return
+
+        def both(events: list[Delivered]) -> None:
+            log_run(events)
+            notify(events)
+
+        self._dispatch.record = both
 
     @property
     def _closed(self) -> BaseException | None:  # (what tests and kits read: as ``closed``)
@@ -422,6 +470,7 @@ class Group:
         )
         state.view = ev.view
         self.history.append(ev.view)
+        self._notifier.on_view(ev.view)
         if self._observer is not None:
             self._observer.view_installed(state.me, ev)
         self._p2p.serve_early_soon()
@@ -443,3 +492,12 @@ class Group:
             self._durable.close(exc)
         if self._restart is not None:
             self._restart.stop()
+        if self._closed_future is not None and not self._closed_future.done():
+            _fail_quietly(self._closed_future, exc)
+        self._notifier.close()
+
+
+def _fail_quietly(fut: asyncio.Future[None], exc: BaseException) -> None:
+    """Set ``fut``'s exception, marked retrieved: nobody need be waiting for it."""
+    fut.set_exception(exc)
+    fut.exception()

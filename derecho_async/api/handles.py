@@ -122,7 +122,7 @@ class SubgroupHandle:
         """Wait until every member of the current view has this subgroup's log durable
         (fsynced) through ``version`` (a version a call returned, e.g. ``await m.cast(...)``).
         Fails with the group's error if this member leaves first."""
-        version = _check_version(version)
+        version = check_version(version)
         return self._durable_state().persisted(self._spec.name, version)
 
     @property
@@ -134,12 +134,12 @@ class SubgroupHandle:
         """The delivered calls this member's log holds after ``since`` (all: None), in order,
         as :class:`~derecho_async.api.logged_calls.HistoryEntry` (version, time, method, args)."""
         durable = self._durable_state()
-        return durable.history(self._spec.name, None if since is None else _check_version(since))
+        return durable.history(self._spec.name, None if since is None else check_version(since))
 
     async def at_version(self, version: tuple[int, int]) -> Actor:
         """A new, detached replica of this actor holding every call up to ``version`` and none
         after (rebuilt from the newest snapshot before it and the log)."""
-        version = _check_version(version)
+        version = check_version(version)
         return await self._durable_state().at_version(self._spec.name, version)
 
     async def at_time(self, t: float) -> Actor:
@@ -163,7 +163,7 @@ class SubgroupHandle:
         return method
 
 
-def _check_version(version: object) -> Version:
+def check_version(version: object) -> Version:
     if not (isinstance(version, tuple) and len(version) == 2
             and all(type(x) is int and 0 <= x < 1 << 63 for x in version)):
         raise UsageError(f"a version is a (view_id, seq) pair of ints, not {version!r}")

@@ -21,7 +21,7 @@ from derecho_async.durability import LogRecord
 from derecho_async.runtime.dataplane import OutOfBand
 
 __all__ = ["PLAIN", "HistoryEntry", "Logged", "SuffixChunk", "Version", "decode_body", "encode_body",
-           "held_by", "pack_records", "replay", "unpack_records", "version_from_wire",
+           "entry_of", "held_by", "pack_records", "replay", "unpack_records", "version_from_wire",
            "wire_version"]
 
 log = logging.getLogger("derecho_async.durable")
@@ -95,7 +95,8 @@ def decode_body(body: bytes) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
 
 @dataclass(frozen=True, slots=True)
 class HistoryEntry:
-    """One delivered call as the log holds it (``subgroup.history()``).
+    """One delivered call as the log holds it (``subgroup.history()``), or as a subscription
+    delivers it (``group.subscribe()``).
 
     ``time`` is the sender's wall clock when it made the call, in seconds since the epoch, the
     same in every member's log (a call from a member without ``data_dir`` carries none: then
@@ -108,6 +109,14 @@ class HistoryEntry:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     one_way: bool
+
+
+def entry_of(version: Version, time_ns: int, name: str, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> HistoryEntry:
+    """The entry of a call of wire name ``name`` (``<Actor>.<method>[.cast]``)."""
+    one_way = name.endswith(".cast")
+    method = name.removesuffix(".cast").partition(".")[2]
+    return HistoryEntry(version, time_ns / 1e9, method, args, kwargs, one_way)
 
 
 @dataclass(frozen=True, slots=True)

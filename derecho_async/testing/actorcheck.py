@@ -30,7 +30,9 @@
 #       holds every call that persisted() acknowledged, and every member's log gives a version
 #       the same time (one clock for the group);
 #   (i) durable schedules: a crashed member restarted from its disk while the group runs is
-#       admitted and, after a barrier call, holds exactly the caller's log.
+#       admitted and, after a barrier call, holds exactly the caller's log;
+#   (j) member 0's subscription yielded exactly the calls it delivered, in order, each once, and
+#       its views() iteration exactly the views it installed after its first.
 """The actor-level contract checker over an :class:`~.actorsim.ActorRun`."""
 
 from __future__ import annotations
@@ -355,6 +357,21 @@ def check_actor_run(run: ActorRun) -> None:
             if n != 1:
                 raise fail("f", f"call {call.cid} ({call.kind}) of member {call.caller} "
                                 f"succeeded but is {n} times in survivor {m}'s log")
+
+    # -- (j) notifications at member 0 -----------------------------------------------------------
+    if 0 in obs.views:
+        mine = [v for v, _s, _c in delivered.get(0, [])]
+        if run.subscription_end is not None:
+            raise fail("j", f"member 0's subscription ended: {run.subscription_end}")
+        if run.subscribed != mine:
+            i = next((i for i, (x, y) in enumerate(zip(run.subscribed, mine, strict=False))
+                      if x != y), min(len(run.subscribed), len(mine)))
+            raise fail("j", f"member 0's subscription yielded {len(run.subscribed)} calls, it "
+                            f"delivered {len(mine)}; first difference at {i}: "
+                            f"{run.subscribed[i:i + 3]} vs {mine[i:i + 3]}")
+        if run.views_seen != installed[0][1:]:
+            raise fail("j", f"member 0's views() gave {run.views_seen}, it installed "
+                            f"{installed[0][1:]} after its first")
 
     if run.knobs.get("durable"):
         _check_rejoins(run, fail)

@@ -28,7 +28,8 @@
 # disk kept, on a fresh network, and a barrier call runs in the re-formed group. Each restarted
 # replica's log is recorded for the checker's check (h). Before that, once the end's barrier
 # call succeeded, every crashed member restarts from its disk (crashed too) while the group
-# runs, and a second barrier shows whether each caught up (check (i)).
+# runs, and a second barrier shows whether each caught up (check (i)). Member 0's application
+# subscribes to the actor's deliveries and to its views from its first view on (check (j)).
 """Seeded schedules of real Groups hosting a test actor, for the actor-level checker."""
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Any
 from derecho_async.api import Group
 from derecho_async.config import Config
 from derecho_async.core import Delivered, ViewInstalled
-from derecho_async.errors import GroupClosed, PartitionedError
+from derecho_async.errors import GroupClosed, PartitionedError, SubscriptionDropped
 from derecho_async.runtime.observer import GroupObserver
 from derecho_async.testing.simdisk import SimDisk
 from derecho_async.testing.simlog import (
@@ -163,6 +164,11 @@ class ActorRun:
     #: its log after a barrier call (or why it got no log), and the caller's log after it
     rejoins: dict[int, list[int] | str] = field(default_factory=dict)
     rejoin_log: list[int] = field(default_factory=list)
+    #: member 0's subscription to SimLog (versions it yielded, and why it ended if dropped) and
+    #: its views() iteration (view ids), from its first view on
+    subscribed: list[tuple[int, int]] = field(default_factory=list)
+    subscription_end: str | None = None
+    views_seen: list[int] = field(default_factory=list)
 
     @property
     def survivors(self) -> list[int]:
@@ -189,6 +195,8 @@ class ActorRun:
             self.persisted,
             sorted(self.restarted_logs.items()),
             sorted(self.rejoins.items()),
+            self.subscribed,
+            self.views_seen,
             self.virtual_s,
         ):
             h.update(repr(part).encode())
@@ -343,14 +351,16 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
         say(f"member {member} in view {g.view.view_id} {list(g.view.members)}")
 
     await asyncio.gather(*(start(m) for m in range(n)))
+    watchers = _watch(run, groups[0]) if 0 in live else []
 
     def closed(member: int) -> bool:
-        return groups[member].closed is not None
+        return groups[member].closed.done()
 
     def refresh() -> None:
         """Members whose group closed on its own (wedged, removed) are no longer live."""
         for m in sorted(live):
-            exc = groups[m].closed
+            fut = groups[m].closed
+            exc = fut.exception() if fut.done() else None
             if exc is not None:
                 live.discard(m)
                 run.fates[m] = f"closed: {type(exc).__name__}: {exc}"
@@ -548,11 +558,33 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
         await asyncio.wait(persist_tasks, timeout=5.0)
     for g in [*(groups[m] for m in sorted(live)), *rejoined]:
         crash_group(net, g)  # stop them without a view change (the run is over)
+    if watchers:  # (they end with member 0's group, which is out now)
+        await asyncio.wait(watchers, timeout=5.0)
     if durable:
         await _total_failure(rng, run, net, disks, n, ids, next_cid, say)
     run.counts = dict(net.counts)
     run.trace = list(net.trace)
     run.virtual_s = loop.time()
+
+
+def _watch(run: ActorRun, group: Group) -> list[asyncio.Future[None]]:
+    """Member 0's application subscribes to SimLog's deliveries and to its views from its first
+    view on; what they yield goes into ``run`` (check (j))."""
+    deliveries = group.subscribe(SimLog)
+    views = group.views()
+
+    async def take_deliveries() -> None:
+        try:
+            async for entry in deliveries:
+                run.subscribed.append(entry.version)
+        except SubscriptionDropped as exc:
+            run.subscription_end = repr(exc)
+
+    async def take_views() -> None:
+        async for view in views:
+            run.views_seen.append(view.view_id)
+
+    return [asyncio.ensure_future(take_deliveries()), asyncio.ensure_future(take_views())]
 
 
 async def _rejoin_crashed(run: ActorRun, net: SimNetwork, disks: dict[int, SimDisk],
@@ -589,7 +621,7 @@ async def _rejoin_crashed(run: ActorRun, net: SimNetwork, disks: dict[int, SimDi
         actor = g.local(SimLog)
         assert isinstance(actor, SimLog)
         for _ in range(500):
-            if cid in actor.log or g.closed is not None:
+            if cid in actor.log or g.closed.done():
                 break
             await asyncio.sleep(0.01)
         run.rejoins[g.member_id] = list(actor.log)
@@ -627,19 +659,19 @@ async def _total_failure(rng: random.Random, run: ActorRun, old: SimNetwork,
     say(f"restart: members {back} back")
     if back:
         for _ in range(500):  # every restarted member in one view
-            views = {groups[m].view.members for m in back if groups[m].closed is None}
+            views = {groups[m].view.members for m in back if not groups[m].closed.done()}
             if len(views) == 1 and set(next(iter(views))) == {
-                    m for m in back if groups[m].closed is None}:
+                    m for m in back if not groups[m].closed.done()}:
                 break
             await asyncio.sleep(0.01)
-        caller = min(m for m in back if groups[m].closed is None)
+        caller = min(m for m in back if not groups[m].closed.done())
         try:
             await asyncio.wait_for(groups[caller].subgroup(SimLog).add(cid, OK), 10.0)
             run.restart_barrier = cid
         except (GroupClosed, PartitionedError, TimeoutError) as exc:
             say(f"restart: barrier failed: {exc!r}")
         for m in back:
-            if groups[m].closed is None:
+            if not groups[m].closed.done():
                 actor = groups[m].local(SimLog)
                 assert isinstance(actor, SimLog)
                 run.restarted_logs[m] = list(actor.log)
