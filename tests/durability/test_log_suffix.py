@@ -12,6 +12,7 @@ from derecho_async import wire
 from derecho_async.api.logged_calls import pack_records, unpack_records
 from derecho_async.api.rejoin import LogSuffixes
 from derecho_async.durability import LogRecord
+from tests.runtime.test_durable_group import KV
 
 
 def _records() -> list[LogRecord]:
@@ -39,21 +40,6 @@ def test_a_damaged_suffix_is_refused_with_where(mangle: object, why: str) -> Non
 def test_records_not_after_the_joiners_own_are_refused() -> None:
     with pytest.raises(ValueError, match="not after"):
         unpack_records(pack_records(_records()), (3, 0))
-
-
-class KV(da.Actor):
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    @da.ordered
-    def put(self, key: str, value: bytes) -> None:
-        self.data[key] = value
-
-    def snapshot(self) -> dict[str, bytes]:
-        return dict(self.data)
-
-    def restore(self, state: dict[str, bytes]) -> None:
-        self.data = dict(state)
 
 
 async def test_a_suffix_that_does_not_start_where_the_files_end_is_refused(
