@@ -142,6 +142,18 @@ def test_crashed_members_restart_from_their_disks_while_the_group_runs() -> None
         check_actor_run(run)
 
 
+def test_a_joiner_is_checked_against_the_sponsor_that_admitted_it() -> None:
+    """Seed 680: member 2 repeats joiner 5's Welcome after its own fence passed two calls of
+    view 1; the joiner refuses that transfer and restores member 0's. Check (b) compares the
+    joiner with member 0's snapshot, not with whichever snapshot came last."""
+    run = run_actor_schedule(680)
+    taken = {sponsor: state for sponsor, view_id, joiner, state in run.observer.snapshots
+             if joiner == 5 and view_id == 1}
+    assert run.observer.views[5][0].sponsor == 0
+    assert taken[0] != taken[2], "the schedule no longer repeats the Welcome late: pick another"
+    check_actor_run(run)
+
+
 def test_member_0s_subscription_and_views_are_checked() -> None:
     run = run_actor_schedule(0)
     check_actor_run(run)

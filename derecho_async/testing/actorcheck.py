@@ -225,10 +225,14 @@ def check_actor_run(run: ActorRun) -> None:
                 if s != restored[m]:
                     raise fail("b", f"joiner {m} restored {restored[m][:2]} in view {v}, but "
                                     f"member {other} had {s[:2]} after view {v - 1}")
-    taken = {(view_id, joiner): (sponsor, state)
-             for sponsor, view_id, joiner, state in obs.snapshots}
+    # the snapshot of the sponsor whose Welcome admitted the joiner (another member may have
+    # repeated the Welcome later: the joiner refuses that transfer, whose fence came later)
+    taken: dict[tuple[int | None, int, int], tuple[int, dict[str, object]]] = {
+        (sponsor, view_id, joiner): (sponsor, state)
+        for sponsor, view_id, joiner, state in obs.snapshots}
+    sponsor_of = {m: evs[0].sponsor for m, evs in obs.views.items() if evs}
     for m, view_id, state in obs.restores:
-        entry = taken.get((view_id, m))
+        entry = taken.get((sponsor_of.get(m), view_id, m))
         if entry is not None and _states(entry[1]) != _states(state):
             raise fail("b", f"joiner {m} restored in view {view_id} a state other than the one "
                             f"its sponsor {entry[0]} took: {_states(state)} vs "
