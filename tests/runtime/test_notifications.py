@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,15 @@ async def test_subscribing_wrongly_says_what_is_wrong() -> None:
     sub = groups[0].subscribe(KV)
     await close(groups)
     assert [e async for e in sub] == []  # the member left: the iteration ends
+
+
+def test_the_watch_example_sees_every_call_and_view_change() -> None:
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "examples/watch_group.py"], capture_output=True,
+                       text=True, timeout=120, cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "exit codes: [0, 0, 0]" in r.stdout
+    delivered = [line for line in r.stdout.splitlines() if "member 0: delivered put" in line]
+    assert len(delivered) == 8, r.stdout
+    assert "installed: members [0, 1]" in r.stdout  # member 2 left
+    assert "member 0: closed: this member left the group" in r.stdout
