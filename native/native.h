@@ -164,6 +164,7 @@ void native_logframe_init(void);
 int plain_method_span(const unsigned char **pp, const unsigned char *end,
                       const unsigned char **m, Py_ssize_t *mlen);
 PyObject *plain_call_args(const unsigned char *p, const unsigned char *end);
+PyObject *method_str(const unsigned char *m, Py_ssize_t mlen);
 
 /* A call stamped with its sender's clock (wire.stamp_call): the envelope is a fixarray of 4
  * whose last item is the time as a 9-byte uint64. Moves *end before the stamp and returns 1;
@@ -188,7 +189,6 @@ stamp_time(const unsigned char *end)
         v = v << 8 | end[-i];
     return (int64_t)v;
 }
-PyObject *method_str(const unsigned char *m, Py_ssize_t mlen);
 
 #pragma GCC visibility pop
 

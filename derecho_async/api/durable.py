@@ -50,6 +50,7 @@ from derecho_async.api.logged_calls import (
     held_by,
     pack_records,
     replay,
+    stamp_of,
     unpack_records,
 )
 from derecho_async.durability import Fs, Log, LogRecord, Snapshots, atomic_write, read_checked
@@ -586,11 +587,9 @@ class Durable:
         for events, now in runs:  # else a record per call (arrays encoded, copied to host)
             for ev in events:
                 if ev[0] in self._subs:
-                    payload = ev[6]
-                    at = wire.call_time(payload if type(payload) is bytes
-                                        else getattr(payload, "call", b""))
+                    at = stamp_of(ev[6])
                     records.setdefault(ev[0], []).append(LogRecord(
-                        (ev[2], ev[3]), now if at is None else at, encode_body(payload)))
+                        (ev[2], ev[3]), now if at is None else at, encode_body(ev[6])))
         durable: dict[str, Version | None] = {}
         for name, batch in records.items():
             logfile = self._subs[name].log

@@ -134,9 +134,9 @@ class Group:
         self._rejoin: LogSuffixes | None = None  # a member restarted with files rejoins
         if config.data_dir is not None:
             self._durable = Durable(config, state, hosted, self._p2p.last_delivered, fs, clock)
-            dispatch.record = self._durable.record
             self._rejoin = LogSuffixes(self._durable, config.snapshot_every)
         self._notifier = Notifier(clock, self._rewire)
+        self._rewire()
         self._closed_future: asyncio.Future[None] | None = None
         self._driver: Driver | None = None
         self._xfer: StateTransfer | None = None  # state transfer to and from joiners
@@ -287,7 +287,7 @@ class Group:
     def views(self) -> AsyncIterator[View]:
         """Every view this member installs from now on, in order; the iteration ends when it
         is out of the group (:attr:`closed` says why)."""
-        return self._notifier.views(self._state.view)
+        return self._notifier.views()
 
     def subscribe(self, actor: type[Actor], *, since: tuple[int, int] | None = None,
                   max_backlog: int = 65536) -> AsyncIterator[HistoryEntry]:

@@ -21,7 +21,7 @@ from derecho_async.durability import LogRecord
 from derecho_async.runtime.dataplane import OutOfBand
 
 __all__ = ["PLAIN", "HistoryEntry", "Logged", "SuffixChunk", "Version", "decode_body", "encode_body",
-           "entry_of", "held_by", "pack_records", "replay", "unpack_records", "version_from_wire",
+           "entry_of", "held_by", "pack_records", "replay", "stamp_of", "unpack_records", "version_from_wire",
            "wire_version"]
 
 log = logging.getLogger("derecho_async.durable")
@@ -53,6 +53,14 @@ def wire_version(version: Version | None) -> list[int]:
 def version_from_wire(view_id: int, seq_plus_one: int) -> Version | None:
     """The inverse of :func:`wire_version`."""
     return None if seq_plus_one == 0 else (view_id, seq_plus_one - 1)
+
+
+def stamp_of(payload: object) -> int | None:
+    """The sender's clock a delivered call's payload carries (``wire.stamp_call``), None for
+    one without a stamp."""
+    if isinstance(payload, OutOfBand):
+        return wire.call_time(payload.call)
+    return wire.call_time(payload) if isinstance(payload, bytes) else None
 
 
 def _host_array(array: object) -> object:

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from derecho_async import wire
-from derecho_async.api.logged_calls import HistoryEntry, Version, entry_of
+from derecho_async.api.logged_calls import HistoryEntry, Version, entry_of, stamp_of
 from derecho_async.core import View
 from derecho_async.errors import SubscriptionDropped
 from derecho_async.runtime.dataplane import OutOfBand
@@ -78,7 +78,7 @@ class Notifier:
             payload = ev[6]
             if not isinstance(payload, bytes | OutOfBand):
                 continue  # (the dispatcher refuses it: a protocol violation)
-            at = wire.call_time(payload.call if isinstance(payload, OutOfBand) else payload)
+            at = stamp_of(payload)
             if at is None:
                 if now < 0:
                     now = self._clock()
@@ -105,23 +105,18 @@ class Notifier:
                 sub.wake.set()
 
     # -- the application's iterators (each registered when asked for, before its first step) --
-    def views(self, current: View | None) -> AsyncIterator[View]:
+    def views(self) -> AsyncIterator[View]:
         """Every view installed from now on, in order (see ``Group.views``)."""
         q: asyncio.Queue[View | None] = asyncio.Queue()
         self._view_queues.append(q)
-        return self._views(q, current)
+        return self._views(q)
 
-    async def _views(self, q: asyncio.Queue[View | None],
-                     current: View | None) -> AsyncIterator[View]:
+    async def _views(self, q: asyncio.Queue[View | None]) -> AsyncIterator[View]:
         try:
             if self._closed:
                 return
-            while True:
-                view = await q.get()
-                if view is None:
-                    return
-                if current is None or view.view_id > current.view_id:
-                    yield view
+            while (view := await q.get()) is not None:
+                yield view
         finally:
             self._view_queues.remove(q)
 

@@ -242,16 +242,19 @@ def decode_call(
     map of identifier keys; a fourth, a :func:`stamp_call` time, is dropped); any defect raises
     ProtocolViolation.
     """
-    if _stamped(data):
-        data = unstamped(bytes(data))
+    stamped = _stamped(data)
     if type(data) is bytes and len(data) <= max_size:
         if not buffers and _decode_plain is not None:
-            plain = _decode_plain(data)
+            plain = _decode_plain(data)  # (it takes a stamped call as it is)
             if plain is not None and (plain[0] in _valid_methods or valid_method(plain[0])):
                 return plain
+        if stamped:
+            data = unstamped(data)
         fast = _decode_call_fast(data, buffers)
         if fast is not None:
             return fast
+    elif stamped:
+        data = unstamped(bytes(data))
     envelope = decode_value(data, buffers, max_size)
     if not (isinstance(envelope, list) and len(envelope) == 3):
         raise ProtocolViolation("malformed call envelope: expected [method, args, kwargs]")
