@@ -257,7 +257,7 @@ done:
 /* frame_log_runs: as frame_log_records, for runs of delivered calls as the driver reports them:
  * runs is a list of (events, time_ns), each event a tuple whose items 2 and 3 are its view and
  * seq and item 6 its payload; each record's body is ``prefix`` followed by the payload, its
- * time the run's, or the sender's clock of a stamped call (drop_stamp). None (nothing framed)
+ * time the run's, or the sender's clock of a stamped call (has_stamp). None (nothing framed)
  * when a payload is not bytes: the caller frames those its own way. */
 PyObject *
 native_frame_log_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -329,9 +329,9 @@ native_frame_log_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 goto done;
             }
             const unsigned char *pb = (const unsigned char *)PyBytes_AS_STRING(payload);
-            const unsigned char *pe = pb + PyBytes_GET_SIZE(payload), *stamped = pe;
+            const unsigned char *pe = pb + PyBytes_GET_SIZE(payload);
             /* a call stamped with its sender's clock is logged at that time */
-            rec->time_ns = drop_stamp(pb, &pe) ? stamp_time(stamped) : time_ns;
+            rec->time_ns = has_stamp(pb, pe) ? stamp_time(pe) : time_ns;
             rec->body = Py_NewRef(payload);
             taken++;
             total += LOG_HEADER + len;

@@ -179,6 +179,14 @@ drop_stamp(const unsigned char *p, const unsigned char **end)
     return 0;
 }
 
+/* Whether a call carries its sender's clock at its end: a stamped call (fixarray of 4) or an
+ * external client's tagged one (fixarray of 5, wire.client_call). */
+static inline int
+has_stamp(const unsigned char *p, const unsigned char *end)
+{
+    return end - p > 4 + 9 && (*p == 0x94 || *p == 0x95) && end[-9] == 0xcf;
+}
+
 /* The time a stamped call carries, as a signed 64-bit int (call only after drop_stamp said 1,
  * with the end it had before). */
 static inline int64_t

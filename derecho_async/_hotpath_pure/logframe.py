@@ -97,7 +97,7 @@ def frame_log_runs(runs: list[tuple[list[Any], int]], batch: int, after: tuple[i
             n = len(prefix) + len(payload)
             if n > max_record_bytes:
                 raise ValueError(f"a record of {n} bytes is over the limit of {max_record_bytes}")
-            stamped = len(payload) > 13 and payload[0] == 0x94 and payload[-9] == 0xcf
+            stamped = len(payload) > 13 and payload[0] in (0x94, 0x95) and payload[-9] == 0xcf
             at = int.from_bytes(payload[-8:], "big", signed=True) if stamped else time_ns
             _frame(parts, batch, v, at, prefix, payload)
             last = v

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 
 from derecho_async import hotpath, wire
 from derecho_async.api.actor import Actor, ActorSpec
-from derecho_async.api.calls import CAST, NIL, encode_error
+from derecho_async.api.calls import CAST, NIL, decode_result, encode_error
 from derecho_async.errors import DerechoError, ProtocolViolation, UsageError
 from derecho_async.runtime import largecall
 from derecho_async.runtime.dataplane import OutOfBand
@@ -32,10 +32,11 @@ from derecho_async.wire import envelope as env
 if TYPE_CHECKING:
     from derecho_async.api.calls import CallTable
     from derecho_async.api.membership import Membership
+    from derecho_async.api.once import ClientCalls
     from derecho_async.core import Delivered
     from derecho_async.runtime.observer import GroupObserver
 
-__all__ = ["Dispatcher", "Hosted", "Methods"]
+__all__ = ["Dispatcher", "Hosted", "Methods", "encode_outcome"]
 
 log = logging.getLogger("derecho_async.group")
 
@@ -69,14 +70,29 @@ class Dispatcher:
     ``batching`` is true while the driver reports a step's events (replies wait for
     :meth:`flush`)."""
 
-    __slots__ = ("_calls", "_casts", "_check_backlog", "_hosted", "_me", "_observer",
-                 "_on_own_delivered", "_outbox", "_record_reply", "_state", "_versions",
-                 "batching", "record")
+    __slots__ = (
+        "_calls",
+        "_casts",
+        "_check_backlog",
+        "_hosted",
+        "_me",
+        "_observer",
+        "_on_own_delivered",
+        "_once",
+        "_outbox",
+        "_record_reply",
+        "_state",
+        "_versions",
+        "batching",
+        "record",
+    )
 
     def __init__(self, state: Membership, hosted: dict[str, Hosted], calls: CallTable,
                  versions: dict[str, tuple[int, int]],
-                 observer: GroupObserver | None) -> None:
+                 observer: GroupObserver | None,
+                 once: dict[str, ClientCalls] | None = None) -> None:
         self._state = state
+        self._once = once if once is not None else {}  # per subgroup: clients' calls applied
         self._me = state.me
         self._hosted = hosted
         self._calls = calls
@@ -183,6 +199,12 @@ class Dispatcher:
         if observer is not None:  # every outcome reported: no shortcuts below
             reply = functools.partial(self._observed, ev, functools.partial(self.reply, ev))
             cast_done = functools.partial(self._observed, ev, self.cast_done)
+        client: tuple[ClientCalls, tuple[bytes, int]] | None = None
+        if type(payload) is bytes and payload[:1] == b"\x95":  # an external client's call
+            tag = wire.client_tag(payload)
+            table = self._once.get(subgroup)
+            if tag is not None and table is not None:
+                client = (table, tag)
         try:
             if type(payload) is bytes:
                 # (the usual call of a known method is the native loop's: decode_call's own
@@ -210,9 +232,20 @@ class Dispatcher:
                 entry = self.ordered_method(spec, actor, methods, name)
         except (ProtocolViolation, DerechoError) as exc:
             log.warning("member %d: undeliverable call from %d: %s", me, sender, exc)
+            if client is not None:  # (answered in its turn: a copy gets the first's answer)
+                runner.submit_call(self._client_turn, (ev, client, False, _raise, exc), {},
+                                   functools.partial(self._client_done, ev, client, False))
+                return
             self.reply(ev, False, exc)
             return
         fn, one_way = entry
+        if client is not None:  # run once per (client, seq), in its turn (api/once.py)
+            done = functools.partial(self._client_done, ev, client, one_way)
+            if observer is not None:
+                done = functools.partial(self._observed, ev, done)
+            runner.submit_call(self._client_turn, (ev, client, one_way, fn, *args), kwargs,
+                               done)
+            return
         if observer is not None or runner.stopped:
             runner.submit_call(fn, args, kwargs, cast_done if one_way else reply)
             return
@@ -266,6 +299,55 @@ class Dispatcher:
         then(ok, value)
 
     # -- outcomes --------------------------------------------------------------------------
+    def _client_turn(self, ev: Delivered, client: tuple[ClientCalls, tuple[bytes, int]],
+                     one_way: bool, fn: Callable[..., object], *args: object,
+                     **kwargs: object) -> object:
+        """An external client's call, when its runner gets to it: the first delivery of its
+        ``(client, seq)`` runs ``fn``; a later copy runs nothing and is answered with the
+        first's outcome (the table is read here, in the runner's order, so a joiner asks it
+        only once its restored table is in)."""
+        table, tag = client
+        kept = table.admit(*tag)
+        if kept is None:
+            return fn(*args, **kwargs)
+        return _Kept(kept if type(kept) is tuple else None)
+
+    def _client_done(self, ev: Delivered, client: tuple[ClientCalls, tuple[bytes, int]],
+                     one_way: bool, ok: bool, value: object) -> None:
+        """The outcome of an external client's call here: the first's is kept in the
+        subgroup's table (retried copies get it), then answered to the relay like any call's
+        (a one-way call's to nobody); a copy's is the kept one."""
+        if type(value) is _Kept:
+            if not one_way and value.outcome is not None:
+                self._reply_raw(ev, *value.outcome)
+            return
+        ok, body = encode_outcome(ok, value)
+        table, (who, seq) = client
+        table.done(who, seq, ok, body)
+        if one_way:
+            self.cast_done(ok, value)
+            return
+        self._reply_raw(ev, ok, body)
+        if isinstance(value, (SystemExit, KeyboardInterrupt)):
+            self.handler_exit(value)
+
+    def _reply_raw(self, ev: Delivered, ok: bool, body: bytes) -> None:
+        """An outcome already encoded, to the caller of ``ev``."""
+        if ev.sender == self._me:
+            self._record_reply(ev.msg_no, self._me, decode_result(self._me, ok, body))
+            return
+        state = self._state
+        driver = state.driver
+        if driver is None or state.closed is not None:
+            return
+        if self.batching:
+            out = self._outbox.get(ev.sender)
+            if out is None:
+                out = self._outbox[ev.sender] = []
+            out += (ev.msg_no, ok, body)
+            return
+        driver.transport.send(ev.sender, env.encode(env.REPLY, ev.subgroup, ev.msg_no, ok, body))
+
     def cast_done(self, ok: bool, value: object) -> None:
         """A one-way call's handler finished here: nobody waits for it, so only log a failure
         (a ``SystemExit`` or ``KeyboardInterrupt`` is this member's departure)."""
@@ -307,13 +389,7 @@ class Dispatcher:
         driver = state.driver
         if driver is None or state.closed is not None:
             return
-        try:
-            if ok and value is None:
-                body = NIL
-            else:
-                body = wire.encode(value) if ok else encode_error(value)
-        except (TypeError, ValueError, OverflowError) as exc:
-            ok, body = False, encode_error(exc)
+        ok, body = encode_outcome(ok, value)
         if self.batching:
             out = self._outbox.get(ev.sender)
             if out is None:
@@ -357,3 +433,28 @@ class Dispatcher:
             for i in range(0, len(items), 3):
                 failed += [items[i], False, encode_error(exc)]
             send(caller, env.encode(env.REPLIES, failed))
+
+
+class _Kept:
+    """What a copy of an external client's call gives in its turn: the first's outcome (None
+    when none was kept: the first is somehow still running)."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self, outcome: tuple[bool, bytes] | None) -> None:
+        self.outcome = outcome
+
+
+def _raise(exc: BaseException) -> object:
+    raise exc
+
+
+def encode_outcome(ok: bool, value: object) -> tuple[bool, bytes]:
+    """A handler's outcome as a reply carries it: ``(ok, encoded result)``, or ``(False,
+    encoded [type name, message])`` for an exception or a result that does not encode."""
+    try:
+        if ok and value is None:
+            return True, NIL
+        return ok, (wire.encode(value) if ok else encode_error(value))
+    except (TypeError, ValueError, OverflowError) as exc:
+        return False, encode_error(exc)

@@ -53,6 +53,7 @@ from derecho_async.api.logged_calls import (
     stamp_of,
     unpack_records,
 )
+from derecho_async.api.once import ClientCalls, restore_bytes, state_bytes
 from derecho_async.durability import Fs, Log, LogRecord, Snapshots, atomic_write, read_checked
 from derecho_async.durability.records import MAX_U63
 from derecho_async.errors import GroupClosed, UsageError
@@ -83,9 +84,11 @@ def member_dir(config: Config) -> Path:
 class _Subgroup:
     """One hosted subgroup's files, pending records and snapshot bookkeeping."""
 
-    def __init__(self, name: str, hosted: Hosted, directory: Path, fs: Fs | None) -> None:
+    def __init__(self, name: str, hosted: Hosted, directory: Path, fs: Fs | None,
+                 once: ClientCalls | None) -> None:
         self.name = name
         self.hosted = hosted
+        self.once = once  # the subgroup's table of clients' calls (part of its state)
         self.directory = directory
         self.fs = fs
         self.log: Log | None = None
@@ -102,7 +105,8 @@ class Durable:
 
     def __init__(self, config: Config, state: Membership, hosted: dict[str, Hosted],
                  last_delivered: dict[str, Version], fs: Fs | None = None,
-                 clock: Callable[[], int] = time.time_ns) -> None:
+                 clock: Callable[[], int] = time.time_ns,
+                 once: dict[str, ClientCalls] | None = None) -> None:
         self.root = member_dir(config)
         self._clock = clock
         self._fs = fs
@@ -111,7 +115,9 @@ class Durable:
         self._batch_s = config.log_batch_ms / 1000.0
         self._run_calls = 0  # calls in self._runs
         self._paced: asyncio.Future[None] | None = None  # set: a flush waits for more calls
-        self._subs = {name: _Subgroup(name, h, self.root / name, fs) for name, h in hosted.items()}
+        once = once or {}
+        self._subs = {name: _Subgroup(name, h, self.root / name, fs, once.get(name))
+                      for name, h in hosted.items()}
         self._last_delivered = last_delivered  # the p2p server's map (written per delivery run)
         self._flush: asyncio.Task[None] | None = None
         self._jobs: list[Callable[[], None]] = []  # file work for the next flush, in order
@@ -145,8 +151,8 @@ class Durable:
             upto: Version | None = None
             if snap is not None:
                 upto, _t, data = snap
-                actor.restore(wire.decode(data))
-            await replay(sub.hosted, records, upto)
+                actor.restore(restore_bytes(data, sub.once))
+            await replay(sub.hosted, records, upto, sub.once)
             sub.durable = sub.log.durable_through if sub.log is not None else None
 
     def _open_files(self) -> dict[str, tuple[tuple[Version, int, bytes] | None,
@@ -347,10 +353,11 @@ class Durable:
         spec = sub.hosted.spec
         actor = spec.cls()
         upto = None
+        once = ClientCalls()
         if snap is not None:
             upto = snap[0]
-            actor.restore(wire.decode(snap[2]))
-        await replay(Hosted(spec, sub.hosted.runner, actor, {}), records, upto)
+            actor.restore(restore_bytes(snap[2], once))
+        await replay(Hosted(spec, sub.hosted.runner, actor, {}), records, upto, once)
         return actor
 
     async def at_time(self, name: str, t: float) -> Actor:
@@ -435,7 +442,7 @@ class Durable:
             return
         if chunk.snapshot is not None:
             upto, t_ns, data = chunk.snapshot
-            sub.hosted.actor.restore(wire.decode(data))
+            sub.hosted.actor.restore(restore_bytes(data, sub.once))
 
             def write_snapshot() -> None:
                 sub.snapshots.write(upto, t_ns, data)
@@ -447,7 +454,7 @@ class Durable:
             sub.durable = held_by(upto)
         have = self.durable_versions().get(name) if chunk.snapshot is None else sub.durable
         records = [r for r in chunk.records if have is None or r.version > have]
-        await replay(sub.hosted, records, None)
+        await replay(sub.hosted, records, None, sub.once)
         sub.pending.extend((r.version, r.time_ns, Logged(r.body)) for r in records)
         await self._flush_once()
 
@@ -497,7 +504,7 @@ class Durable:
                              f"reach {have}")
         records = await asyncio.get_running_loop().run_in_executor(
             None, unpack_records, data, since)
-        await replay(sub.hosted, records, None)
+        await replay(sub.hosted, records, None, sub.once)
         return len(records)
 
     # -- flushing ------------------------------------------------------------------------------
@@ -633,7 +640,7 @@ class Durable:
 
         def reached(release: Callable[[], None]) -> None:
             try:
-                data = wire.encode(sub.hosted.actor.snapshot())
+                data = state_bytes(sub.hosted.actor.snapshot(), sub.once)
             except Exception as exc:
                 log.warning("member %d: snapshot of %s failed: %r", self._state.me, sub.name,
                             exc)

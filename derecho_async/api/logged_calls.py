@@ -16,8 +16,10 @@ from types import CoroutineType
 from typing import Any
 
 from derecho_async import wire
-from derecho_async.api.delivery import Dispatcher, Hosted
+from derecho_async.api.delivery import Dispatcher, Hosted, encode_outcome
+from derecho_async.api.once import ClientCalls
 from derecho_async.durability import LogRecord
+from derecho_async.errors import DerechoError, ProtocolViolation
 from derecho_async.runtime.dataplane import OutOfBand
 
 __all__ = ["PLAIN", "HistoryEntry", "Logged", "SuffixChunk", "Version", "decode_body", "encode_body",
@@ -181,18 +183,38 @@ def unpack_records(data: bytes, after: Version) -> list[LogRecord]:
     return records
 
 
-async def replay(hosted: Hosted, records: list[LogRecord], upto: Version | None) -> None:
+async def replay(hosted: Hosted, records: list[LogRecord], upto: Version | None,
+                 once: ClientCalls | None = None) -> None:
     """Run logged calls (those at or after ``upto``) on ``hosted``'s actor, in order; their
-    outcomes are dropped (each replica had the same)."""
+    outcomes are dropped (each replica had the same), but an external client's call goes
+    through ``once`` as at its delivery: run the first time, kept, never run again."""
     spec, _runner, actor, methods = hosted
     for rec in records:
         if upto is not None and rec.version < upto:
             continue
-        name, args, kwargs = decode_body(rec.body)
-        fn, _one_way = Dispatcher.method_entry(spec, actor, methods, name)
+        body = rec.body
+        tag = wire.client_tag(body[1:]) if once is not None and body[:1] == PLAIN else None
+        if tag is not None:
+            assert once is not None
+            if once.admit(*tag) is not None:
+                continue  # a retried copy: it ran at its first delivery
+            try:
+                name, args, kwargs = decode_body(body)
+                fn, _one_way = Dispatcher.method_entry(spec, actor, methods, name)
+            except (ProtocolViolation, DerechoError) as exc:
+                once.done(*tag, *encode_outcome(False, exc))
+                continue
+        else:
+            name, args, kwargs = decode_body(body)
+            fn, _one_way = Dispatcher.method_entry(spec, actor, methods, name)
+        ok, value = True, None
         try:
-            result = fn(*args, **kwargs)
-            if type(result) is CoroutineType:
-                await result
+            value = fn(*args, **kwargs)
+            if type(value) is CoroutineType:
+                value = await value
         except BaseException as exc:  # the handler's own outcome, as when it first ran
             log.debug("replayed call %s raised %r", rec.version, exc)
+            ok, value = False, exc
+        if tag is not None:
+            assert once is not None
+            once.done(*tag, *encode_outcome(ok, value))

@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from derecho_async.wire.arrays import DTYPES, MAX_NDIM, TYPESTRS, is_cupy_array, numpy_dtype_name
 from derecho_async.wire.call_memos import own_device_call
-from derecho_async.wire.calls import call_time, decode_call, encode_call, stamp_call, unstamped
+from derecho_async.wire.calls import (
+    CLIENT_ID_BYTES,
+    call_time,
+    client_call,
+    client_tag,
+    decode_call,
+    encode_call,
+    stamp_call,
+    unstamped,
+)
 from derecho_async.wire.values import (
     BUFFER_KINDS,
     LARGE_BYTES,
@@ -25,6 +34,7 @@ from derecho_async.wire.values import (
 
 __all__ = [
     "BUFFER_KINDS",
+    "CLIENT_ID_BYTES",
     "DTYPES",
     "LARGE_BYTES",
     "MAX_DECODE_SIZE",
@@ -32,6 +42,8 @@ __all__ = [
     "MAX_NDIM",
     "TYPESTRS",
     "call_time",
+    "client_call",
+    "client_tag",
     "decode",
     "decode_call",
     "encode",

@@ -42,8 +42,8 @@ from derecho_async.wire.values import (
     pack,
 )
 
-__all__ = ["STAMP_BYTES", "call_time", "decode_call", "encode_call", "stamp_call", "unstamped",
-           "valid_method"]
+__all__ = ["CLIENT_ID_BYTES", "STAMP_BYTES", "call_time", "client_call", "client_tag",
+           "decode_call", "encode_call", "stamp_call", "unstamped", "valid_method"]
 
 _unpackb: Final = msgpack.unpackb  # its max_*_len limits default to the input's length
 
@@ -69,8 +69,42 @@ def stamp_call(data: bytes, time_ns: int) -> bytes:
     return b"".join((b"\x94", memoryview(data)[1:], b"\xcf", time_ns.to_bytes(8, "big")))
 
 
+CLIENT_ID_BYTES: Final = 16
+"""An external client's id: random bytes it draws once (see :func:`client_call`)."""
+_TAG_HEAD: Final = b"\xc4\x18"  # msgpack bin8 of 24 bytes: the client id, then its sequence number
+_TAG_BYTES: Final = len(_TAG_HEAD) + CLIENT_ID_BYTES + 8
+_CLIENT_TAIL: Final = _TAG_BYTES + STAMP_BYTES
+
+
+def client_call(data: bytes, client: bytes, seq: int, time_ns: int) -> bytes:
+    """An encoded call made by an external client, as its relay multicasts it: the envelope
+    ``[method, args, kwargs]`` becomes ``[method, args, kwargs, tag, time_ns]``, the tag a
+    24-byte bin (the client's 16-byte id, then ``seq`` as a big-endian uint64) and the time
+    the relay's clock as in :func:`stamp_call`. Members apply a tagged call once per
+    ``(client, seq)`` (:mod:`derecho_async.api.once`); every decoder here takes it as the
+    plain call."""
+    if data[:1] != b"\x93":
+        raise ValueError("not an encoded call")
+    if len(client) != CLIENT_ID_BYTES or not 0 <= seq < 1 << 64:
+        raise ValueError("a client id is 16 bytes and a sequence number a uint64")
+    return b"".join((b"\x95", memoryview(data)[1:], _TAG_HEAD, client, seq.to_bytes(8, "big"),
+                     b"\xcf", (time_ns & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big")))
+
+
+def client_tag(data: bytes | bytearray | memoryview) -> tuple[bytes, int] | None:
+    """The ``(client id, seq)`` of a call :func:`client_call` made, None for any other."""
+    n = len(data)
+    if (n <= 4 + _CLIENT_TAIL or data[0] != 0x95 or data[-STAMP_BYTES] != 0xcf
+            or bytes(data[n - _CLIENT_TAIL : n - _CLIENT_TAIL + 2]) != _TAG_HEAD):
+        return None
+    start = n - _CLIENT_TAIL + 2
+    return (bytes(data[start : start + CLIENT_ID_BYTES]),
+            int.from_bytes(data[start + CLIENT_ID_BYTES : start + CLIENT_ID_BYTES + 8], "big"))
+
+
 def _stamped(data: bytes | bytearray | memoryview) -> bool:
-    return len(data) > 4 + STAMP_BYTES and data[0] == 0x94 and data[-STAMP_BYTES] == 0xcf
+    return (len(data) > 4 + STAMP_BYTES and (data[0] == 0x94 or data[0] == 0x95)
+            and data[-STAMP_BYTES] == 0xcf)
 
 
 def call_time(data: bytes | bytearray | memoryview) -> int | None:
@@ -82,9 +116,14 @@ def call_time(data: bytes | bytearray | memoryview) -> int | None:
 
 
 def unstamped(data: bytes) -> bytes:
-    """A call without its stamp (itself when it has none)."""
+    """A call without its stamp, and without a client's tag (:func:`client_call`): the plain
+    call (itself when it is one)."""
     if not _stamped(data):
         return data
+    if data[0] == 0x95:
+        if client_tag(data) is None:
+            raise ProtocolViolation("a call of five fields that is not a client's")
+        return b"".join((b"\x93", memoryview(data)[1:-_CLIENT_TAIL]))
     return b"".join((b"\x93", memoryview(data)[1:-STAMP_BYTES]))
 
 

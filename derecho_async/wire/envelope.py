@@ -19,6 +19,7 @@ from derecho_async.wire.values import pack  # a reused Packer per thread (msgpac
 
 __all__ = [
     "BLOCK",
+    "CLIENT_ADDR",
     "CORE",
     "DATA",
     "GPU_BATCH",
@@ -83,6 +84,7 @@ SUFFIX_REQ = 19  # [SUFFIX_REQ, epoch, subgroup, view_id, seq + 1] (-> source: r
 SUFFIX = 20
 RECOVER_READY = 21  # [RECOVER_READY, epoch] (-> contact: the suffixes are applied and durable)
 RECOVER_LIVE = 22  # [RECOVER_LIVE, view id] (a running member -> a recovering one: join it)
+CLIENT_ADDR = 23  # [CLIENT_ADDR, host, port]: where the sender serves external clients
 
 _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     CORE: (list,),
@@ -108,6 +110,7 @@ _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     SUFFIX: (int, str, list, list, bool),
     RECOVER_READY: (int,),
     RECOVER_LIVE: (int,),
+    CLIENT_ADDR: (str, int),
 }
 _MAX_INT = (1 << 63) - 1
 
@@ -144,6 +147,8 @@ def decode(data: bytes) -> list[Any]:
         raise ProtocolViolation(f"state abort reason of {len(msg[2])} characters")
     elif msg[0] in (RECOVER_INFO, RECOVER_PLAN, SUFFIX):
         _check_restart(msg)
+    elif msg[0] == CLIENT_ADDR and (len(msg[1]) > 255 or msg[2] > 65535):
+        raise ProtocolViolation("a client address of a host name too long or a bad port")
     return msg
 
 

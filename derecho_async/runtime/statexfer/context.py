@@ -20,8 +20,18 @@ if TYPE_CHECKING:
     from derecho_async.runtime.observer import GroupObserver
     from derecho_async.runtime.runner import SerialRunner
 
-__all__ = ["LOG_EVERY_S", "LOG_SUFFIX_KEY", "Context", "Holder", "StateLog", "failure", "log",
-           "restore_reason"]
+__all__ = [
+    "CLIENTS_KEY",
+    "LOG_EVERY_S",
+    "LOG_SUFFIX_KEY",
+    "Context",
+    "Holder",
+    "ReplicatedTable",
+    "StateLog",
+    "failure",
+    "log",
+    "restore_reason",
+]
 
 log = logging.getLogger("derecho_async.statexfer")
 """The logger of both ends (one name, whichever module logs)."""
@@ -32,6 +42,26 @@ LOG_EVERY_S = 2.0
 
 LOG_SUFFIX_KEY = "~log"
 """The state map's entry (no actor's name) for actors whose state travels as a log suffix."""
+
+
+CLIENTS_KEY = "~clients"
+"""The state map's entry for the tables of external clients' calls of the actors sent by
+snapshot (actor name -> encoded table; the API layer's ``ClientCalls``)."""
+
+
+class ReplicatedTable(Protocol):
+    """State kept beside an actor's own and sent with its snapshot (the API layer's table of
+    external clients' calls)."""
+
+    def __len__(self) -> int: ...
+
+    def encode(self) -> list[object]:
+        """The table as the codec carries it."""
+        ...
+
+    def restore(self, value: object) -> None:
+        """Replace the table with what :meth:`encode` gave at the sponsor (checked)."""
+        ...
 
 
 class StateLog(Protocol):
@@ -66,8 +96,11 @@ class Context:
         observer: GroupObserver | None,
         tick_soon: Callable[[], None],
         state_log: StateLog | None = None,
+        tables: Mapping[str, ReplicatedTable] | None = None,
     ) -> None:
         self.driver = driver
+        #: per actor name, the state sent and restored beside its snapshot
+        self.tables: Mapping[str, ReplicatedTable] = tables or {}
         self.me = driver.member_id
         self.actors = actors
         self.runners = runners

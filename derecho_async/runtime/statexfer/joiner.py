@@ -39,6 +39,7 @@ from derecho_async.runtime.statexfer.chunks import (
     numpy_module,
 )
 from derecho_async.runtime.statexfer.context import (
+    CLIENTS_KEY,
     LOG_EVERY_S,
     LOG_SUFFIX_KEY,
     Context,
@@ -286,10 +287,17 @@ class Joiner:
             return
         ctx = self.ctx
         suffixes = value.pop(LOG_SUFFIX_KEY, None)
+        tables = value.pop(CLIENTS_KEY, None)
+        if not isinstance(tables, dict | None):
+            self.fail(f"the state from {inc.sponsor} holds a malformed client table")
+            return
         for name, actor in ctx.actors.items():
             if name in value:
                 try:
                     actor.restore(value[name])
+                    table = ctx.tables.get(name)
+                    if table is not None:
+                        table.restore((tables or {}).get(name, []))
                 except Exception as exc2:
                     self.fail(restore_reason(name, "restore", exc2))
                     return

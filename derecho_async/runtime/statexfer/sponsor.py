@@ -32,6 +32,7 @@ from derecho_async.runtime.statexfer.chunks import (
     numpy_module,
 )
 from derecho_async.runtime.statexfer.context import (
+    CLIENTS_KEY,
     LOG_EVERY_S,
     LOG_SUFFIX_KEY,
     Context,
@@ -162,6 +163,10 @@ class Sponsor:
             except Exception as exc:
                 self.abort(out, restore_reason(name, "snapshot", exc))
                 return
+        tables = {name: table.encode() for name, table in ctx.tables.items()
+                  if name in state and len(table)}
+        if tables:
+            state[CLIENTS_KEY] = tables
         if suffixes:
             state[LOG_SUFFIX_KEY] = suffixes
             log.info("member %d: state transfer %d to %d: %s as log suffixes", ctx.me,
@@ -212,6 +217,7 @@ class Sponsor:
                 seen = state
             if isinstance(seen, dict):
                 seen.pop(LOG_SUFFIX_KEY, None)
+                seen.pop(CLIENTS_KEY, None)
                 seen.update(out.observed)
                 ctx.observer.snapshot_taken(ctx.me, out.view_id, out.joiner, seen)
         out.phase = "ready_wait"

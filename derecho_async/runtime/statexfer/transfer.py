@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from derecho_async.core import Evicted, Left, Partitioned, ViewInstalled
-from derecho_async.runtime.statexfer.context import Context, StateLog
+from derecho_async.runtime.statexfer.context import Context, ReplicatedTable, StateLog
 from derecho_async.runtime.statexfer.joiner import Joiner
 from derecho_async.runtime.statexfer.sponsor import Sponsor
 from derecho_async.runtime.statexfer.wire import split_msg_no
@@ -43,9 +43,11 @@ class StateTransfer:
         runners: Mapping[str, SerialRunner],
         observer: GroupObserver | None = None,
         state_log: StateLog | None = None,
+        tables: Mapping[str, ReplicatedTable] | None = None,
     ) -> None:
         self.driver = driver
-        self.ctx = Context(driver, actors, runners, observer, self._tick_soon, state_log)
+        self.ctx = Context(driver, actors, runners, observer, self._tick_soon, state_log,
+                           tables)
         #: the transfers this member sponsors
         self.sponsor = Sponsor(self.ctx)
         #: the transfer that brings this member its state (if it joined a running group)
