@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from derecho_async.api import (
     Actor,
+    Client,
     Group,
     HandlerError,
     HistoryEntry,
@@ -23,6 +24,7 @@ from derecho_async.api import (
 from derecho_async.config import Config
 from derecho_async.core.view import View
 from derecho_async.errors import (
+    AuthenticationError,
     ConfigError,
     DerechoError,
     GroupClosed,
@@ -40,6 +42,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Actor",
+    "AuthenticationError",
+    "Client",
     "Config",
     "ConfigError",
     "DerechoError",

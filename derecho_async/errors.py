@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 __all__ = [
+    "AuthenticationError",
     "ConfigError",
     "DerechoError",
     "GroupClosed",
@@ -94,6 +95,11 @@ class MemberFailed(DerechoError):
 
     def __hash__(self) -> int:
         return hash((MemberFailed, self.member, self.reason))
+
+
+class AuthenticationError(DerechoError):
+    """A member refused this process's proof of the group's secret (or did not prove it
+    itself): permanent, not retried."""
 
 
 class GroupClosed(DerechoError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from derecho_async.api.actor import Actor, ActorSpec, actor_spec, ordered, p2p
 from derecho_async.api.calls import HandlerError, Replies
+from derecho_async.api.client import Client, ClientHandle
 from derecho_async.api.group import Group
 from derecho_async.api.handles import P2PCall, SubgroupHandle
 from derecho_async.api.logged_calls import HistoryEntry
@@ -19,6 +20,8 @@ from derecho_async.api.p2pcalls import Versioned
 __all__ = [
     "Actor",
     "ActorSpec",
+    "Client",
+    "ClientHandle",
     "Group",
     "HandlerError",
     "HistoryEntry",

@@ -274,6 +274,32 @@ class CallTable:
         driver.kick()
         return fut
 
+    def relay(self, spec: ActorSpec, payload: bytes, one_way: bool) -> asyncio.Future[Any]:
+        """Submit an external client's call (``wire.client_call`` bytes) as this member's own:
+        the future of its :class:`Replies`, or of its version when ``one_way``. Backpressure as
+        for this member's calls; raises at once when this member cannot send."""
+        driver = self._state.check_open()
+        size = len(payload)
+        if size > self._max_call:
+            raise UsageError(f"an ordered call of {size} bytes encoded is over the bound of "
+                             f"max_call_mb={self._state.config.max_call_mb}")
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        if not self.room():
+            self.park(spec, payload, size, fut, one_way=one_way)
+            return fut
+        msg_no = self.send(driver, spec.name, payload, size)
+        if msg_no is None:
+            raise self._state.closed or GroupClosed("this member cannot send now")
+        if one_way:
+            self.casts[msg_no] = fut
+        else:
+            self.pending[msg_no] = PendingCall(fut)
+        driver.kick()
+        return fut
+
     # -- backpressure ----------------------------------------------------------------------
     def room(self) -> bool:
         """Whether a call may go to the core now: this member's own calls not completed and the

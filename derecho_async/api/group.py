@@ -28,8 +28,10 @@ from derecho_async.api.handles import SubgroupHandle, check_version
 from derecho_async.api.logged_calls import HistoryEntry
 from derecho_async.api.membership import Membership
 from derecho_async.api.notify import Notifier
+from derecho_async.api.once import ClientCalls
 from derecho_async.api.p2pcalls import P2PServer
 from derecho_async.api.rejoin import LogSuffixes
+from derecho_async.api.relay import Relay
 from derecho_async.api.restart import Restart
 from derecho_async.config import Config
 from derecho_async.core import (
@@ -47,7 +49,7 @@ from derecho_async.core import (
 )
 from derecho_async.core.effects import Event
 from derecho_async.durability import Fs
-from derecho_async.errors import GroupClosed, PartitionedError, UsageError
+from derecho_async.errors import ConfigError, GroupClosed, PartitionedError, UsageError
 from derecho_async.runtime.driver import Driver
 from derecho_async.runtime.observer import GroupObserver
 from derecho_async.runtime.runner import SerialRunner
@@ -125,17 +127,22 @@ class Group:
         self._calls = calls = CallTable(state, self.layout, tuple(self._runners.values()),
                                         clock)
         self._p2p = P2PServer(state, self._specs, hosted)
+        # per subgroup, what external clients' calls did (replicated state: api/once.py)
+        self._once = {name: ClientCalls() for name in self._specs}
         self._dispatch = dispatch = Dispatcher(state, hosted, calls, self._p2p.last_delivered,
-                                               observer)
+                                               observer, self._once)
         self.on_delivered = dispatch.on_delivered
         self.flush = dispatch.flush
         self._durable: Durable | None = None
         self._restart: Restart | None = None  # restarting with files (until in a view)
         self._rejoin: LogSuffixes | None = None  # a member restarted with files rejoins
         if config.data_dir is not None:
-            self._durable = Durable(config, state, hosted, self._p2p.last_delivered, fs, clock)
+            self._durable = Durable(config, state, hosted, self._p2p.last_delivered, fs, clock,
+                                    self._once)
             self._rejoin = LogSuffixes(self._durable, config.snapshot_every)
         self._notifier = Notifier(clock, self._rewire)
+        # serves external clients (listening only with client_listen)
+        self._relay = Relay(state, self._specs, calls, self._p2p, self.subscribe, clock)
         self._rewire()
         self._closed_future: asyncio.Future[None] | None = None
         self._driver: Driver | None = None
@@ -187,7 +194,7 @@ class Group:
                 stall_s=self.config.state_stall_s, fail=self._restart_failed)
             driver.hold_bootstrap = self._restart.is_contact
         self._xfer = StateTransfer(driver, self._actors, self._runners, self._observer,
-                                   self._rejoin)
+                                   self._rejoin, self._once)
         try:
             await driver.start()
         except BaseException:
@@ -220,6 +227,14 @@ class Group:
         except GroupClosed:
             await self.leave()  # nobody else leaves
             raise
+        if self.config.client_listen is not None:
+            try:
+                await self._relay.start()
+            except OSError as exc:
+                await self.leave()
+                raise ConfigError("client_listen", "an address this member can listen on",
+                                  f"{self.config.client_listen} ({exc})") from None
+            self._announce(self.view.members)
 
     async def leave(self) -> None:
         """Leave the group: the others install a view without this member. Idempotent.
@@ -245,6 +260,16 @@ class Group:
         await driver.close()
         if self._durable is not None:
             await self._durable.aclose()
+
+    def _announce(self, members: Sequence[int]) -> None:
+        """Tell ``members`` where this member serves clients (they tell their clients)."""
+        relay, driver = self._relay, self._driver
+        if not relay.listening or driver is None or driver.closed:
+            return
+        msg = env.encode(env.CLIENT_ADDR, *relay.address)
+        for m in members:
+            if m != self.member_id:
+                driver.transport.send(m, msg)
 
     async def _abandon(self, driver: Driver) -> None:
         """A start that failed: release the transport and close the files."""
@@ -326,6 +351,20 @@ class Group:
     @property
     def _closed(self) -> BaseException | None:  # (what tests and kits read: as ``closed``)
         return self._state.closed
+
+    @property
+    def relay(self) -> Relay:
+        """This member's service to external clients (:class:`derecho_async.Client`): it
+        listens on ``client_listen`` when that is set; the simulator's clients call
+        :meth:`Relay.submit` directly."""
+        return self._relay
+
+    @property
+    def client_address(self) -> str | None:
+        """``host:port`` where this member serves external clients (``client_listen``, its
+        port chosen when that was 0), None when it serves none."""
+        relay = self._relay
+        return f"{relay.address[0]}:{relay.address[1]}" if relay.listening else None
 
     @property
     def member_id(self) -> int:
@@ -416,6 +455,8 @@ class Group:
             _, _sub, msg_no, ok, body = msg
             assert isinstance(msg_no, int) and isinstance(body, bytes)
             self._calls.record_reply(msg_no, sender, decode_result(sender, bool(ok), body))
+        elif kind == env.CLIENT_ADDR:
+            self._relay.heard(sender, str(msg[1]), int(msg[2]))  # type: ignore[call-overload]
         elif kind == env.P2P_REQ:
             _, req, actor_name, method, body = msg
             assert isinstance(req, int) and isinstance(body, bytes)
@@ -471,6 +512,8 @@ class Group:
         state.view = ev.view
         self.history.append(ev.view)
         self._notifier.on_view(ev.view)
+        self._relay.on_view(ev.view)
+        self._announce(ev.joined)
         if self._observer is not None:
             self._observer.view_installed(state.me, ev)
         self._p2p.serve_early_soon()
@@ -495,6 +538,7 @@ class Group:
         if self._closed_future is not None and not self._closed_future.done():
             _fail_quietly(self._closed_future, exc)
         self._notifier.close()
+        self._relay.close()
 
 
 def _fail_quietly(fut: asyncio.Future[None], exc: BaseException) -> None:

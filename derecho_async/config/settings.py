@@ -91,6 +91,17 @@ class Config:
         Text("the path of a PEM CA bundle", "a path"),
         "tcp, rdma: the group CA's PEM certificate, which peers' must chain to (set with "
         "`tls_cert`)"))
+    # -- external clients
+    client_listen: str | None = field(default=None, metadata=key(
+        HostPort(allow_port_zero=True),
+        "the address this member serves external clients on (`da.Client`; port 0: any free "
+        "port; unset: none), told to clients as given: use one they can reach"))
+    max_clients: int = field(default=1024, metadata=key(
+        Int(1, 1 << 20), "client connections this member serves at once, at most"))
+    max_client_calls: int = field(default=256, metadata=key(
+        Int(1, 1024),
+        "calls one client connection may have in flight at this member (past it the member "
+        "stops reading from it)"))
     # -- failure detection
     heartbeat_ms: float = field(default=50.0, metadata=key(
         Number(0.0, 60_000.0, "milliseconds", low_open=True), "heartbeat period"))
@@ -312,7 +323,15 @@ def _secret_for_networked(config: Config) -> None:
         )
 
 
-RULES: Final[tuple[Callable[[Config], None], ...]] = (_tls_together, _secret_for_networked)
+def _secret_for_clients(config: Config) -> None:
+    if config.client_listen is not None and config.secret is None:
+        raise ConfigError(
+            "secret", BY_NAME["secret"].expected() + " (required when client_listen is set: "
+            "clients prove it)", None)
+
+
+RULES: Final[tuple[Callable[[Config], None], ...]] = (_tls_together, _secret_for_networked,
+                                                       _secret_for_clients)
 """Checks that relate keys, run in order once each key passed its own form
 (``suspect_after_ms`` > ``heartbeat_ms`` is in that key's form)."""
 

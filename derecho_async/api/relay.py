@@ -1,0 +1,359 @@
+"""A member's service to external clients: it relays their calls and streams what they follow.
+
+Theory of operation (docs/DESIGN.md §7.16): a member with ``client_listen`` set listens there
+once it is in its first view. A client proves the group's secret with the members' handshake,
+says its id (HELLO) and hears the view and every member's client address (VIEW, again at each
+view). Its ordered calls are checked here (known actor and method, arguments that decode) and
+rejected at once otherwise; a good one is multicast as this member's own call, tagged with the
+client's id and sequence number (``wire.client_call``), so every member applies it once however
+many relays sent it (:mod:`.once`). Its outcome goes back as DONE; a call this member could not
+see through (it left, was removed, wedged, or its queue was full) as FAIL with ``retry`` set:
+the client sends it again through another member. p2p calls are made from here (``-1``: served
+here); subscriptions are this member's own ``subscribe()``, streamed.
+
+Bounds: ``max_clients`` connections; ``max_client_calls`` calls and p2p calls in flight per
+connection (past it this member stops reading from it: tcp holds the client back); frames of
+at most ``max_call_mb``; 16 subscriptions per connection, each dropped with a reason when its
+client reads too slowly (``subscribe``'s backlog bound).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import ssl
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from derecho_async import wire
+from derecho_async.api import client_wire as cw
+from derecho_async.api.calls import CAST, HandlerError, Replies
+from derecho_async.api.delivery import encode_outcome
+from derecho_async.errors import (
+    DerechoError,
+    GroupClosed,
+    MemberFailed,
+    PartitionedError,
+    ProtocolViolation,
+    QueueFull,
+    SubscriptionDropped,
+    UsageError,
+)
+from derecho_async.transport.tcp.handshake import (
+    HandshakeError,
+    check_address,
+    server_handshake,
+)
+
+if TYPE_CHECKING:
+    from derecho_async.api.actor import Actor, ActorSpec
+    from derecho_async.api.calls import CallTable
+    from derecho_async.api.logged_calls import HistoryEntry
+    from derecho_async.api.membership import Membership
+    from derecho_async.api.p2pcalls import P2PServer
+    from derecho_async.core import View
+
+__all__ = ["Relay"]
+
+log = logging.getLogger("derecho_async.clients")
+
+_HANDSHAKE_S: Final = 10.0  # a client that has not proven itself by then is dropped
+_MAX_SUBSCRIPTIONS: Final = 16  # per connection
+_SUB_BACKLOG: Final = 65536  # deliveries a client's subscription may lag, at most
+_HIGH_WATER: Final = 8 << 20  # bytes queued to a client before this member waits for it
+_REASON: Final = 500  # characters of a reason sent to a client
+
+Subscribe = Callable[..., AsyncIterator["HistoryEntry"]]
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _REASON else text[: _REASON - 3] + "..."
+
+
+class _Connection:
+    """One client's connection."""
+
+    def __init__(self, client: bytes, writer: asyncio.StreamWriter, slots: int) -> None:
+        self.client = client
+        self.writer = writer
+        self.slots = asyncio.Semaphore(slots)
+        self.subs: dict[int, asyncio.Task[None]] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def send(self, kind: int, *fields: object) -> None:
+        if not self.writer.is_closing():
+            cw.write_frame(self.writer, kind, *fields)
+
+
+class Relay:
+    """This member's client service (see the module header); made by the group when
+    ``client_listen`` is set."""
+
+    def __init__(self, state: Membership, specs: Mapping[str, ActorSpec], calls: CallTable,
+                 p2p: P2PServer, subscribe: Subscribe, clock: Callable[[], int]) -> None:
+        config = state.config
+        self._state = state
+        self._me = state.me
+        self._specs = specs
+        self._calls = calls
+        self._p2p = p2p
+        self._subscribe = subscribe
+        self._clock = clock
+        self._secret = (config.secret or "").encode()
+        self._max_clients = config.max_clients
+        self._slots = config.max_client_calls
+        self._max_frame = (config.max_call_mb << 20) + 4096
+        self._server: asyncio.Server | None = None
+        self._conns: set[_Connection] = set()
+        self._closed = False
+        self.address: tuple[str, int] = (check_address(config.client_listen, "client_listen")
+                                         if config.client_listen is not None else ("", 0))
+        self.addresses: dict[int, tuple[str, int]] = {}
+        """Every member's client address this member heard of (its own included)."""
+        self._tls: ssl.SSLContext | None = None
+        if config.tls_cert is not None and config.tls_key is not None:
+            self._tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self._tls.load_cert_chain(config.tls_cert, config.tls_key)
+
+    @property
+    def listening(self) -> bool:
+        """Whether this member serves clients on :attr:`address`."""
+        return self._server is not None and not self._closed
+
+    async def start(self) -> None:
+        """Listen for clients."""
+        host, port = self.address
+        self._server = await asyncio.start_server(self._serve, host, port, ssl=self._tls,
+                                                  limit=1 << 16)
+        sock = self._server.sockets[0].getsockname()
+        self.address = (host, int(sock[1]))
+        self.addresses[self._me] = self.address
+        log.info("member %d: serving clients on %s:%d", self._me, *self.address)
+
+    def close(self) -> None:
+        """Stop listening and close every client's connection (they fail over)."""
+        self._closed = True
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self._conns):
+            for task in [*conn.subs.values(), *conn.tasks]:
+                task.cancel()
+            conn.writer.close()
+        self._conns.clear()
+
+    # -- the view --------------------------------------------------------------------------
+    def view_frame(self, view: View) -> tuple[object, ...]:
+        known = [[m, *self.addresses[m]] for m in view.members if m in self.addresses]
+        return (view.view_id, list(view.members), known)
+
+    def on_view(self, view: View) -> None:
+        """A view is installed: every client hears of it."""
+        for m in list(self.addresses):
+            if m not in view.members:
+                del self.addresses[m]
+        frame = self.view_frame(view)
+        for conn in self._conns:
+            conn.send(cw.VIEW, *frame)
+
+    def heard(self, member: int, host: str, port: int) -> None:
+        """``member`` serves clients at ``host:port`` (its CLIENT_ADDR message)."""
+        self.addresses[member] = (host, port)
+        view = self._state.view
+        if view is not None and member in view.members:
+            frame = self.view_frame(view)
+            for conn in self._conns:
+                conn.send(cw.VIEW, *frame)
+
+    # -- a connection ----------------------------------------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn: _Connection | None = None
+        try:
+            proven = await asyncio.wait_for(
+                server_handshake(reader, writer, secret=self._secret, my_id=self._me,
+                                 my_addr=self.address, group=self._state.config.group),
+                _HANDSHAKE_S)
+            if self._closed or len(self._conns) >= self._max_clients:
+                proven.answer(writer, "reject", f"member {self._me} serves "
+                              f"{self._max_clients} clients already (max_clients)")
+                await writer.drain()
+                return
+            proven.answer(writer, "accept")
+            hello = await asyncio.wait_for(cw.read_frame(reader, 4096), _HANDSHAKE_S)
+            if hello[0] != cw.HELLO or len(hello[1]) != wire.CLIENT_ID_BYTES:
+                raise ProtocolViolation("the first frame is not a HELLO with a 16-byte id")
+            conn = _Connection(hello[1], writer, self._slots)
+            self._conns.add(conn)
+            writer.transport.set_write_buffer_limits(high=_HIGH_WATER)
+            view = self._state.view
+            if view is not None:
+                conn.send(cw.VIEW, *self.view_frame(view))
+            while True:
+                frame = await cw.read_frame(reader, self._max_frame)
+                kind = frame[0]
+                if kind in (cw.CALL, cw.P2P):
+                    await conn.slots.acquire()
+                    if kind == cw.CALL:
+                        self._call(conn, frame[1], frame[2], frame[3], frame[4])
+                    else:
+                        self._spawn(conn, self._p2p_call(conn, *frame[1:]))
+                elif kind == cw.SUB:
+                    self._sub(conn, *frame[1:])
+                elif kind == cw.UNSUB:
+                    task = conn.subs.pop(frame[1], None)
+                    if task is not None:
+                        task.cancel()
+                else:
+                    raise ProtocolViolation(f"a client sent a frame of kind {kind}")
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, OSError,
+                HandshakeError, asyncio.CancelledError):
+            pass
+        except ProtocolViolation as exc:
+            log.warning("member %d: a client broke the protocol: %s", self._me, exc)
+        finally:
+            if conn is not None:
+                self._conns.discard(conn)
+                for task in [*conn.subs.values(), *conn.tasks]:
+                    task.cancel()
+            writer.close()
+
+    def _spawn(self, conn: _Connection, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        conn.tasks.add(task)
+        task.add_done_callback(conn.tasks.discard)
+
+    # -- ordered calls ---------------------------------------------------------------------
+    def submit(self, client: bytes, actor: str, seq: int, body: bytes) -> asyncio.Future[Any]:
+        """Relay a client's ordered call: ``body`` is the call as ``wire.encode_call`` made it
+        (method ``<actor>.<m>`` or ``<actor>.<m>.cast``), ``seq`` the client's number for it.
+        The future of its :class:`Replies` (or of its version, for a one-way call). Raises
+        ``UsageError`` or ``ProtocolViolation`` for a call no member would run (unknown actor
+        or method, arguments that do not decode), ``GroupClosed`` / ``PartitionedError`` /
+        ``QueueFull`` when this member cannot send it now (another member may)."""
+        spec = self._specs.get(actor)
+        if spec is None:
+            raise UsageError(f"the group has no actor {actor!r}")
+        name, _args, _kwargs = wire.decode_call(body)
+        one_way = name.endswith(CAST)
+        owner, _, method = name.removesuffix(CAST).partition(".")
+        if owner != actor or method not in spec.ordered:
+            raise UsageError(f"actor {actor} has no @ordered method {method!r}")
+        if body[:1] != b"\x93" or not 0 <= seq < 1 << 64:
+            raise ProtocolViolation("a client's call is not a plain encoded call")
+        payload = wire.client_call(body, client, seq, self._clock())
+        return self._calls.relay(spec, payload, one_way)
+
+    def _call(self, conn: _Connection, rid: int, actor: str, seq: int, body: bytes) -> None:
+        try:
+            fut = self.submit(conn.client, actor, seq, body)
+        except (GroupClosed, PartitionedError, QueueFull) as exc:
+            conn.slots.release()
+            self._fail(conn, rid, True, exc)
+            return
+        except DerechoError as exc:
+            conn.slots.release()
+            self._fail(conn, rid, False, exc)
+            return
+        fut.add_done_callback(functools.partial(self._call_done, conn, rid))
+
+    def _call_done(self, conn: _Connection, rid: int, fut: asyncio.Future[Any]) -> None:
+        conn.slots.release()
+        if fut.cancelled():
+            self._fail(conn, rid, True, GroupClosed("the call was cancelled at its relay"))
+            return
+        exc = fut.exception()
+        if exc is not None:  # this member could not see it through: another may
+            self._fail(conn, rid, True, exc)
+            return
+        result = fut.result()
+        if isinstance(result, Replies):
+            conn.send(cw.DONE, rid, *result.version, [_item(m, v) for m, v in result.items()])
+        else:
+            conn.send(cw.DONE, rid, result[0], result[1], [])
+
+    def _fail(self, conn: _Connection, rid: int, retry: bool, exc: BaseException) -> None:
+        conn.send(cw.FAIL, rid, retry, type(exc).__name__, _clip(str(exc)))
+
+    # -- p2p calls -------------------------------------------------------------------------
+    async def _p2p_call(self, conn: _Connection, rid: int, member: int, actor: str,
+                        body: bytes) -> None:
+        try:
+            spec = self._specs.get(actor)
+            if spec is None:
+                raise UsageError(f"the group has no actor {actor!r}")
+            name, args, kwargs = wire.decode_call(body)
+            owner, _, method = name.partition(".")
+            if owner != actor or method not in spec.p2p:
+                raise UsageError(f"actor {actor} has no @p2p method {method!r}")
+            if member < 0:
+                member = self._me
+            got = await self._p2p.call(member, spec, method, args, kwargs)
+        except (UsageError, ProtocolViolation) as exc:
+            self._fail(conn, rid, False, exc)
+            return
+        except (GroupClosed, PartitionedError) as exc:
+            self._fail(conn, rid, True, exc)
+            return
+        except MemberFailed as exc:
+            self._fail(conn, rid, False, exc)
+            return
+        except HandlerError as exc:
+            conn.send(cw.ANSWER, rid, False, wire.encode([exc.type_name, exc.message]), 0, 0)
+            return
+        except Exception as exc:
+            ok, out = encode_outcome(False, exc)
+            conn.send(cw.ANSWER, rid, ok, out, 0, 0)
+            return
+        finally:
+            conn.slots.release()
+        ok, out = encode_outcome(True, got.value)
+        view_id, seq = got.version
+        conn.send(cw.ANSWER, rid, ok, out, view_id, seq + 1)
+
+    # -- subscriptions ---------------------------------------------------------------------
+    def _sub(self, conn: _Connection, sid: int, actor: str, since_view: int,
+             since_seq1: int) -> None:
+        spec = self._specs.get(actor)
+        if sid in conn.subs:
+            raise ProtocolViolation(f"subscription {sid} is already open")
+        if spec is None:
+            conn.send(cw.END, sid, f"UsageError: the group has no actor {actor!r}")
+            return
+        if len(conn.subs) >= _MAX_SUBSCRIPTIONS:
+            conn.send(cw.END, sid, f"UsageError: at most {_MAX_SUBSCRIPTIONS} subscriptions "
+                                   "per client connection")
+            return
+        since = None if since_seq1 == 0 else (since_view, since_seq1 - 1)
+        task = asyncio.get_running_loop().create_task(self._stream(conn, sid, spec, since))
+        conn.subs[sid] = task
+        task.add_done_callback(lambda _t: conn.subs.pop(sid, None))
+
+    async def _stream(self, conn: _Connection, sid: int, spec: ActorSpec,
+                      since: tuple[int, int] | None) -> None:
+        writer = conn.writer
+        try:
+            cls: type[Actor] = spec.cls
+            async for e in self._subscribe(cls, since=since, max_backlog=_SUB_BACKLOG):
+                args = wire.encode([list(e.args), e.kwargs])
+                conn.send(cw.EVENT, sid, e.version[0], e.version[1], round(e.time * 1e9),
+                          e.method, args, e.one_way)
+                if writer.transport.get_write_buffer_size() > _HIGH_WATER:
+                    await writer.drain()
+            reason = f"GroupClosed: {self._state.closed or 'the relay left the group'}"
+        except (SubscriptionDropped, UsageError) as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+        except (ConnectionError, OSError):
+            return
+        conn.send(cw.END, sid, _clip(reason))
+
+
+def _item(member: int, value: object) -> list[object]:
+    """One member's outcome of an ordered call, as DONE carries it."""
+    if isinstance(value, MemberFailed):
+        return [member, cw.OUTCOME_FAILED, wire.encode(value.reason)]
+    if isinstance(value, HandlerError):
+        return [member, cw.OUTCOME_ERROR, wire.encode([value.type_name, value.message])]
+    if isinstance(value, BaseException):
+        return [member, cw.OUTCOME_ERROR, wire.encode([type(value).__name__, str(value)])]
+    ok, body = encode_outcome(True, value)
+    return [member, cw.OUTCOME_OK if ok else cw.OUTCOME_ERROR, body]
