@@ -12,6 +12,8 @@ import os
 
 import pytest
 
+from derecho_async.api import Replies
+from derecho_async.api.once import ClientCalls
 from derecho_async.testing import InvariantViolation, check_actor_run, run_actor_schedule
 from derecho_async.testing.actor_sweep import run_and_check
 
@@ -127,7 +129,7 @@ def test_durable_schedules_restart_after_total_failure_and_keep_what_was_persist
 
 
 def test_crashed_members_restart_from_their_disks_while_the_group_runs() -> None:
-    run = run_actor_schedule(0, durable=True)  # (member 0 crashes in this schedule)
+    run = run_actor_schedule(0, durable=True, clients=False)  # (member 0 crashes in it)
     check_actor_run(run)
     back = [m for m, log in run.rejoins.items() if isinstance(log, list)]
     assert back and run.rejoin_log
@@ -136,7 +138,7 @@ def test_crashed_members_restart_from_their_disks_while_the_group_runs() -> None
     del log[len(log) // 2]  # a member that came back without one call
     with pytest.raises(InvariantViolation, match=r"check \(i\).*first difference"):
         check_actor_run(run)
-    run = run_actor_schedule(0, durable=True)
+    run = run_actor_schedule(0, durable=True, clients=False)
     run.rejoins[back[0]] = "not admitted: (a member that could not get back in)"
     with pytest.raises(InvariantViolation, match=r"check \(i\).*not admitted"):
         check_actor_run(run)
@@ -146,7 +148,7 @@ def test_a_joiner_is_checked_against_the_sponsor_that_admitted_it() -> None:
     """Seed 680: member 2 repeats joiner 5's Welcome after its own fence passed two calls of
     view 1; the joiner refuses that transfer and restores member 0's. Check (b) compares the
     joiner with member 0's snapshot, not with whichever snapshot came last."""
-    run = run_actor_schedule(680)
+    run = run_actor_schedule(680, clients=False)
     taken = {sponsor: state for sponsor, view_id, joiner, state in run.observer.snapshots
              if joiner == 5 and view_id == 1}
     assert run.observer.views[5][0].sponsor == 0
@@ -170,3 +172,23 @@ def test_member_0s_subscription_and_views_are_checked() -> None:
 def test_about_half_the_sweep_runs_with_disks() -> None:
     durable = sum(run_actor_schedule(seed, steps=1).knobs["durable"] for seed in range(40))
     assert 10 <= durable <= 30
+
+
+def test_external_clients_calls_run_once_and_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seed 3: clients' calls through relays that crash, some sent through two at once; several
+    are delivered twice. Check (k) holds; a wrong answer and members that run every copy (the
+    table turned off) are caught."""
+    run = run_actor_schedule(3, clients=True)
+    check_actor_run(run)
+    acked = [c for c in run.calls if c.kind == "client" and c.ok]
+    assert len(acked) > 10
+    first = acked[0]
+    replies = first.value
+    assert isinstance(replies, Replies)
+    member = next(iter(replies))
+    replies._results[member] = (-1, -1)  # a member "answered" what no run gave
+    with pytest.raises(InvariantViolation, match=r"check \(k\)"):
+        check_actor_run(run)
+    monkeypatch.setattr(ClientCalls, "admit", lambda self, client, seq: None)
+    with pytest.raises(InvariantViolation, match=r"check \((a|f|k)\)"):
+        check_actor_run(run_actor_schedule(3, clients=True))

@@ -32,7 +32,11 @@
 #   (i) durable schedules: a crashed member restarted from its disk while the group runs is
 #       admitted and, after a barrier call, holds exactly the caller's log;
 #   (j) member 0's subscription yielded exactly the calls it delivered, in order, each once, and
-#       its views() iteration exactly the views it installed after its first.
+#       its views() iteration exactly the views it installed after its first;
+#   (k) external clients' calls (relayed, retried through other relays, some sent through two
+#       at once) run once: only their first delivery in the group's order runs anywhere (a
+#       later copy is not a call of (a)), a copy's replies are the first run's outcomes, and
+#       every such call ends acknowledged while the group has survivors.
 """The actor-level contract checker over an :class:`~.actorsim.ActorRun`."""
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from typing import Any
 from derecho_async import wire
 from derecho_async.api import HandlerError, Replies
 from derecho_async.errors import GroupClosed, MemberFailed, PartitionedError, UsageError
-from derecho_async.testing.actorsim import ActorRun
+from derecho_async.testing.actorsim import ActorRun, CallOutcome
 from derecho_async.testing.checker import InvariantViolation
 from derecho_async.testing.simlog import RAISE_BEFORE, StateKey, state_of
 
@@ -97,8 +101,24 @@ def check_actor_run(run: ActorRun) -> None:
     # -- what each member delivered and ran ----------------------------------------------------
     delivered: dict[int, list[tuple[Version, int, int | None]]] = {}  # (version, sender, cid)
     version_of: dict[int, dict[int, Version]] = {}  # member -> cid -> version
+    # (k) an external client's call may be delivered more than once (a copy per relay that
+    # sent it): the first delivery in the group's order is the call, the rest are copies
+    first_copy: dict[int, Version] = {}
+    copies: dict[int, set[Version]] = {}  # cid -> the versions of all its deliveries
+    for delivered_here in obs.deliveries.values():
+        for dv in delivered_here:
+            if isinstance(dv.payload, bytes) and wire.client_tag(dv.payload) is not None:
+                cid = _cid(dv.payload)
+                if cid is not None:
+                    where = (dv.view_id, dv.seq)
+                    copies.setdefault(cid, set()).add(where)
+                    if cid not in first_copy or where < first_copy[cid]:
+                        first_copy[cid] = where
+    all_delivered: dict[int, list[Version]] = {}  # every delivery, copies included ((j))
     for m, events in obs.deliveries.items():
+        all_delivered[m] = [(e.view_id, e.seq) for e in events]
         rows = [((e.view_id, e.seq), e.sender, _cid(e.payload)) for e in events]
+        rows = [r for r in rows if r[2] not in first_copy or first_copy[r[2]] == r[0]]
         delivered[m] = rows
         seen: dict[int, Version] = {}
         for version, _sender, cid in rows:
@@ -261,8 +281,15 @@ def check_actor_run(run: ActorRun) -> None:
     def record_of(m: int, cid: int) -> tuple[bool, object, StateKey] | None:
         return ends.get(m, {}).get(cid)
 
+    any_end: dict[int, tuple[bool, object, StateKey]] = {}
+    for per_member in ends.values():
+        for cid, end in per_member.items():
+            any_end.setdefault(cid, end)
     for call in run.calls:
         if not call.ok:
+            continue
+        if call.kind.startswith("client"):
+            _check_client_call(call, copies, members_of, any_end, survivors, fail)
             continue
         if call.kind == "cast":
             got_v = version_of.get(call.caller, {}).get(call.cid)
@@ -341,6 +368,9 @@ def check_actor_run(run: ActorRun) -> None:
 
     # -- (f) nothing lost ----------------------------------------------------------------------------
     for call in run.calls:
+        if call.kind.startswith("client") and not call.ok and survivors and barrier_ok:
+            raise fail("k", f"client call {call.cid} was never acknowledged though the group "
+                            f"has survivors: {call.value!r}")
         if call.ok is None:
             if call.caller in survivors:
                 raise fail("f", f"call {call.cid} ({call.kind}) of survivor {call.caller} never "
@@ -364,7 +394,7 @@ def check_actor_run(run: ActorRun) -> None:
 
     # -- (j) notifications at member 0 -----------------------------------------------------------
     if 0 in obs.views:
-        mine = [v for v, _s, _c in delivered.get(0, [])]
+        mine = all_delivered.get(0, [])
         if run.subscription_end is not None:
             raise fail("j", f"member 0's subscription ended: {run.subscription_end}")
         if run.subscribed != mine:
@@ -390,6 +420,49 @@ def check_actor_run(run: ActorRun) -> None:
                 raise fail("d", f"member {m}: the group reported call {cid} at {version} "
                                 f"{'ok' if ok else 'failed'} but the handler "
                                 f"{'returned' if reported[0] else 'raised'}")
+
+
+def _check_client_call(call: CallOutcome, copies: dict[int, set[Version]],
+                       members_of: dict[int, tuple[int, ...]],
+                       any_end: dict[int, tuple[bool, object, StateKey]],
+                       survivors: set[int], fail: _Fail) -> None:
+    """(k) An acknowledged external client's call: its version is one of its deliveries', and
+    each reply is the outcome of the one run of it (the first delivery's)."""
+    if call.kind == "client_cast":
+        version: Any = tuple(call.value)  # type: ignore[arg-type]
+        if version not in copies.get(call.cid, set()):
+            raise fail("k", f"client cast {call.cid} resolved to {call.value}, a version at "
+                            "which no member delivered it")
+        return
+    replies = call.value
+    assert isinstance(replies, Replies)
+    if replies.version not in copies.get(call.cid, set()):
+        raise fail("k", f"client call {call.cid}: Replies.version {replies.version} is no "
+                        "delivery of it")
+    expected = members_of.get(replies.version[0])
+    if expected is not None and set(replies) != set(expected):
+        raise fail("k", f"client call {call.cid}: replies from {sorted(replies)}, but view "
+                        f"{replies.version[0]} is {list(expected)}")
+    end = any_end.get(call.cid)
+    for m in replies:
+        value = replies[m]
+        if isinstance(value, MemberFailed):
+            if m in survivors:
+                raise fail("k", f"client call {call.cid}: survivor {m} reported as {value!r}")
+            continue
+        if end is None:
+            raise fail("k", f"client call {call.cid}: member {m} replied {value!r} but no "
+                            "replica ran it")
+        ok, result, _ = end
+        if ok:
+            good = value == (list(result) if isinstance(result, tuple) else result) or (
+                value == result)
+        else:
+            assert isinstance(result, tuple)
+            good = value == HandlerError(m, result[0], result[1])
+        if not good:
+            raise fail("k", f"client call {call.cid}: member {m} answered {value!r}, but the "
+                            f"call's one run gave {result!r}")
 
 
 def _check_rejoins(run: ActorRun, fail: _Fail) -> None:

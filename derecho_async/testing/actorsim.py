@@ -35,6 +35,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import random
 import time
@@ -42,10 +43,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from derecho_async import wire
 from derecho_async.api import Group
 from derecho_async.config import Config
 from derecho_async.core import Delivered, ViewInstalled
-from derecho_async.errors import GroupClosed, PartitionedError, SubscriptionDropped
+from derecho_async.errors import GroupClosed, PartitionedError, QueueFull, SubscriptionDropped
 from derecho_async.runtime.observer import GroupObserver
 from derecho_async.testing.simdisk import SimDisk
 from derecho_async.testing.simlog import (
@@ -258,11 +260,12 @@ def run_actor_schedule(seed: int, **knobs: Any) -> ActorRun:
     True), ``max_virtual_s`` (60), ``log_level`` of the groups (CRITICAL), ``skew_member`` (a
     member whose replica hashes some calls wrongly: a divergence the checker must catch), and
     any drawn knob (``window``, ``max_queued_calls``, ``p_slow``, ``p_raise``, ``durable``,
-    ``snapshot_every``...). Nothing is checked here: see
+    ``snapshot_every``, ``clients``...). Nothing is checked here: see
     :func:`derecho_async.testing.actorcheck.check_actor_run`.
     """
     rng = random.Random(seed)
     disk_rng = random.Random(f"durable-{seed}")  # (the schedules without disks stay as they were)
+    client_rng = random.Random(f"clients-{seed}")  # (and those without clients)
     drawn: dict[str, Any] = {
         "members": rng.randint(2, 5),
         "steps": rng.randint(20, 60),
@@ -281,6 +284,7 @@ def run_actor_schedule(seed: int, **knobs: Any) -> ActorRun:
         "durable": disk_rng.random() < 0.5,
         "snapshot_every": disk_rng.choice([3, 10, 10000]),
         "disk_seed": disk_rng.randrange(1 << 30),
+        "clients": client_rng.random() < 0.5,
     }
     for k in knobs:
         if k not in drawn:
@@ -416,6 +420,59 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
 
         tasks.append(asyncio.ensure_future(wait()))
 
+    crng = random.Random(f"clients-calls-{run.seed}")
+    client_ids = [hashlib.sha256(b"client %d %d" % (run.seed, i)).digest()[:16] for i in range(3)]
+    client_seqs = [0, 0, 0]
+
+    def draw_client_call() -> None:
+        """An external client's call, relayed by a live member and sent again through another
+        whenever its relay fails or is slow to answer (sometimes through two at once): the
+        members must apply it once."""
+        nonlocal next_cid
+        cid = next_cid
+        next_cid += 1
+        who = crng.randrange(len(client_ids))
+        seq = client_seqs[who]
+        client_seqs[who] += 1
+        mode = OK if crng.random() >= float(knobs["p_raise"]) else crng.choice(
+            [RAISE_BEFORE, RAISE_AFTER])
+        kind = "client_cast" if crng.random() < 0.3 else "client"
+        name = "SimLog.add.cast" if kind == "client_cast" else "SimLog.add"
+        body = wire.encode_call(name, (cid, mode), {})
+        doubled = crng.random() < 0.3  # a second copy at once, through another relay
+        out = CallOutcome(-1 - who, cid, kind, "add", mode)
+        run.calls.append(out)
+
+        async def call() -> None:
+            attempts: list[asyncio.Future[Any]] = []
+            tries = 0
+            deadline = loop.time() + 20.0
+            while loop.time() < deadline:
+                relays = sorted(live)
+                if relays:
+                    copies = 2 if doubled and tries == 0 else 1
+                    for k in range(copies):
+                        m = relays[(cid + tries + k) % len(relays)]
+                        with contextlib.suppress(GroupClosed, PartitionedError, QueueFull):
+                            attempts.append(asyncio.ensure_future(groups[m].relay.submit(
+                                client_ids[who], "SimLog", seq, body)))
+                    tries += 1
+                if not attempts:
+                    await asyncio.sleep(0.05)
+                    continue
+                done, _ = await asyncio.wait(attempts, timeout=0.3,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    attempts.remove(fut)
+                    if not fut.cancelled() and fut.exception() is None:
+                        out.ok, out.value, out.at = True, fut.result(), loop.time()
+                        for rest in attempts:
+                            rest.cancel()  # (only this client's wait: the call may still run)
+                        return
+            out.ok, out.value, out.at = False, GroupClosed("no relay answered"), loop.time()
+
+        tasks.append(asyncio.ensure_future(call()))
+
     def draw_read(caller: int) -> None:
         members = groups[caller].view.members
         target = rng.choice(members)
@@ -504,6 +561,9 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
                 draw_call(rng.choice(sorted(live)))
         else:
             draw_read(rng.choice(sorted(live)))
+        if knobs["clients"] and live and crng.random() < 0.3:
+            for _ in range(crng.choice([1, 1, 3])):
+                draw_client_call()
 
     # the end: heal everything, let every call finish, then a barrier call from a live member
     if partitioned_until is not None:
