@@ -148,6 +148,7 @@ class Client:
         self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._failovers = 0
         self._last_error = ""  # why the last member tried did not take this client
+        self._max_call = 1 << 30  # a call's encoded bytes, at most (the relay says)
 
     # -- lifecycle -------------------------------------------------------------------------
     @classmethod
@@ -304,6 +305,11 @@ class Client:
         return await self._request((cw.P2P, member, spec.name, body), False)  # type: ignore[no-any-return]
 
     async def _request(self, frame: tuple[object, ...], one_way: bool) -> Any:
+        body = frame[-1]
+        assert isinstance(body, bytes)
+        if len(body) > self._max_call:  # (the relay would refuse the frame, and the next too)
+            raise UsageError(f"a call of {len(body)} bytes encoded is over the members' bound "
+                             f"of {self._max_call} bytes (max_call_mb)")
         rid = next(self._ids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         kind, *fields = frame
@@ -402,7 +408,7 @@ class Client:
     def _on_frame(self, member: int, frame: list[Any]) -> None:
         kind = frame[0]
         if kind == cw.VIEW:
-            _, view_id, members, known = frame
+            _, view_id, members, known, self._max_call = frame
             for row in known:
                 if (isinstance(row, list) and len(row) == 3 and type(row[0]) is int
                         and isinstance(row[1], str) and type(row[2]) is int):

@@ -17,7 +17,8 @@ client -> relay::
 
 relay -> client::
 
-    [VIEW, view id, [members], [[member, host, port], ...]]   # at HELLO and every view
+    [VIEW, view id, [members], [[member, host, port], ...], largest call in bytes]
+                                                              # at HELLO and every view
     [DONE, rid, view id, seq, [[member, code, body], ...]]    # codes: OUTCOME_*
     [FAIL, rid, retry, type name, message]   # retry: try another member; else the call's error
     [ANSWER, rid, ok, body, view id, seq + 1]                 # a p2p call's result
@@ -81,7 +82,7 @@ _SHAPES: Final[dict[int, tuple[type | tuple[type, ...], ...]]] = {
     P2P: (int, int, str, bytes),
     SUB: (int, str, int, int),
     UNSUB: (int,),
-    VIEW: (int, list, list),
+    VIEW: (int, list, list, int),
     DONE: (int, int, int, list),
     FAIL: (int, bool, str, str),
     ANSWER: (int, bool, bytes, int, int),

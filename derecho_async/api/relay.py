@@ -103,7 +103,8 @@ class Relay:
         self._secret = (config.secret or "").encode()
         self._max_clients = config.max_clients
         self._slots = config.max_client_calls
-        self._max_frame = (config.max_call_mb << 20) + 4096
+        self._max_call = config.max_call_mb << 20  # a call's encoded bytes, at most
+        self._max_frame = self._max_call + 4096
         self._server: asyncio.Server | None = None
         self._conns: set[_Connection] = set()
         self._closed = False
@@ -145,7 +146,7 @@ class Relay:
     # -- the view --------------------------------------------------------------------------
     def view_frame(self, view: View) -> tuple[object, ...]:
         known = [[m, *self.addresses[m]] for m in view.members if m in self.addresses]
-        return (view.view_id, list(view.members), known)
+        return (view.view_id, list(view.members), known, self._max_call)
 
     def on_view(self, view: View) -> None:
         """A view is installed: every client hears of it."""

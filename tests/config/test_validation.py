@@ -99,6 +99,15 @@ BAD_VALUES: list[tuple[str, object]] = [
     ("listen", "h:-1"),
     ("listen", "h:port"),
     ("listen", None),
+    ("client_listen", "nohost"),
+    ("client_listen", "h:70000"),
+    ("client_listen", 7000),
+    ("max_clients", 0),
+    ("max_clients", (1 << 20) + 1),
+    ("max_clients", "8"),
+    ("max_client_calls", 0),
+    ("max_client_calls", 1025),
+    ("max_client_calls", 1.5),
     ("peers", {0: "h:0"}),
     ("peers", {-1: "h:1"}),
     ("peers", {"0": "h:1"}),
@@ -296,6 +305,14 @@ def test_tcp_requires_secret() -> None:
     assert make(transport="tcp", secret=SECRET).secret == SECRET
 
 
+def test_serving_clients_requires_a_secret() -> None:
+    with pytest.raises(ConfigError) as info:
+        make(client_listen="127.0.0.1:0")
+    assert info.value.key == "secret"
+    assert "client_listen" in info.value.expected
+    assert make(client_listen="127.0.0.1:0", secret=SECRET).client_listen == "127.0.0.1:0"
+
+
 def test_secret_is_hidden() -> None:
     c = make(secret=SECRET)
     assert SECRET not in repr(c)
@@ -347,7 +364,7 @@ def test_unknown_key_in_constructor() -> None:
     assert info.value.key == "heartbeat"
     assert info.value.got == 5
     assert info.value.expected.startswith(
-        "one of: check_p2p_reads, contact, data_dir, fence_timeout_s, gpu_busy_poll_us,"
+        "one of: check_p2p_reads, client_listen, contact, data_dir, fence_timeout_s,"
     )
     assert "heartbeat_ms," in info.value.expected
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -278,3 +279,53 @@ async def test_a_slow_subscriber_is_dropped_not_buffered_without_bound() -> None
             await asyncio.wait_for(anext(sub), 5)
     await client.close()
     await leave(groups)
+
+
+async def test_a_call_over_the_members_bound_is_refused_at_the_client() -> None:
+    name = f"cl{next(_ids)}"
+    groups = await start(name, n=1, max_call_mb=1)
+    async with await da.Client.connect(group=name, peers=peers(groups), secret=SECRET) as c:
+        with pytest.raises(da.UsageError, match="max_call_mb"):
+            await c.subgroup(Counter).fail("x" * (2 << 20))
+        assert dict(await c.subgroup(Counter).bump(1)) == {0: 1}  # the client goes on
+    await leave(groups)
+
+
+async def test_clients_speak_tls_with_members_that_have_certificates(tmp_path: Path) -> None:
+    pytest.importorskip("cryptography")
+    from derecho_async.certs import issue
+
+    name = f"cl{next(_ids)}"
+    files = issue(tmp_path, name, [0])
+    groups = await start(name, n=1, tls_cert=str(files[0].cert), tls_key=str(files[0].key),
+                         tls_ca=str(files[0].ca))
+    tls = ssl.create_default_context(cafile=str(files[0].ca))
+    tls.check_hostname = False  # (the certificate names the member, not the host)
+    async with await da.Client.connect(group=name, peers=peers(groups), secret=SECRET,
+                                       tls=tls) as c:
+        assert dict(await c.subgroup(Counter).bump(3)) == {0: 3}
+    with pytest.raises(da.GroupClosed, match="no member"):  # plain tcp: no handshake at all
+        await da.Client.connect(group=name, peers=peers(groups), secret=SECRET, timeout=0.5)
+    await leave(groups)
+
+
+async def test_a_subscription_resumes_at_the_next_relay_from_the_log(tmp_path: Path) -> None:
+    net = SimNetwork(random.Random(5), max_delay_s=0.0005)
+    name = f"cl{next(_ids)}"
+    groups = await start(name, data_dir=tmp_path, net=net)
+    client = await da.Client.connect(group=name, peers=peers(groups), secret=SECRET)
+    relay = client.relay
+    assert relay is not None
+    sub = client.subscribe(Counter)
+    first = asyncio.ensure_future(anext(sub))
+    await asyncio.sleep(0.05)
+    counter = client.subgroup(Counter)
+    versions = [(await counter.bump(i)).version for i in range(3)]
+    assert (await first).version == versions[0]
+    crash_group(net, groups[relay])  # the relay goes: the subscription moves with the client
+    versions += [(await counter.bump(i)).version for i in range(3, 8)]
+    got = [await asyncio.wait_for(anext(sub), 10) for _ in range(7)]
+    assert [e.version for e in got] == versions[1:]  # nothing missed, nothing twice
+    assert client.relay != relay
+    await client.close()
+    await leave([g for g in groups if g.member_id != relay])
