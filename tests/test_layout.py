@@ -3,17 +3,23 @@ inadequate view that carries no traffic until a join makes it adequate."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from derecho_async.core import (
     CoreConfig,
     Delivered,
     Layout,
     Member,
     Send,
+    SendFailed,
     SubgroupSpec,
     View,
     ViewInstalled,
     Welcome,
 )
+from derecho_async.errors import UsageError
 
 LAYOUT = Layout((SubgroupSpec("all"), SubgroupSpec("kv", shards=2, min_per_shard=2)))
 
@@ -106,3 +112,59 @@ def test_an_inadequate_view_holds_traffic_until_a_join_makes_it_adequate() -> No
     assert f.cores[0].view.members == (0, 1, 2, 3)
     assert [d.payload for d in f.delivered[0]] == [b"waits"]
     assert [d.payload for d in f.delivered[3]] == [b"waits"]
+
+
+def _blocks(members: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """A policy: shard 0 the first two members by rank, shard 1 the next two."""
+    return [members[:2], members[2:4]]
+
+
+BLOCKS = Layout((SubgroupSpec("kv", shards=2, policy=_blocks),))
+
+
+def test_a_policy_assigns_the_members_and_is_checked() -> None:
+    got = BLOCKS.assign((5, 6, 7, 8, 9))
+    assert got.find("kv", 0).members == (5, 6)  # type: ignore[union-attr]
+    assert got.find("kv", 1).members == (7, 8)  # type: ignore[union-attr]
+    assert got.shards_of(9) == [] and got.adequate
+    assert not BLOCKS.assign((5, 6)).adequate  # shard 1 empty
+    for bad, says in ((lambda m: [m], "not 2 shards"), (lambda m: [m[:1], m[:1]], "twice"),
+                      (lambda m: [(99,), ()], "not in the view"), (lambda m: "ab", "not 2")):
+        with pytest.raises(UsageError, match=says):
+            Layout((SubgroupSpec("kv", shards=2, policy=bad),)).assign((5, 6))
+
+
+def test_a_sender_moved_to_another_shard_fails_its_queued_messages() -> None:
+    """Member 1 leaves: the blocks policy moves member 2 from shard 1 to shard 0. Its message
+    queued while the view changed was meant for shard 1: it fails (SendFailed), it is not
+    delivered in shard 0."""
+    config = CoreConfig(layout=BLOCKS, suspect_after=1000, join_retry=5)
+    ids = (0, 1, 2, 3, 4)
+    f = Fabric({m: Member(m, config, view=View(0, ids)) for m in ids})
+    failed: list[SendFailed] = []
+    original = f.cores[2].ready
+
+    def ready() -> Any:
+        r = original()
+        failed.extend(e for e in r.events if isinstance(e, SendFailed))
+        return r
+
+    f.cores[2].ready = ready  # type: ignore[method-assign]
+    assert f.cores[2].submit("kv", b"for shard 1") is not None
+    f.run(30)
+    assert [d.payload for d in f.delivered[3]] == [b"for shard 1"]
+    f.cores[1].leave()
+    for _ in range(200):
+        f.run(1)
+        if f.cores[2].wedged:
+            break
+    msg_no = f.cores[2].submit("kv", b"also for shard 1")
+    assert msg_no is not None
+    f.run(300)
+    assert f.cores[2].view.members == (0, 2, 3, 4)
+    assert [e.msg_no for e in failed] == [msg_no]
+    assert "moved from shard 1 to shard 0" in failed[0].reason
+    assert all(d.payload != b"also for shard 1" for m in ids for d in f.delivered[m])
+    assert f.cores[2].submit("kv", b"for shard 0") is not None  # a new one goes to shard 0
+    f.run(50)
+    assert [d.payload for d in f.delivered[0]][-1] == b"for shard 0"

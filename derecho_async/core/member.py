@@ -129,6 +129,8 @@ class Member:
         self._ready = Ready()
         self._msg_no = 0
         self.queues: dict[str, deque[Outgoing]] = {s.name: deque() for s in self.layout.subgroups}
+        # per subgroup, the shard this member sends to (as of the last adequate view)
+        self._sent_in: dict[str, int] = {}
         self._held: dict[int, list[tuple[int, int, bytes]]] = {}
         self._held_count = 0
         self._landed_early: dict[DataKey, object] = {}
@@ -499,14 +501,20 @@ class Member:
         self._awaiting = {}
         self.state = _ACTIVE
         if self.assignment.adequate:
-            senders_of = {s.subgroup for s in self.assignment.shards if self.member_id in s.senders}
+            # a queued message goes to the shard of its subgroup its sender was in when it was
+            # sent: a sender now in no shard of it, or in another one, fails it instead
+            mine = {s.subgroup: s.shard for s in self.assignment.shards
+                    if self.member_id in s.senders}
             for sub, q in self.queues.items():
-                if q and sub not in senders_of:
+                was = self._sent_in.get(sub)
+                now = mine.get(sub)
+                if q and (now is None or (was is not None and was != now)):
+                    why = ("no longer a sender of this subgroup" if now is None else
+                           f"this member moved from shard {was} to shard {now} of it")
                     for out in q:
-                        self._ready.events.append(
-                            SendFailed(sub, out.msg_no, "no longer a sender of this subgroup")
-                        )
+                        self._ready.events.append(SendFailed(sub, out.msg_no, why))
                     q.clear()
+            self._sent_in = mine
         self._ready.events.append(
             ViewInstalled(view, joined, departed, self.assignment.adequate, state, sponsor)
         )
