@@ -16,6 +16,7 @@ from derecho_async.api.group import Group
 from derecho_async.api.handles import P2PCall, SubgroupHandle
 from derecho_async.api.logged_calls import HistoryEntry
 from derecho_async.api.p2pcalls import Versioned
+from derecho_async.api.sharding import Sharded
 
 __all__ = [
     "Actor",
@@ -27,6 +28,7 @@ __all__ = [
     "HistoryEntry",
     "P2PCall",
     "Replies",
+    "Sharded",
     "SubgroupHandle",
     "Versioned",
     "actor_spec",

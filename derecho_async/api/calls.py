@@ -180,8 +180,8 @@ class CallTable:
         # One-way calls of mine not delivered yet: msg_no -> future of their version.
         self.casts: dict[int, asyncio.Future[tuple[int, int]]] = {}
         self._early_replies: dict[int, dict[int, object]] = {}
-        # Shard members per subgroup in the current view (whose replies an ordered call awaits).
-        self._repliers: dict[str, frozenset[int]] = {}
+        # Members per shard in the current view (whose replies an ordered call awaits).
+        self._repliers: dict[tuple[str, int], frozenset[int]] = {}
         # Backpressure (see room): own calls waiting for room, in call order, and whether this
         # member stopped taking new messages because its handlers lag.
         self._max_queued = config.max_queued_calls
@@ -432,15 +432,15 @@ class CallTable:
             else:
                 self.record_reply(msg_no, sender, value)
 
-    def _expected_repliers(self, subgroup: str) -> frozenset[int]:
-        members = self._repliers.get(subgroup)
+    def _expected_repliers(self, subgroup: str, shard: int) -> frozenset[int]:
+        members = self._repliers.get((subgroup, shard))
         if members is None:
             view = self._state.view
             if view is None:
                 raise UsageError("the group has not installed a view yet")
-            info = self._layout.assign(view.members).find(subgroup)
+            info = self._layout.assign(view.members).find(subgroup, shard)
             members = frozenset(info.members if info is not None else view.members)
-            self._repliers[subgroup] = members
+            self._repliers[(subgroup, shard)] = members
         return members
 
     def on_own_delivered(self, ev: Delivered) -> None:
@@ -454,7 +454,7 @@ class CallTable:
                 return
         call = self.pending.get(ev.msg_no)
         if call is not None:
-            call.expected = self._expected_repliers(ev.subgroup)
+            call.expected = self._expected_repliers(ev.subgroup, ev.shard)
             call.version = (ev.view_id, ev.seq)
             early = self._early_replies.pop(ev.msg_no, None)
             if early:

@@ -25,6 +25,7 @@ from derecho_async.api.calls import CallTable, decode_result
 from derecho_async.api.delivery import Dispatcher, Hosted
 from derecho_async.api.durable import Durable
 from derecho_async.api.handles import SubgroupHandle, check_version
+from derecho_async.api.handoff import Handoffs
 from derecho_async.api.logged_calls import HistoryEntry
 from derecho_async.api.membership import Membership
 from derecho_async.api.notify import Notifier
@@ -33,6 +34,7 @@ from derecho_async.api.p2pcalls import P2PServer
 from derecho_async.api.rejoin import LogSuffixes
 from derecho_async.api.relay import Relay
 from derecho_async.api.restart import Restart
+from derecho_async.api.sharding import Sharded
 from derecho_async.config import Config
 from derecho_async.core import (
     Delivered,
@@ -85,7 +87,7 @@ class Group:
     def __init__(
         self,
         config: Config,
-        actors: Sequence[type[Actor]] = (),
+        actors: Sequence[type[Actor] | Sharded] = (),
         *,
         transport: Transport | None = None,
         observer: GroupObserver | None = None,
@@ -109,11 +111,17 @@ class Group:
         self._observer = observer
         self._state = state = Membership(config, config.member_id)
         self._specs: dict[str, ActorSpec] = {}
-        for cls in actors:
-            spec = actor_spec(cls)
+        self._sharded: dict[str, Sharded] = {}  # the sharded actors (api/sharding.py)
+        for item in actors:
+            spec = actor_spec(item.cls if isinstance(item, Sharded) else item)
             if spec.name in self._specs:
                 raise UsageError(f"two actor classes named {spec.name!r}")
             self._specs[spec.name] = spec
+            if isinstance(item, Sharded):
+                self._sharded[spec.name] = item
+        if self._sharded and config.data_dir is not None:
+            raise UsageError("sharded actors cannot be durable yet: leave data_dir unset, or "
+                             "the actor unsharded")
         self._actors: dict[str, Actor] = {}
         self._runners: dict[str, SerialRunner] = {}
         for name, spec in self._specs.items():
@@ -123,7 +131,10 @@ class Group:
         hosted = {name: Hosted(spec, self._runners[name], self._actors[name], {})
                   for name, spec in self._specs.items()}
         names = tuple(self._specs) or ("default",)
-        self.layout = Layout(tuple(SubgroupSpec(n) for n in names))
+        self.layout = Layout(tuple(
+            SubgroupSpec(n, shards=sh.shards, min_per_shard=sh.min_replicas,
+                         policy=sh.policy()) if (sh := self._sharded.get(n)) is not None
+            else SubgroupSpec(n) for n in names))
         self._calls = calls = CallTable(state, self.layout, tuple(self._runners.values()),
                                         clock)
         self._p2p = P2PServer(state, self._specs, hosted)
@@ -142,7 +153,12 @@ class Group:
             self._rejoin = LogSuffixes(self._durable, config.snapshot_every)
         self._notifier = Notifier(clock, self._rewire)
         # serves external clients (listening only with client_listen)
-        self._relay = Relay(state, self._specs, calls, self._p2p, self.subscribe, clock)
+        self._relay = Relay(state, self._specs, calls, self._p2p, self.subscribe, clock,
+                            frozenset(self._sharded))
+        # moves sharded actors' state to the members that gain their shards
+        self._handoffs = Handoffs(config.member_id, self._sharded, hosted, self._once,
+                                  self._send, config.state_chunk_kb << 10,
+                                  config.state_stall_s, self._shard_failed)
         self._rewire()
         self._closed_future: asyncio.Future[None] | None = None
         self._driver: Driver | None = None
@@ -159,7 +175,7 @@ class Group:
     async def join(
         cls,
         config: Config,
-        actors: Sequence[type[Actor]] = (),
+        actors: Sequence[type[Actor] | Sharded] = (),
         *,
         timeout: float | None = 60.0,
         transport: Transport | None = None,
@@ -193,8 +209,10 @@ class Group:
                 grace_s=2 * self.config.suspect_after_ms / 1000,
                 stall_s=self.config.state_stall_s, fail=self._restart_failed)
             driver.hold_bootstrap = self._restart.is_contact
-        self._xfer = StateTransfer(driver, self._actors, self._runners, self._observer,
-                                   self._rejoin, self._once)
+        plain = [n for n in self._actors if n not in self._sharded]  # (shards: handoffs)
+        self._xfer = StateTransfer(driver, {n: self._actors[n] for n in plain},
+                                   {n: self._runners[n] for n in plain}, self._observer,
+                                   self._rejoin, {n: self._once[n] for n in plain})
         try:
             await driver.start()
         except BaseException:
@@ -260,6 +278,19 @@ class Group:
         await driver.close()
         if self._durable is not None:
             await self._durable.aclose()
+
+    def _send(self, member: int, data: bytes) -> None:
+        driver = self._driver
+        if driver is not None and not driver.closed:
+            driver.transport.send(member, data)
+
+    def _shard_failed(self, reason: str) -> None:
+        """A shard's state could not reach this member: it leaves (nobody else does)."""
+        log.error("member %d: %s; leaving the group", self.member_id, reason)
+        driver = self._driver
+        if driver is not None and self._state.exiting is None:
+            self._state.exiting = GroupClosed(reason)
+            driver.leave(reason)
 
     def _announce(self, members: Sequence[int]) -> None:
         """Tell ``members`` where this member serves clients (they tell their clients)."""
@@ -370,12 +401,37 @@ class Group:
     def member_id(self) -> int:
         return self.config.member_id
 
-    def subgroup(self, actor: type[Actor]) -> SubgroupHandle:
-        """The handle for calls into ``actor``'s subgroup."""
-        return SubgroupHandle(self._calls, self._p2p, self._spec_of(actor), self._durable)
+    def subgroup(self, actor: type[Actor], shard: int | None = None) -> SubgroupHandle:
+        """The handle for calls into ``actor``'s subgroup; for a sharded actor, into its shard
+        ``shard``: ordered among that shard's members (made at a member that hosts it), p2p
+        calls to them."""
+        spec = self._spec_of(actor)
+        sharded = self._sharded.get(spec.name)
+        if sharded is None:
+            if shard not in (None, 0):
+                raise UsageError(f"{spec.name} is not sharded: no shard {shard!r}")
+            return SubgroupHandle(self._calls, self._p2p, spec, self._durable)
+        if shard is None and sharded.shards == 1:
+            shard = 0
+        if type(shard) is not int or not 0 <= shard < sharded.shards:
+            raise UsageError(f"{spec.name} has shards 0 to {sharded.shards - 1}: say which "
+                             f"(subgroup({spec.name}, shard=k)), not {shard!r}")
+        name, k = spec.name, shard
+        return SubgroupHandle(self._calls, self._p2p, spec, None, shard,
+                              lambda: self.shards(actor).get(k, ()) if name else ())
+
+    def shards(self, actor: type[Actor]) -> dict[int, tuple[int, ...]]:
+        """``actor``'s shards in the current view: shard -> its members (rank order). An
+        unsharded actor is one shard of every member."""
+        spec = self._spec_of(actor)
+        view = self.view
+        assigned = self.layout.assign(view.members)
+        return {info.shard: info.members for info in assigned.shards
+                if info.subgroup == spec.name}
 
     def local(self, actor: type[Actor]) -> Actor:
-        """This member's own replica of ``actor`` (for local reads)."""
+        """This member's own replica of ``actor`` (for local reads); of a sharded actor, the
+        replica of the shard it hosts (``shards()`` says which), empty when it hosts none."""
         return self._actors[self._spec_of(actor).name]
 
     def device_buffer(self, shape: int | tuple[int, ...], dtype: str = "float32") -> Any:
@@ -455,6 +511,8 @@ class Group:
             _, _sub, msg_no, ok, body = msg
             assert isinstance(msg_no, int) and isinstance(body, bytes)
             self._calls.record_reply(msg_no, sender, decode_result(sender, bool(ok), body))
+        elif kind in (env.HANDOFF, env.HANDOFF_EMPTY):
+            self._handoffs.on_message(sender, msg)
         elif kind == env.CLIENT_ADDR:
             self._relay.heard(sender, str(msg[1]), int(msg[2]))  # type: ignore[call-overload]
         elif kind == env.P2P_REQ:
@@ -511,6 +569,9 @@ class Group:
         )
         state.view = ev.view
         self.history.append(ev.view)
+        if self._sharded:
+            self._handoffs.on_view(ev.view, ev.joined, ev.state is None and state.me in ev.joined,
+                                   self.layout.assign(ev.view.members))
         self._notifier.on_view(ev.view)
         self._relay.on_view(ev.view)
         self._announce(ev.joined)

@@ -12,7 +12,7 @@ See docs/DESIGN.md §7.2.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from derecho_async.api.calls import CAST
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from derecho_async.api.logged_calls import HistoryEntry, Version
     from derecho_async.api.p2pcalls import P2PServer, Versioned
 
-__all__ = ["OrderedMethod", "P2PCall", "P2PMethod", "SubgroupHandle"]
+__all__ = ["OrderedMethod", "P2PCall", "P2PMethod", "ShardMethod", "SubgroupHandle"]
 
 
 class OrderedMethod:
@@ -84,19 +84,61 @@ class P2PCall:
 
 
 class P2PMethod:
-    """A ``@p2p`` method of a handle: bind it to a member with :meth:`at`."""
+    """A ``@p2p`` method of a handle: bind it to a member with :meth:`at`, or to this member
+    (or, for a shard it does not host, one that does) with :meth:`any`."""
 
-    __slots__ = ("_name", "_p2p", "_spec")
+    __slots__ = ("_hosts", "_name", "_p2p", "_spec")
 
-    def __init__(self, p2p: P2PServer, spec: ActorSpec, name: str) -> None:
+    def __init__(self, p2p: P2PServer, spec: ActorSpec, name: str,
+                 hosts: Callable[[], tuple[int, ...]] | None = None) -> None:
         self._p2p = p2p
         self._spec = spec
         self._name = name
+        self._hosts = hosts  # a sharded handle's: the members of its shard now
 
     def at(self, member: int) -> P2PCall:
         """The call bound to ``member``: ``await handle.method.at(m)(*args)``, or
-        ``await handle.method.at(m).versioned(*args)`` (see :class:`P2PCall`)."""
+        ``await handle.method.at(m).versioned(*args)`` (see :class:`P2PCall`). For a shard's
+        handle, ``member`` must host that shard (UsageError otherwise)."""
+        if self._hosts is not None:
+            hosts = self._hosts()
+            if member not in hosts:
+                raise UsageError(f"member {member} does not host this shard of "
+                                 f"{self._spec.name} (its hosts: {list(hosts)})")
         return P2PCall(self._p2p, self._spec, self._name, member)
+
+    def any(self) -> P2PCall:
+        """The call bound to this member, or (a shard it does not host) to the shard's
+        lowest-ranked member."""
+        me = self._p2p.me
+        if self._hosts is not None:
+            hosts = self._hosts()
+            if me not in hosts:
+                if not hosts:
+                    raise UsageError(f"no member hosts this shard of {self._spec.name} now")
+                me = hosts[0]
+        return P2PCall(self._p2p, self._spec, self._name, me)
+
+
+class ShardMethod(OrderedMethod):
+    """An ``@ordered`` method of a shard's handle: made here when this member hosts the shard
+    (ordered among the shard's members), refused with UsageError otherwise."""
+
+    __slots__ = ("_check",)
+
+    def __init__(self, calls: CallTable, spec: ActorSpec, name: str,
+                 check: Callable[[], None]) -> None:
+        super().__init__(calls, spec, name)
+        self._check = check
+
+    def __call__(self, *args: object, **kwargs: object) -> Awaitable[Replies]:
+        self._check()
+        return self._calls.ordered_call(self._spec, self._wire, args, kwargs)
+
+    def cast(self, *args: object, **kwargs: object) -> asyncio.Future[tuple[int, int]]:
+        """As :meth:`OrderedMethod.cast`, within the shard."""
+        self._check()
+        return self._calls.cast(self._spec, self._cast_wire, args, kwargs)
 
 
 class SubgroupHandle:
@@ -106,11 +148,15 @@ class SubgroupHandle:
     for ``@p2p`` methods."""
 
     def __init__(self, calls: CallTable, p2p: P2PServer, spec: ActorSpec,
-                 durable: Durable | None = None) -> None:
+                 durable: Durable | None = None, shard: int | None = None,
+                 hosts: Callable[[], tuple[int, ...]] | None = None) -> None:
         self._calls = calls
         self._p2p = p2p
         self._spec = spec
         self._durable = durable
+        self.shard = shard
+        """The shard of a sharded actor this handle calls (None: the actor is not sharded)."""
+        self._hosts = hosts
 
     # -- durability (a group with ``data_dir``; README "Durability") ---------------------------
     def _durable_state(self) -> Durable:
@@ -153,14 +199,27 @@ class SubgroupHandle:
         kind = self._spec.kind_of(name)
         method: OrderedMethod | P2PMethod
         if kind == "ordered":
-            method = OrderedMethod(self._calls, self._spec, name)
+            if self._hosts is None:
+                method = OrderedMethod(self._calls, self._spec, name)
+            else:
+                method = ShardMethod(self._calls, self._spec, name, self._check_hosted)
         elif kind == "p2p":
-            method = P2PMethod(self._p2p, self._spec, name)
+            method = P2PMethod(self._p2p, self._spec, name, self._hosts)
         else:
             raise AttributeError(
                 f"actor {self._spec.name} has no @ordered or @p2p method {name!r}")
         self.__dict__[name] = method
         return method
+
+
+    def _check_hosted(self) -> None:
+        assert self._hosts is not None
+        hosts = self._hosts()
+        me = self._p2p.me
+        if me not in hosts:
+            raise UsageError(
+                f"member {me} does not host shard {self.shard} of {self._spec.name} (its "
+                f"hosts: {list(hosts)}): make the call at one of them, or use a da.Client")
 
 
 def check_version(version: object) -> Version:

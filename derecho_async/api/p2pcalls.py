@@ -75,6 +75,11 @@ class P2PServer:
         # (after its state restore is queued), in arrival order
         self._early: list[tuple[int, int, str, str, bytes]] = []
 
+    @property
+    def me(self) -> int:
+        """This member's id."""
+        return self._state.me
+
     # -- calls made here -------------------------------------------------------------------
     async def call(
         self,

@@ -91,7 +91,8 @@ class Relay:
     ``client_listen`` is set."""
 
     def __init__(self, state: Membership, specs: Mapping[str, ActorSpec], calls: CallTable,
-                 p2p: P2PServer, subscribe: Subscribe, clock: Callable[[], int]) -> None:
+                 p2p: P2PServer, subscribe: Subscribe, clock: Callable[[], int],
+                 sharded: frozenset[str] = frozenset()) -> None:
         config = state.config
         self._state = state
         self._me = state.me
@@ -100,6 +101,7 @@ class Relay:
         self._p2p = p2p
         self._subscribe = subscribe
         self._clock = clock
+        self._sharded = sharded  # (clients cannot call sharded actors yet)
         self._secret = (config.secret or "").encode()
         self._max_clients = config.max_clients
         self._slots = config.max_client_calls
@@ -234,6 +236,8 @@ class Relay:
         spec = self._specs.get(actor)
         if spec is None:
             raise UsageError(f"the group has no actor {actor!r}")
+        if actor in self._sharded:
+            raise UsageError(f"{actor} is sharded: clients cannot call sharded actors yet")
         name, _args, _kwargs = wire.decode_call(body)
         one_way = name.endswith(CAST)
         owner, _, method = name.removesuffix(CAST).partition(".")

@@ -25,6 +25,8 @@ __all__ = [
     "GPU_BATCH",
     "GPU_DATA",
     "GPU_POOL",
+    "HANDOFF",
+    "HANDOFF_EMPTY",
     "NCCL_DATA",
     "NCCL_UID",
     "P2P_REQ",
@@ -85,6 +87,9 @@ SUFFIX = 20
 RECOVER_READY = 21  # [RECOVER_READY, epoch] (-> contact: the suffixes are applied and durable)
 RECOVER_LIVE = 22  # [RECOVER_LIVE, view id] (a running member -> a recovering one: join it)
 CLIENT_ADDR = 23  # [CLIENT_ADDR, host, port]: where the sender serves external clients
+# A sharded actor's state to a member that gains the shard at a view (api/handoff.py):
+HANDOFF = 24  # [HANDOFF, actor, shard, view_id, chunk index, chunk count, chunk bytes]
+HANDOFF_EMPTY = 25  # [HANDOFF_EMPTY, actor, shard, view_id]: no host survived: start empty
 
 _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     CORE: (list,),
@@ -111,6 +116,8 @@ _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     RECOVER_READY: (int,),
     RECOVER_LIVE: (int,),
     CLIENT_ADDR: (str, int),
+    HANDOFF: (str, int, int, int, int, bytes),
+    HANDOFF_EMPTY: (str, int, int),
 }
 _MAX_INT = (1 << 63) - 1
 

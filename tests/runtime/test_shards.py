@@ -1,0 +1,150 @@
+"""Sharded actors through the public API, in one process: calls ordered within a shard, the
+assignment, and the state moving to members that gain a shard when views change."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from typing import Any
+
+import pytest
+
+import derecho_async as da
+from derecho_async.testing.simnet import SimNetwork, crash_group
+from tests.runtime.test_durable_group import KV
+
+_ids = itertools.count()
+
+
+def cfg(name: str, member: int, n: int, **kw: Any) -> da.Config:
+    return da.Config(group=name, member_id=member, initial_members=n, transport="sim",
+                     heartbeat_ms=5, suspect_after_ms=300, **kw)
+
+
+async def start(name: str, n: int, sharded: da.Sharded, net: SimNetwork | None = None,
+                ids: range | None = None) -> list[da.Group]:
+    return list(await asyncio.gather(*(
+        da.Group.join(cfg(name, m, n), actors=[sharded], timeout=10,
+                      transport=None if net is None else net.transport(m))
+        for m in (ids or range(n)))))
+
+
+def data(group: da.Group) -> dict[str, bytes]:
+    kv = group.local(KV)
+    assert isinstance(kv, KV)
+    return kv.data
+
+
+async def fill(groups: dict[int, da.Group], shard: int, keys: list[str]) -> None:
+    host = next(iter(groups.values())).shards(KV)[shard][0]
+    handle = groups[host].subgroup(KV, shard=shard)
+    for key in keys:
+        replies = await handle.put(key, key.encode())
+        assert set(replies) == set(groups[host].shards(KV)[shard])
+
+
+async def test_each_shard_orders_its_own_calls_among_its_own_members() -> None:
+    name = f"sh{next(_ids)}"
+    groups = await start(name, 6, da.Sharded(KV, shards=2, replicas=3))
+    assert groups[0].shards(KV) == {0: (0, 2, 4), 1: (1, 3, 5)}  # home shard: id % 2
+    by_id = {g.member_id: g for g in groups}
+    await fill(by_id, 0, ["a", "b"])
+    await fill(by_id, 1, ["c"])
+    assert [sorted(data(g)) for g in groups] == [["a", "b"], ["c"]] * 3
+    other = groups[0].subgroup(KV, shard=1)
+    with pytest.raises(da.UsageError, match="does not host shard 1"):
+        await other.put("x", b"y")
+    assert await other.get.any()("c") == b"c"  # served by a member of shard 1
+    assert await other.get.at(3)("c") == b"c"
+    with pytest.raises(da.UsageError, match="does not host"):
+        other.get.at(2)
+    with pytest.raises(da.UsageError, match="shards 0 to 1"):
+        groups[0].subgroup(KV)
+    for g in groups:
+        await g.leave()
+
+
+async def test_a_joiner_that_replaces_a_crashed_member_gets_its_shards_state() -> None:
+    net = SimNetwork(random.Random(2), max_delay_s=0.0005)
+    name = f"sh{next(_ids)}"
+    sharded = da.Sharded(KV, shards=2, replicas=3)
+    groups = {g.member_id: g for g in await start(name, 6, sharded, net)}
+    await fill(groups, 0, [f"k{i}" for i in range(20)])
+    await fill(groups, 1, ["other"])
+    crash_group(net, groups.pop(2))
+    groups[6] = await da.Group.join(cfg(name, 6, 6), actors=[sharded], timeout=10,
+                                    transport=net.transport(6))
+    assert groups[6].shards(KV)[0] == (0, 4, 6)
+    await fill(groups, 0, ["after"])  # runs after the joiner restored shard 0
+    assert data(groups[6]) == data(groups[0]) and len(data(groups[6])) == 21
+    assert data(groups[1]) == {"other": b"other"}
+    for g in groups.values():
+        await g.leave()
+
+
+def _blocks(members: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """A layout that moves members: shard 0 the first two by rank, shard 1 the next two."""
+    return [members[:2], members[2:4]]
+
+
+async def test_members_that_move_between_shards_take_the_new_shards_state() -> None:
+    """Member 1 leaves: member 2 moves from shard 1 to shard 0, member 4 joins shard 1. Each
+    gets the state of its new shard; none keeps the old one's."""
+    name = f"sh{next(_ids)}"
+    sharded = da.Sharded(KV, shards=2, replicas=2, layout=_blocks)
+    groups = {g.member_id: g for g in await start(name, 5, sharded)}
+    assert groups[0].shards(KV) == {0: (0, 1), 1: (2, 3)}
+    assert data(groups[4]) == {}  # member 4 hosts no shard yet
+    await fill(groups, 0, ["zero"])
+    await fill(groups, 1, ["one"])
+    await groups.pop(1).leave()
+    while groups[0].view.members != (0, 2, 3, 4):
+        await asyncio.sleep(0.01)
+    assert groups[0].shards(KV) == {0: (0, 2), 1: (3, 4)}
+    await fill(groups, 0, ["zero again"])
+    await fill(groups, 1, ["one again"])
+    assert data(groups[0]) == data(groups[2]) == {"zero": b"zero", "zero again": b"zero again"}
+    assert data(groups[3]) == data(groups[4]) == {"one": b"one", "one again": b"one again"}
+    for g in groups.values():
+        await g.leave()
+
+
+async def test_a_view_without_enough_replicas_holds_calls_until_one_has() -> None:
+    net = SimNetwork(random.Random(4), max_delay_s=0.0005)
+    name = f"sh{next(_ids)}"
+    sharded = da.Sharded(KV, shards=2, replicas=2, min_replicas=2)
+    groups = {g.member_id: g for g in await start(name, 4, sharded, net)}
+    crash_group(net, groups.pop(3))  # shard 1 would have one replica: the view is inadequate
+    while groups[0].view.members != (0, 1, 2):
+        await asyncio.sleep(0.01)
+    waiting = asyncio.ensure_future(groups[0].subgroup(KV, shard=0).put("w", b"w"))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # it waits for an adequate view
+    groups[5] = await da.Group.join(cfg(name, 5, 4), actors=[sharded], timeout=10,
+                                    transport=net.transport(5))
+    replies = await asyncio.wait_for(waiting, 10)
+    assert set(replies) == {0, 2}
+    for g in groups.values():
+        await g.leave()
+
+
+async def test_sharded_actors_refuse_what_they_do_not_support_yet(tmp_path: Any) -> None:
+    with pytest.raises(da.UsageError, match="cannot be durable yet"):
+        da.Group(cfg("shx", 0, 1, data_dir=str(tmp_path)),
+                 actors=[da.Sharded(KV, shards=2, replicas=1)])
+    for bad in ({"shards": 0, "replicas": 1}, {"shards": 1, "replicas": 1, "min_replicas": 2},
+                {"shards": 2, "replicas": "3"}):
+        with pytest.raises(da.UsageError):
+            da.Sharded(KV, **bad)
+
+
+async def test_a_client_is_told_it_cannot_call_a_sharded_actor_yet() -> None:
+    secret = "Xq3v9LmP2rT8wYz4Kd7Nf1Bh6Gs5Jc0A"
+    group = await da.Group.join(cfg("shc", 0, 1, secret=secret, client_listen="127.0.0.1:0"),
+                                actors=[da.Sharded(KV, shards=1, replicas=1)], timeout=10)
+    async with await da.Client.connect(group="shc", peers={0: str(group.client_address)},
+                                       secret=secret) as client:
+        with pytest.raises(da.UsageError, match="sharded"):
+            await client.subgroup(KV).put("a", b"1")
+    await group.leave()
