@@ -101,11 +101,11 @@ async def test_client_frames_are_checked_on_arrival() -> None:
         reader.feed_eof()
         return reader
 
-    good = wire.pack([cw.CALL, 1, "KV", 0, b"x"])
-    assert await cw.read_frame(feed(good), 1024) == [cw.CALL, 1, "KV", 0, b"x"]
-    assert (await cw.read_frame(feed(wire.pack([cw.P2P, 2, -1, "KV", b""])), 64))[2] == -1
-    for bad in (wire.pack([cw.CALL, 1, "KV", -1, b"x"]),  # a negative number
-                wire.pack([cw.CALL, 1, "KV", 0]),  # a field short
+    good = wire.pack([cw.CALL, 1, "KV", 0, 0, b"x"])
+    assert await cw.read_frame(feed(good), 1024) == [cw.CALL, 1, "KV", 0, 0, b"x"]
+    assert (await cw.read_frame(feed(wire.pack([cw.P2P, 2, -1, "KV", 0, b""])), 64))[2] == -1
+    for bad in (wire.pack([cw.CALL, 1, "KV", 0, -1, b"x"]),  # a negative number
+                wire.pack([cw.CALL, 1, "KV", 0, 0]),  # a field short
                 wire.pack([99, 1]),  # an unknown kind
                 wire.pack([cw.FAIL, 1, 1, "t", "m"]),  # not a bool
                 wire.pack([cw.END, 1, "x" * 600]),  # a reason too long

@@ -34,7 +34,7 @@ from derecho_async.api.actor import Actor, ActorSpec, actor_spec
 from derecho_async.api.calls import CAST, Replies, decode_result
 from derecho_async.api.handles import check_version
 from derecho_async.api.logged_calls import HistoryEntry
-from derecho_async.api.once import WINDOW
+from derecho_async.api.once import Numbering
 from derecho_async.api.p2pcalls import Versioned
 from derecho_async.core.view import View
 from derecho_async.errors import (
@@ -75,10 +75,11 @@ class _Call:
 
 
 class _Subscription:
-    def __init__(self, sid: int, actor: str, since: tuple[int, int] | None,
+    def __init__(self, sid: int, actor: str, shard: int, since: tuple[int, int] | None,
                  max_backlog: int) -> None:
         self.sid = sid
         self.actor = actor
+        self.shard = shard
         self.since = since  # after a failover: the last version given
         self.queue: asyncio.Queue[HistoryEntry | BaseException] = asyncio.Queue()
         self.max_backlog = max_backlog
@@ -86,38 +87,13 @@ class _Subscription:
 
     def frame(self) -> tuple[object, ...]:
         since = self.since
-        return (self.sid, self.actor, *((since[0], since[1] + 1) if since else (0, 0)))
+        return (self.sid, self.actor, self.shard,
+                *((since[0], since[1] + 1) if since else (0, 0)))
 
     def end(self, exc: BaseException) -> None:
         if not self.ended:
             self.ended = True
             self.queue.put_nowait(exc)
-
-
-class _Numbering:
-    """One actor's call numbers: the next, and those unanswered (see the module header)."""
-
-    def __init__(self) -> None:
-        self.next = 0
-        self.open: set[int] = set()
-        self.waiters: list[asyncio.Future[None]] = []
-
-    async def take(self) -> int:
-        while self.open and self.next - min(self.open) >= WINDOW:
-            fut = asyncio.get_running_loop().create_future()
-            self.waiters.append(fut)
-            await fut
-        seq = self.next
-        self.next += 1
-        self.open.add(seq)
-        return seq
-
-    def answered(self, seq: int) -> None:
-        self.open.discard(seq)
-        waiters, self.waiters = self.waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
 
 
 class Client:
@@ -135,7 +111,7 @@ class Client:
         """This client's id: every member applies its ordered calls once per number."""
         self._ids = itertools.count(1)
         self._calls: dict[int, _Call] = {}
-        self._numbers: dict[str, _Numbering] = {}
+        self._numbers: dict[tuple[str, int], Numbering] = {}
         self._subs: dict[int, _Subscription] = {}
         self._specs: dict[str, ActorSpec] = {}
         self._writer: asyncio.StreamWriter | None = None
@@ -234,25 +210,30 @@ class Client:
             with contextlib.suppress(ValueError):
                 self._view_waiters.remove(queue)
 
-    def subgroup(self, actor: type[Actor]) -> ClientHandle:
-        """The handle for calls into ``actor``'s subgroup (as a member's
-        :meth:`Group.subgroup`): ``await h.m(...)``, ``await h.m.cast(...)``,
-        ``await h.m.at(member)(...)``, ``await h.m.any()(...)``."""
-        return ClientHandle(self, self._spec(actor))
+    def subgroup(self, actor: type[Actor], shard: int | None = None) -> ClientHandle:
+        """The handle for calls into ``actor``'s subgroup, or into shard ``shard`` of a sharded
+        actor (as a member's :meth:`Group.subgroup`): ``await h.m(...)``,
+        ``await h.m.cast(...)``, ``await h.m.at(member)(...)``, ``await h.m.any()(...)``. The
+        relay forwards a call to a shard it does not host to a member that does."""
+        if shard is not None and (type(shard) is not int or shard < 0):
+            raise UsageError(f"a shard is a non-negative int, not {shard!r}")
+        return ClientHandle(self, self._spec(actor), shard or 0)
 
-    def subscribe(self, actor: type[Actor], *, since: tuple[int, int] | None = None,
+    def subscribe(self, actor: type[Actor], *, shard: int = 0,
+                  since: tuple[int, int] | None = None,
                   max_backlog: int = 65536) -> AsyncIterator[HistoryEntry]:
         """``actor``'s stable deliveries, in the group's order, as a member delivers them
         (:meth:`Group.subscribe`): from this call on, or after version ``since`` (the group
-        needs ``data_dir``). Ends with :class:`SubscriptionDropped` when the relay dropped it,
-        or when more than ``max_backlog`` deliveries wait here unread."""
+        needs ``data_dir``); of a sharded actor, of shard ``shard`` (the relay must host it).
+        Ends with :class:`SubscriptionDropped` when the relay dropped it, or when more than
+        ``max_backlog`` deliveries wait here unread."""
         spec = self._spec(actor)
         self._check_open()
         if since is not None:
             since = check_version(since)
         if type(max_backlog) is not int or max_backlog < 1:
             raise UsageError(f"max_backlog must be a positive int, got {max_backlog!r}")
-        sub = _Subscription(next(self._ids), spec.name, since, max_backlog)
+        sub = _Subscription(next(self._ids), spec.name, shard, since, max_backlog)
         self._subs[sub.sid] = sub
         self._send(cw.SUB, *sub.frame())
         return self._follow(sub)
@@ -282,27 +263,28 @@ class Client:
         if self._closed.done():
             raise self._closed.exception() or GroupClosed("the client is closed")
 
-    async def ordered(self, spec: ActorSpec, method: str, one_way: bool,
+    async def ordered(self, spec: ActorSpec, shard: int, method: str, one_way: bool,
                       args: tuple[object, ...], kwargs: dict[str, object]) -> Any:
         """An ordered call (see :class:`ClientHandle`)."""
         self._check_open()
         name = f"{spec.name}.{method}{CAST if one_way else ''}"
         body = wire.encode_call(name, _on_host(args), _on_host(kwargs))
-        numbers = self._numbers.get(spec.name)
+        numbers = self._numbers.get((spec.name, shard))
         if numbers is None:
-            numbers = self._numbers[spec.name] = _Numbering()
+            numbers = self._numbers[(spec.name, shard)] = Numbering()
         seq = await numbers.take()
         try:
-            return await self._request((cw.CALL, spec.name, seq, body), one_way)
+            return await self._request((cw.CALL, spec.name, shard, seq, body), one_way)
         finally:
             numbers.answered(seq)
 
-    async def p2p(self, spec: ActorSpec, method: str, member: int,
+    async def p2p(self, spec: ActorSpec, shard: int, method: str, member: int,
                   args: tuple[object, ...], kwargs: dict[str, object]) -> Versioned:
-        """A p2p call to ``member`` (-1: the relay itself)."""
+        """A p2p call to ``member`` (-1: the relay itself, or a host of ``shard``)."""
         self._check_open()
         body = wire.encode_call(f"{spec.name}.{method}", _on_host(args), _on_host(kwargs))
-        return await self._request((cw.P2P, member, spec.name, body), False)  # type: ignore[no-any-return]
+        frame = (cw.P2P, member, spec.name, shard, body)
+        return await self._request(frame, False)  # type: ignore[no-any-return]
 
     async def _request(self, frame: tuple[object, ...], one_way: bool) -> Any:
         body = frame[-1]
@@ -526,73 +508,84 @@ def _on_host(value: Any) -> Any:
 
 
 class _ClientOrdered:
-    __slots__ = ("_client", "_method", "_spec")
+    __slots__ = ("_client", "_method", "_shard", "_spec")
 
-    def __init__(self, client: Client, spec: ActorSpec, method: str) -> None:
+    def __init__(self, client: Client, spec: ActorSpec, shard: int, method: str) -> None:
         self._client = client
         self._spec = spec
+        self._shard = shard
         self._method = method
 
     def __call__(self, *args: object, **kwargs: object) -> Awaitable[Replies]:
-        return self._client.ordered(self._spec, self._method, False, args, kwargs)
+        return self._client.ordered(self._spec, self._shard, self._method, False, args, kwargs)
 
     def cast(self, *args: object, **kwargs: object) -> Awaitable[tuple[int, int]]:
-        """A one-way ordered call: its version once delivered at the relay."""
-        return self._client.ordered(self._spec, self._method, True, args, kwargs)
+        """A one-way ordered call: its version once delivered at the relay (or the member
+        the relay forwarded it to)."""
+        return self._client.ordered(self._spec, self._shard, self._method, True, args, kwargs)
 
 
 class _ClientP2PCall:
-    __slots__ = ("_client", "_member", "_method", "_spec")
+    __slots__ = ("_client", "_member", "_method", "_shard", "_spec")
 
-    def __init__(self, client: Client, spec: ActorSpec, method: str, member: int) -> None:
+    def __init__(self, client: Client, spec: ActorSpec, shard: int, method: str,
+                 member: int) -> None:
         self._client = client
         self._spec = spec
+        self._shard = shard
         self._method = method
         self._member = member
 
     async def __call__(self, *args: object, **kwargs: object) -> Any:
-        got = await self._client.p2p(self._spec, self._method, self._member, args, kwargs)
+        got = await self._client.p2p(self._spec, self._shard, self._method, self._member,
+                                     args, kwargs)
         return got.value
 
     def versioned(self, *args: object, **kwargs: object) -> Awaitable[Versioned]:
         """The call, answered with the version of the state the handler read."""
-        return self._client.p2p(self._spec, self._method, self._member, args, kwargs)
+        return self._client.p2p(self._spec, self._shard, self._method, self._member, args,
+                                kwargs)
 
 
 class _ClientP2P:
-    __slots__ = ("_client", "_method", "_spec")
+    __slots__ = ("_client", "_method", "_shard", "_spec")
 
-    def __init__(self, client: Client, spec: ActorSpec, method: str) -> None:
+    def __init__(self, client: Client, spec: ActorSpec, shard: int, method: str) -> None:
         self._client = client
         self._spec = spec
+        self._shard = shard
         self._method = method
 
     def at(self, member: int) -> _ClientP2PCall:
-        """The call bound to ``member`` (made from the relay)."""
+        """The call bound to ``member`` (made from the relay; for a shard, one of its
+        members)."""
         if type(member) is not int or member < 0:
             raise UsageError(f"a member id is a non-negative int, not {member!r}")
-        return _ClientP2PCall(self._client, self._spec, self._method, member)
+        return _ClientP2PCall(self._client, self._spec, self._shard, self._method, member)
 
     def any(self) -> _ClientP2PCall:
-        """The call served by whichever member relays this client's calls."""
-        return _ClientP2PCall(self._client, self._spec, self._method, -1)
+        """The call served by the relay (for a shard it does not host, by one of the shard's
+        members)."""
+        return _ClientP2PCall(self._client, self._spec, self._shard, self._method, -1)
 
 
 class ClientHandle:
-    """A client's calls into one actor's subgroup: the same methods as a member's
-    :class:`~derecho_async.api.handles.SubgroupHandle` (``.at(m)`` and ``.any()`` for p2p)."""
+    """A client's calls into one actor's subgroup (or one shard of it): the same methods as a
+    member's :class:`~derecho_async.api.handles.SubgroupHandle` (``.at(m)`` and ``.any()``
+    for p2p)."""
 
-    def __init__(self, client: Client, spec: ActorSpec) -> None:
+    def __init__(self, client: Client, spec: ActorSpec, shard: int = 0) -> None:
         self._client = client
         self._spec = spec
+        self.shard = shard
 
     def __getattr__(self, name: str) -> Any:
         kind = self._spec.kind_of(name)
         method: _ClientOrdered | _ClientP2P
         if kind == "ordered":
-            method = _ClientOrdered(self._client, self._spec, name)
+            method = _ClientOrdered(self._client, self._spec, self.shard, name)
         elif kind == "p2p":
-            method = _ClientP2P(self._client, self._spec, name)
+            method = _ClientP2P(self._client, self._spec, self.shard, name)
         else:
             raise AttributeError(f"actor {self._spec.name} has no @ordered or @p2p method "
                                  f"{name!r}")

@@ -10,9 +10,9 @@ ever unpickled. A request carries an id the connection chose (``rid``); its answ
 client -> relay::
 
     [HELLO, client id (16 bytes)]
-    [CALL, rid, actor, seq, call bytes]        # an ordered call (method "A.m" or "A.m.cast")
-    [P2P, rid, member (-1: the relay), actor, call bytes]
-    [SUB, sid, actor, since view, since seq + 1]   # since 0, 0: from now on
+    [CALL, rid, actor, shard, seq, call bytes]  # an ordered call ("A.m" or "A.m.cast")
+    [P2P, rid, member (-1: the relay or a host), actor, shard, call bytes]
+    [SUB, sid, actor, shard, since view, since seq + 1]   # since 0, 0: from now on
     [UNSUB, sid]
 
 relay -> client::
@@ -78,9 +78,9 @@ _NAME: Final = 512  # characters of an actor name or a reason, at most
 
 _SHAPES: Final[dict[int, tuple[type | tuple[type, ...], ...]]] = {
     HELLO: (bytes,),
-    CALL: (int, str, int, bytes),
-    P2P: (int, int, str, bytes),
-    SUB: (int, str, int, int),
+    CALL: (int, str, int, int, bytes),
+    P2P: (int, int, str, int, bytes),
+    SUB: (int, str, int, int, int),
     UNSUB: (int,),
     VIEW: (int, list, list, int),
     DONE: (int, int, int, list),

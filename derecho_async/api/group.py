@@ -24,6 +24,7 @@ from derecho_async.api.actor import Actor, ActorSpec, actor_spec
 from derecho_async.api.calls import CallTable, decode_result
 from derecho_async.api.delivery import Dispatcher, Hosted
 from derecho_async.api.durable import Durable
+from derecho_async.api.forward import Forwarder
 from derecho_async.api.handles import SubgroupHandle, check_version
 from derecho_async.api.handoff import Handoffs
 from derecho_async.api.logged_calls import HistoryEntry
@@ -45,6 +46,7 @@ from derecho_async.core import (
     Partitioned,
     Persisted,
     SendFailed,
+    ShardAssignment,
     SubgroupSpec,
     View,
     ViewInstalled,
@@ -153,8 +155,13 @@ class Group:
             self._rejoin = LogSuffixes(self._durable, config.snapshot_every)
         self._notifier = Notifier(clock, self._rewire)
         # serves external clients (listening only with client_listen)
+        # calls to shards this member does not host go to a member that does
+        self._forwarder = Forwarder(config.member_id, self._send, self._hosts_of)
+        self._assigned: tuple[int, ShardAssignment] | None = None  # (view id, its assignment)
         self._relay = Relay(state, self._specs, calls, self._p2p, self.subscribe, clock,
-                            frozenset(self._sharded))
+                            self._forwarder,
+                            {n: sh.shards for n, sh in self._sharded.items()}, self._hosts_of)
+        self._forwarder.serve = self._relay.submit_hosted
         # moves sharded actors' state to the members that gain their shards
         self._handoffs = Handoffs(config.member_id, self._sharded, hosted, self._once,
                                   self._send, config.state_chunk_kb << 10,
@@ -418,16 +425,31 @@ class Group:
                              f"(subgroup({spec.name}, shard=k)), not {shard!r}")
         name, k = spec.name, shard
         return SubgroupHandle(self._calls, self._p2p, spec, None, shard,
-                              lambda: self.shards(actor).get(k, ()) if name else ())
+                              lambda: self._hosts_of(name, k), self._forwarder)
 
     def shards(self, actor: type[Actor]) -> dict[int, tuple[int, ...]]:
         """``actor``'s shards in the current view: shard -> its members (rank order). An
         unsharded actor is one shard of every member."""
         spec = self._spec_of(actor)
-        view = self.view
-        assigned = self.layout.assign(view.members)
-        return {info.shard: info.members for info in assigned.shards
+        self.view  # (raises before the first view)  # noqa: B018
+        return {info.shard: info.members for info in self._assignment().shards
                 if info.subgroup == spec.name}
+
+    def _assignment(self) -> ShardAssignment:
+        view = self._state.view
+        if view is None:
+            raise UsageError("the group has not installed a view yet")
+        got = self._assigned
+        if got is None or got[0] != view.view_id:
+            got = self._assigned = (view.view_id, self.layout.assign(view.members))
+        return got[1]
+
+    def _hosts_of(self, actor: str, shard: int) -> tuple[int, ...]:
+        """The members of ``actor``'s shard ``shard`` in the current view (none: no view)."""
+        if self._state.view is None:
+            return ()
+        info = self._assignment().find(actor, shard)
+        return info.members if info is not None else ()
 
     def local(self, actor: type[Actor]) -> Actor:
         """This member's own replica of ``actor`` (for local reads); of a sharded actor, the
@@ -513,6 +535,10 @@ class Group:
             self._calls.record_reply(msg_no, sender, decode_result(sender, bool(ok), body))
         elif kind in (env.HANDOFF, env.HANDOFF_EMPTY):
             self._handoffs.on_message(sender, msg)
+        elif kind == env.FORWARD:
+            self._forwarder.on_forward(sender, msg)
+        elif kind == env.FORWARDED:
+            self._forwarder.on_answer(sender, msg)
         elif kind == env.CLIENT_ADDR:
             self._relay.heard(sender, str(msg[1]), int(msg[2]))  # type: ignore[call-overload]
         elif kind == env.P2P_REQ:
@@ -574,6 +600,7 @@ class Group:
                                    self.layout.assign(ev.view.members))
         self._notifier.on_view(ev.view)
         self._relay.on_view(ev.view)
+        self._forwarder.on_view(ev.view)
         self._announce(ev.joined)
         if self._observer is not None:
             self._observer.view_installed(state.me, ev)
@@ -600,6 +627,7 @@ class Group:
             _fail_quietly(self._closed_future, exc)
         self._notifier.close()
         self._relay.close()
+        self._forwarder.close(exc)
 
 
 def _fail_quietly(fut: asyncio.Future[None], exc: BaseException) -> None:

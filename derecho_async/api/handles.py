@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from derecho_async.api.actor import Actor, ActorSpec
     from derecho_async.api.calls import CallTable, Replies
     from derecho_async.api.durable import Durable
+    from derecho_async.api.forward import Forwarder
     from derecho_async.api.logged_calls import HistoryEntry, Version
     from derecho_async.api.p2pcalls import P2PServer, Versioned
 
@@ -122,23 +123,31 @@ class P2PMethod:
 
 class ShardMethod(OrderedMethod):
     """An ``@ordered`` method of a shard's handle: made here when this member hosts the shard
-    (ordered among the shard's members), refused with UsageError otherwise."""
+    (ordered among the shard's members), forwarded to a member that does otherwise
+    (:mod:`~derecho_async.api.forward`: applied once)."""
 
-    __slots__ = ("_check",)
+    __slots__ = ("_forwarder", "_hosted", "_method", "_shard")
 
-    def __init__(self, calls: CallTable, spec: ActorSpec, name: str,
-                 check: Callable[[], None]) -> None:
+    def __init__(self, calls: CallTable, spec: ActorSpec, name: str, shard: int,
+                 hosted: Callable[[], bool], forwarder: Forwarder) -> None:
         super().__init__(calls, spec, name)
-        self._check = check
+        self._method = name
+        self._shard = shard
+        self._hosted = hosted
+        self._forwarder = forwarder
 
     def __call__(self, *args: object, **kwargs: object) -> Awaitable[Replies]:
-        self._check()
-        return self._calls.ordered_call(self._spec, self._wire, args, kwargs)
+        if self._hosted():
+            return self._calls.ordered_call(self._spec, self._wire, args, kwargs)
+        return self._forwarder.call(self._spec, self._shard, self._method, False, args, kwargs)
 
     def cast(self, *args: object, **kwargs: object) -> asyncio.Future[tuple[int, int]]:
-        """As :meth:`OrderedMethod.cast`, within the shard."""
-        self._check()
-        return self._calls.cast(self._spec, self._cast_wire, args, kwargs)
+        """As :meth:`OrderedMethod.cast`, within the shard (forwarded: it resolves once
+        delivered at the member it was forwarded to)."""
+        if self._hosted():
+            return self._calls.cast(self._spec, self._cast_wire, args, kwargs)
+        return asyncio.ensure_future(self._forwarder.call(
+            self._spec, self._shard, self._method, True, args, kwargs))
 
 
 class SubgroupHandle:
@@ -149,7 +158,8 @@ class SubgroupHandle:
 
     def __init__(self, calls: CallTable, p2p: P2PServer, spec: ActorSpec,
                  durable: Durable | None = None, shard: int | None = None,
-                 hosts: Callable[[], tuple[int, ...]] | None = None) -> None:
+                 hosts: Callable[[], tuple[int, ...]] | None = None,
+                 forwarder: Forwarder | None = None) -> None:
         self._calls = calls
         self._p2p = p2p
         self._spec = spec
@@ -157,6 +167,7 @@ class SubgroupHandle:
         self.shard = shard
         """The shard of a sharded actor this handle calls (None: the actor is not sharded)."""
         self._hosts = hosts
+        self._forwarder = forwarder
 
     # -- durability (a group with ``data_dir``; README "Durability") ---------------------------
     def _durable_state(self) -> Durable:
@@ -199,10 +210,11 @@ class SubgroupHandle:
         kind = self._spec.kind_of(name)
         method: OrderedMethod | P2PMethod
         if kind == "ordered":
-            if self._hosts is None:
+            if self._hosts is None or self._forwarder is None or self.shard is None:
                 method = OrderedMethod(self._calls, self._spec, name)
             else:
-                method = ShardMethod(self._calls, self._spec, name, self._check_hosted)
+                method = ShardMethod(self._calls, self._spec, name, self.shard, self._hosted,
+                                     self._forwarder)
         elif kind == "p2p":
             method = P2PMethod(self._p2p, self._spec, name, self._hosts)
         else:
@@ -212,14 +224,9 @@ class SubgroupHandle:
         return method
 
 
-    def _check_hosted(self) -> None:
+    def _hosted(self) -> bool:
         assert self._hosts is not None
-        hosts = self._hosts()
-        me = self._p2p.me
-        if me not in hosts:
-            raise UsageError(
-                f"member {me} does not host shard {self.shard} of {self._spec.name} (its "
-                f"hosts: {list(hosts)}): make the call at one of them, or use a da.Client")
+        return self._p2p.me in self._hosts()
 
 
 def check_version(version: object) -> Version:

@@ -18,6 +18,7 @@ carries it beside the snapshots, a durable snapshot holds it (:func:`state_bytes
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
@@ -26,7 +27,8 @@ from typing import Final
 from derecho_async import wire
 from derecho_async.errors import ProtocolViolation
 
-__all__ = ["MAX_CLIENTS", "WINDOW", "ClientCalls", "Outcome", "restore_bytes", "state_bytes"]
+__all__ = ["MAX_CLIENTS", "WINDOW", "ClientCalls", "Numbering", "Outcome", "restore_bytes",
+           "state_bytes"]
 
 WINDOW: Final = 1024
 """A client's ordered calls to one subgroup that may be unanswered at once, at most."""
@@ -144,6 +146,36 @@ class ClientCalls:
                 entry.kept[seq] = (ok, body)
             clients[row[0]] = entry
         self._clients = clients
+
+
+class Numbering:
+    """A caller's numbers for one subgroup (or shard): the next, and those unanswered. A number
+    is handed out only while it is less than ``WINDOW`` above the lowest unanswered, so the
+    members' table never needs an outcome older than that."""
+
+    def __init__(self) -> None:
+        self.next = 0
+        self.open: set[int] = set()
+        self.waiters: list[asyncio.Future[None]] = []
+
+    async def take(self) -> int:
+        """The next number (waiting while the window is full)."""
+        while self.open and self.next - min(self.open) >= WINDOW:
+            fut = asyncio.get_running_loop().create_future()
+            self.waiters.append(fut)
+            await fut
+        seq = self.next
+        self.next += 1
+        self.open.add(seq)
+        return seq
+
+    def answered(self, seq: int) -> None:
+        """Number ``seq``'s call is answered (or given up)."""
+        self.open.discard(seq)
+        waiters, self.waiters = self.waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
 
 def state_bytes(actor_state: object, table: ClientCalls | None) -> bytes:

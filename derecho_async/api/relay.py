@@ -30,6 +30,7 @@ from derecho_async import wire
 from derecho_async.api import client_wire as cw
 from derecho_async.api.calls import CAST, HandlerError, Replies
 from derecho_async.api.delivery import encode_outcome
+from derecho_async.api.forward import Forwarder
 from derecho_async.errors import (
     DerechoError,
     GroupClosed,
@@ -92,7 +93,8 @@ class Relay:
 
     def __init__(self, state: Membership, specs: Mapping[str, ActorSpec], calls: CallTable,
                  p2p: P2PServer, subscribe: Subscribe, clock: Callable[[], int],
-                 sharded: frozenset[str] = frozenset()) -> None:
+                 forwarder: Forwarder, sharded: Mapping[str, int] | None = None,
+                 hosts: Callable[[str, int], tuple[int, ...]] | None = None) -> None:
         config = state.config
         self._state = state
         self._me = state.me
@@ -101,7 +103,9 @@ class Relay:
         self._p2p = p2p
         self._subscribe = subscribe
         self._clock = clock
-        self._sharded = sharded  # (clients cannot call sharded actors yet)
+        self._sharded = dict(sharded or {})  # sharded actor -> its number of shards
+        self._hosts = hosts or (lambda _actor, _shard: ())  # (actor, shard) -> hosts now
+        self._forwarder = forwarder
         self._secret = (config.secret or "").encode()
         self._max_clients = config.max_clients
         self._slots = config.max_client_calls
@@ -197,7 +201,7 @@ class Relay:
                 if kind in (cw.CALL, cw.P2P):
                     await conn.slots.acquire()
                     if kind == cw.CALL:
-                        self._call(conn, frame[1], frame[2], frame[3], frame[4])
+                        self._call(conn, *frame[1:])
                     else:
                         self._spawn(conn, self._p2p_call(conn, *frame[1:]))
                 elif kind == cw.SUB:
@@ -226,31 +230,53 @@ class Relay:
         task.add_done_callback(conn.tasks.discard)
 
     # -- ordered calls ---------------------------------------------------------------------
-    def submit(self, client: bytes, actor: str, seq: int, body: bytes) -> asyncio.Future[Any]:
+    def submit(self, client: bytes, actor: str, seq: int, body: bytes,
+               shard: int = 0) -> asyncio.Future[Any]:
         """Relay a client's ordered call: ``body`` is the call as ``wire.encode_call`` made it
-        (method ``<actor>.<m>`` or ``<actor>.<m>.cast``), ``seq`` the client's number for it.
-        The future of its :class:`Replies` (or of its version, for a one-way call). Raises
-        ``UsageError`` or ``ProtocolViolation`` for a call no member would run (unknown actor
-        or method, arguments that do not decode), ``GroupClosed`` / ``PartitionedError`` /
-        ``QueueFull`` when this member cannot send it now (another member may)."""
+        (method ``<actor>.<m>`` or ``<actor>.<m>.cast``), ``seq`` the client's number for it
+        (per actor and shard), ``shard`` the shard of a sharded actor it goes to (forwarded to
+        a host when this member is not one: :mod:`.forward`). The future of its
+        :class:`Replies` (or of its version, for a one-way call). Raises ``UsageError`` or
+        ``ProtocolViolation`` for a call no member would run (unknown actor, method or shard,
+        arguments that do not decode), ``GroupClosed`` / ``PartitionedError`` / ``QueueFull``
+        when this member cannot send it now (another member may)."""
+        spec, one_way = self._checked(actor, seq, body, shard)
+        if actor in self._sharded and self._me not in self._hosts(actor, shard):
+            return self._forwarder.forward(client, actor, shard, seq, body, one_way)
+        return self._calls.relay(spec, wire.client_call(body, client, seq, self._clock()),
+                                 one_way)
+
+    def submit_hosted(self, client: bytes, actor: str, shard: int, seq: int,
+                      body: bytes) -> asyncio.Future[Any]:
+        """As :meth:`submit` for a call forwarded here: never forwarded again (GroupClosed when
+        this member no longer hosts ``shard``: the forwarder tries a host)."""
+        spec, one_way = self._checked(actor, seq, body, shard)
+        if actor in self._sharded and self._me not in self._hosts(actor, shard):
+            raise GroupClosed(f"member {self._me} does not host shard {shard} of {actor}")
+        return self._calls.relay(spec, wire.client_call(body, client, seq, self._clock()),
+                                 one_way)
+
+    def _checked(self, actor: str, seq: int, body: bytes,
+                 shard: int) -> tuple[ActorSpec, bool]:
         spec = self._specs.get(actor)
         if spec is None:
             raise UsageError(f"the group has no actor {actor!r}")
-        if actor in self._sharded:
-            raise UsageError(f"{actor} is sharded: clients cannot call sharded actors yet")
+        shards = self._sharded.get(actor, 1)
+        if not 0 <= shard < shards:
+            raise UsageError(f"{actor} has shards 0 to {shards - 1}, not {shard}")
         name, _args, _kwargs = wire.decode_call(body)
         one_way = name.endswith(CAST)
         owner, _, method = name.removesuffix(CAST).partition(".")
         if owner != actor or method not in spec.ordered:
             raise UsageError(f"actor {actor} has no @ordered method {method!r}")
-        if body[:1] != b"\x93" or not 0 <= seq < 1 << 64:
+        if body[:1] != b"\x93" or not 0 <= seq < 1 << 63:
             raise ProtocolViolation("a client's call is not a plain encoded call")
-        payload = wire.client_call(body, client, seq, self._clock())
-        return self._calls.relay(spec, payload, one_way)
+        return spec, one_way
 
-    def _call(self, conn: _Connection, rid: int, actor: str, seq: int, body: bytes) -> None:
+    def _call(self, conn: _Connection, rid: int, actor: str, shard: int, seq: int,
+              body: bytes) -> None:
         try:
-            fut = self.submit(conn.client, actor, seq, body)
+            fut = self.submit(conn.client, actor, seq, body, shard)
         except (GroupClosed, PartitionedError, QueueFull) as exc:
             conn.slots.release()
             self._fail(conn, rid, True, exc)
@@ -281,7 +307,7 @@ class Relay:
 
     # -- p2p calls -------------------------------------------------------------------------
     async def _p2p_call(self, conn: _Connection, rid: int, member: int, actor: str,
-                        body: bytes) -> None:
+                        shard: int, body: bytes) -> None:
         try:
             spec = self._specs.get(actor)
             if spec is None:
@@ -290,6 +316,14 @@ class Relay:
             owner, _, method = name.partition(".")
             if owner != actor or method not in spec.p2p:
                 raise UsageError(f"actor {actor} has no @p2p method {method!r}")
+            if actor in self._sharded:  # the shard's members only
+                if not 0 <= shard < self._sharded[actor]:
+                    raise UsageError(f"{actor} has shards 0 to {self._sharded[actor] - 1}")
+                hosts = self._hosts(actor, shard)
+                if member < 0:
+                    member = self._me if self._me in hosts or not hosts else hosts[0]
+                elif member not in hosts:
+                    raise UsageError(f"member {member} does not host shard {shard} of {actor}")
             if member < 0:
                 member = self._me
             got = await self._p2p.call(member, spec, method, args, kwargs)
@@ -316,13 +350,17 @@ class Relay:
         conn.send(cw.ANSWER, rid, ok, out, view_id, seq + 1)
 
     # -- subscriptions ---------------------------------------------------------------------
-    def _sub(self, conn: _Connection, sid: int, actor: str, since_view: int,
+    def _sub(self, conn: _Connection, sid: int, actor: str, shard: int, since_view: int,
              since_seq1: int) -> None:
         spec = self._specs.get(actor)
         if sid in conn.subs:
             raise ProtocolViolation(f"subscription {sid} is already open")
         if spec is None:
             conn.send(cw.END, sid, f"UsageError: the group has no actor {actor!r}")
+            return
+        if actor in self._sharded and self._me not in self._hosts(actor, shard):
+            conn.send(cw.END, sid, f"UsageError: member {self._me} does not host shard "
+                                   f"{shard} of {actor}: subscribe through one that does")
             return
         if len(conn.subs) >= _MAX_SUBSCRIPTIONS:
             conn.send(cw.END, sid, f"UsageError: at most {_MAX_SUBSCRIPTIONS} subscriptions "

@@ -22,6 +22,8 @@ __all__ = [
     "CLIENT_ADDR",
     "CORE",
     "DATA",
+    "FORWARD",
+    "FORWARDED",
     "GPU_BATCH",
     "GPU_DATA",
     "GPU_POOL",
@@ -90,6 +92,10 @@ CLIENT_ADDR = 23  # [CLIENT_ADDR, host, port]: where the sender serves external 
 # A sharded actor's state to a member that gains the shard at a view (api/handoff.py):
 HANDOFF = 24  # [HANDOFF, actor, shard, view_id, chunk index, chunk count, chunk bytes]
 HANDOFF_EMPTY = 25  # [HANDOFF_EMPTY, actor, shard, view_id]: no host survived: start empty
+# A call to a shard the caller does not host, and its answer (api/forward.py):
+FORWARD = 26  # [FORWARD, rid, actor, shard, client id, seq, encoded call]
+# [FORWARDED, rid, code, view_id, seq, [[member, code, body], ...], error type, message]
+FORWARDED = 27
 
 _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     CORE: (list,),
@@ -118,6 +124,8 @@ _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     CLIENT_ADDR: (str, int),
     HANDOFF: (str, int, int, int, int, bytes),
     HANDOFF_EMPTY: (str, int, int),
+    FORWARD: (int, str, int, bytes, int, bytes),
+    FORWARDED: (int, int, int, int, list, str, str),
 }
 _MAX_INT = (1 << 63) - 1
 

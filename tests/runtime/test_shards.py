@@ -12,6 +12,7 @@ import pytest
 
 import derecho_async as da
 from derecho_async.testing.simnet import SimNetwork, crash_group
+from tests.runtime.client_apps import Tally
 from tests.runtime.test_durable_group import KV
 
 _ids = itertools.count()
@@ -52,15 +53,19 @@ async def test_each_shard_orders_its_own_calls_among_its_own_members() -> None:
     await fill(by_id, 0, ["a", "b"])
     await fill(by_id, 1, ["c"])
     assert [sorted(data(g)) for g in groups] == [["a", "b"], ["c"]] * 3
-    other = groups[0].subgroup(KV, shard=1)
-    with pytest.raises(da.UsageError, match="does not host shard 1"):
-        await other.put("x", b"y")
+    assert "x" not in data(groups[0])
+    other = groups[0].subgroup(KV, shard=1)  # member 0 hosts shard 0: forwarded to shard 1
+    replies = await other.put("x", b"y")
+    assert set(replies) == {1, 3, 5}
+    assert await other.put.cast("z", b"z") >= replies.version
     assert await other.get.any()("c") == b"c"  # served by a member of shard 1
     assert await other.get.at(3)("c") == b"c"
     with pytest.raises(da.UsageError, match="does not host"):
         other.get.at(2)
     with pytest.raises(da.UsageError, match="shards 0 to 1"):
         groups[0].subgroup(KV)
+    await other.get.any()("x")  # (p2p after the cast: shard 1 ran it)
+    assert [sorted(data(g)) for g in groups[1::2]] == [["c", "x", "z"]] * 3
     for g in groups:
         await g.leave()
 
@@ -139,12 +144,51 @@ async def test_sharded_actors_refuse_what_they_do_not_support_yet(tmp_path: Any)
             da.Sharded(KV, **bad)
 
 
-async def test_a_client_is_told_it_cannot_call_a_sharded_actor_yet() -> None:
+async def test_a_client_calls_any_shard_through_any_relay() -> None:
     secret = "Xq3v9LmP2rT8wYz4Kd7Nf1Bh6Gs5Jc0A"
-    group = await da.Group.join(cfg("shc", 0, 1, secret=secret, client_listen="127.0.0.1:0"),
-                                actors=[da.Sharded(KV, shards=1, replicas=1)], timeout=10)
-    async with await da.Client.connect(group="shc", peers={0: str(group.client_address)},
+    name = f"sh{next(_ids)}"
+    groups = list(await asyncio.gather(*(
+        da.Group.join(cfg(name, m, 4, secret=secret, client_listen="127.0.0.1:0"),
+                      actors=[da.Sharded(KV, shards=2, replicas=2)], timeout=10)
+        for m in range(4))))
+    async with await da.Client.connect(group=name, peers={0: str(groups[0].client_address)},
                                        secret=secret) as client:
-        with pytest.raises(da.UsageError, match="sharded"):
-            await client.subgroup(KV).put("a", b"1")
-    await group.leave()
+        for shard in (0, 1):  # the relay, member 0, hosts shard 0: shard 1's are forwarded
+            kv = client.subgroup(KV, shard=shard)
+            replies = await kv.put(f"s{shard}", b"v")
+            assert set(replies) == set(groups[0].shards(KV)[shard])
+            assert await kv.get.any()(f"s{shard}") == b"v"
+        again = await da.Client.connect(group=name, peers={1: str(groups[1].client_address)},
+                                        secret=secret, client_id=client.client_id)
+        replies = await again.subgroup(KV, shard=1).put("s1", b"not again")
+        assert set(replies.values()) == {None}  # the kept outcome: not run a second time
+        await again.close()
+    assert [data(g) for g in groups] == [{"s0": b"v"}, {"s1": b"v"}] * 2
+    for g in groups:
+        await g.leave()
+
+
+async def test_forwarded_calls_go_on_when_the_host_they_went_to_crashes() -> None:
+    """Member 0 forwards 60 calls to shard 1; one of its hosts crashes with some of them in
+    flight there. Every call is answered, and each ran exactly once at the survivors."""
+    net = SimNetwork(random.Random(9), max_delay_s=0.0005)
+    name = f"sh{next(_ids)}"
+    sharded = da.Sharded(Tally, shards=2, replicas=3)
+    groups = {g.member_id: g for g in await asyncio.gather(*(
+        da.Group.join(cfg(name, m, 6), actors=[sharded], timeout=10,
+                      transport=net.transport(m)) for m in range(6)))}
+    shard1 = groups[0].subgroup(Tally, shard=1)  # hosts 1, 3, 5: member 0 forwards
+
+    def tokens(m: int) -> list[int]:
+        tally = groups[m].local(Tally)
+        assert isinstance(tally, Tally)
+        return tally.tokens
+
+    calls = [asyncio.ensure_future(shard1.add(i)) for i in range(60)]
+    while len(tokens(1)) < 10:
+        await asyncio.sleep(0.001)
+    crash_group(net, groups.pop(3))  # some calls were forwarded to it, some of those ran
+    await asyncio.wait_for(asyncio.gather(*calls), 20)
+    assert tokens(1) == tokens(5) and sorted(tokens(1)) == list(range(60))
+    for g in groups.values():
+        await g.leave()
