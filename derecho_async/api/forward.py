@@ -183,9 +183,10 @@ class Forwarder:
         inner.add_done_callback(lambda f: self._inner_done(call, f))
 
     def _inner_done(self, call: _Forwarded, inner: asyncio.Future[Any]) -> None:
+        failed = inner.cancelled() or inner.exception() is not None  # (retrieved, either way)
         if call.future.done():
             return
-        if inner.cancelled() or inner.exception() is not None:
+        if failed:
             asyncio.get_running_loop().call_later(_RETRY_S, self._dispatch, call)
             return
         call.future.set_result(inner.result())

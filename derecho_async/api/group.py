@@ -435,6 +435,15 @@ class Group:
         return {info.shard: info.members for info in self._assignment().shards
                 if info.subgroup == spec.name}
 
+    def hosted_shard(self, actor: type[Actor]) -> int | None:
+        """The shard of sharded ``actor`` whose state this member's replica holds (None:
+        none). It is the shard ``shards()`` gives this member, but while a view is inadequate
+        (nothing moves then) or the shard's state is still coming."""
+        spec = self._spec_of(actor)
+        if spec.name not in self._sharded:
+            raise UsageError(f"{spec.name} is not sharded")
+        return self._handoffs.held.get(spec.name)
+
     def _assignment(self) -> ShardAssignment:
         view = self._state.view
         if view is None:

@@ -96,27 +96,34 @@ class Handoffs:
                 self._fail(f"the state of shard {waiting.shard} of {name} was still coming "
                            f"from member {waiting.source}, which departed")
                 return
+            if waiting.source is None and not waiting.empty and assignment.adequate:
+                # (a joiner that heard nothing yet: whoever was to tell it may be gone)
+                self._fail(f"the view changed before the state of shard {waiting.shard} of "
+                           f"{name} began to come")
+                return
+        if not assignment.adequate:  # no shard runs in it: nothing moves
+            return
         now: dict[str, Assigned] = {}
         for name in self._sharded:
             dealt = self.assigned(assignment, name)
             now[name] = dealt
-            new = shard_of(dealt, me) if assignment.adequate else self.held.get(name)
+            new = shard_of(dealt, me)
             before = self._prev.get(name) if self._prev is not None else None
             if before is None and name not in self.held:  # this member's first view
                 self.held[name] = new if founding else None
             duty: tuple[int, list[int]] | None = None  # (shard, gainers) I send
-            if before is not None and assignment.adequate:
+            if before is not None:
                 p = shard_of(before, me)
                 if p is not None and self.held.get(name) == p:
                     hosts = [m for m in view.members if m in before[p]]
                     gainers = [m for m in dealt[p] if m not in before[p] and m != me]
                     if hosts and hosts[0] == me and gainers:
                         duty = (p, gainers)
-                if leader:  # joiners of a shard no host of which survived start it empty
+                if leader:  # gainers of a shard no host of which survived start it empty
                     for k, members in enumerate(dealt):
                         if not any(m in view.members for m in before[k]):
                             for g in members:
-                                if g in joined and g != me:
+                                if g != me:
                                     self._send(g, env.encode(env.HANDOFF_EMPTY, name, k,
                                                              view.view_id))
             pending = self._gains.get(name)
@@ -139,8 +146,7 @@ class Handoffs:
                 hosted = self._hosted[name]
                 hosted.runner.submit_hold(
                     functools.partial(self._reached, name, view.view_id, duty, gain, drop))
-        if assignment.adequate:  # (an inadequate view runs no shard: nothing moved in it)
-            self._prev = now
+        self._prev = now
         if self._gains:
             loop.call_later(self._stall_s / 2, self._check)
         for key in [k for k in self._early if k[2] <= view.view_id]:

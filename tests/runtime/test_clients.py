@@ -12,6 +12,8 @@ import asyncio
 import itertools
 import random
 import ssl
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -329,3 +331,12 @@ async def test_a_subscription_resumes_at_the_next_relay_from_the_log(tmp_path: P
     assert client.relay != relay
     await client.close()
     await leave([g for g in groups if g.member_id != relay])
+
+
+def test_the_client_example_runs() -> None:
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "examples/kv_client.py"], capture_output=True,
+                       text=True, timeout=120, cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "22 writes applied" in r.stdout and "exit codes: [" in r.stdout
+    assert "20 more puts through member" in r.stdout

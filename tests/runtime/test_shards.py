@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -192,3 +195,14 @@ async def test_forwarded_calls_go_on_when_the_host_they_went_to_crashes() -> Non
     assert tokens(1) == tokens(5) and sorted(tokens(1)) == list(range(60))
     for g in groups.values():
         await g.leave()
+
+
+def test_the_sharded_example_runs() -> None:
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "examples/sharded_kv.py"], capture_output=True,
+                       text=True, timeout=120, cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "exit codes: [0, 0, -9, 0, 0, 0, 0]" in r.stdout
+    shard0 = [line for line in r.stdout.splitlines() if ": shard 0 holds" in line]
+    assert len(shard0) == 3 and len({line.split("holds")[1] for line in shard0}) == 1
+    assert "late" in shard0[0] and "member 6 reads 'v0'" in r.stdout
