@@ -1,11 +1,11 @@
 """Comparison benchmarks of derecho_async against its peers, in one command.
 
-Usage: python benchmarks/compare.py [--quick] [--only derecho,pyzmq,pysyncobj] [--tables 1,...,7]
+Usage: python benchmarks/compare.py [--quick] [--only derecho,pyzmq,pysyncobj] [--tables 1,...,8]
                                    [--out DIR]
        python benchmarks/compare.py --large [--quick]
        python benchmarks/compare.py --profile [--quick]
 
-Prints seven tables (markdown), each headed by the core count and the command line; every ratio
+Prints eight tables (markdown), each headed by the core count and the command line; every ratio
 is computed from figures measured in the same run:
 
 1. Throughput, 3 members, 1 KB: derecho_async ordered calls (shm and tcp; all senders and one
@@ -22,6 +22,8 @@ is computed from figures measured in the same run:
    without ``data_dir`` beside PySyncObj with its file journal, and the time to ``persisted()``.
 7. External clients (benchmarks/bench_clients.py; not in the default set): a client's ordered
    1 KB calls through a relay beside the relay's own calls, throughput and latency.
+8. Sharded actors (benchmarks/bench_shards.py; not in the default set): one-way throughput of
+   1, 2 and 4 shards of 3 replicas, all shards together.
 
 derecho_async msgs/s is messages delivered per second at the slowest member, timed from a
 barrier (an ordered call of every member) to the delivery of the phase's last message; every
@@ -53,6 +55,7 @@ import bench_clients
 import bench_durable
 import bench_members as bm
 import bench_peers as bp
+import bench_shards
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 T = TypeVar("T")
@@ -676,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tables",
         default="1,2,3,4,5",
         help="comma-separated tables to run: 1 throughput, 2 latency, 3 sizes and large "
-        "payloads, 4 scaling, 5 idle CPU, 6 durability, 7 external clients (default: 1-5)",
+        "payloads, 4 scaling, 5 idle CPU, 6 durability, 7 external clients, 8 shards (default: 1-5)",
     )
     parser.add_argument(
         "--spin-us",
@@ -698,8 +701,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.send_batch is not None:
         bm.CONFIG_OVERRIDES["send_batch"] = args.send_batch
     tables = {t.strip() for t in args.tables.split(",") if t.strip()}
-    if tables - {"1", "2", "3", "4", "5", "6", "7"}:
-        parser.error(f"--tables: choose from 1,2,3,4,5,6,7, not {args.tables!r}")
+    if tables - {"1", "2", "3", "4", "5", "6", "7", "8"}:
+        parser.error(f"--tables: choose from 1,...,8, not {args.tables!r}")
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     unknown = only - set(SYSTEMS)
     if unknown:
@@ -737,6 +740,8 @@ def main(argv: list[str] | None = None) -> int:
             bench_durable.table_restart(rep, args.quick)
     if "7" in tables and "derecho" in only:
         bench_clients.table_clients(rep, args.quick)
+    if "8" in tables and "derecho" in only:
+        bench_shards.table_shards(rep, args.quick)
     rep.emit(f"total time: {time.monotonic() - started:.0f} s")
     results = args.results or (None if args.quick else os.path.join(args.out, "results.md"))
     if results:

@@ -8,7 +8,7 @@ with a reason when numpy, which its large-payload table needs, is missing. A sec
 checks that a missing peer is reported as "not installed (pip install ...)" instead of failing,
 and a third that `benchmarks/codec_costs.py` prints a figure for every call shape; a fourth runs
 `benchmarks/latency_timeline.py` briefly. Table 6 (durability, not in the default set) has a
-quick run of its own (about 10 s).
+quick run of its own (about 10 s), and so do tables 7 and 8 (clients, shards).
 """
 
 from __future__ import annotations
@@ -176,3 +176,18 @@ def test_sim_stream_delivers_every_call_and_prints_its_cost(mode: list[str]) -> 
     bad = subprocess.run([sys.executable, str(script), "--count", "0"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "at least 1" in bad.stderr
+
+
+def test_compare_tables_7_and_8_quick(tmp_path: Path) -> None:
+    """``--tables 7,8``: a client's calls beside a member's, and shards added (about 10 s)."""
+    cmd = [sys.executable, str(SCRIPT), "--quick", "--tables", "7,8", "--only", "derecho",
+           "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    tables = _tables(proc.stdout)
+    clients = next(rows for title, rows in tables.items() if title.startswith("7."))
+    assert [r[0] for r in clients] == ["member 0 (its own calls)", "client through member 0"]
+    assert all(_number(r[1]) > 0 for r in clients)
+    shards = next(rows for title, rows in tables.items() if title.startswith("8."))
+    assert [r[0] for r in shards] == ["1 x 3", "2 x 3", "4 x 3"]
+    assert all(_number(r[2]) > 0 for r in shards)
