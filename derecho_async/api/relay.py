@@ -11,7 +11,7 @@ see through (it left, was removed, wedged, or its queue was full) as FAIL with `
 the client sends it again through another member. p2p calls are made from here (``-1``: served
 here); subscriptions are this member's own ``subscribe()``, streamed.
 
-Bounds: ``max_clients`` connections; ``max_client_calls`` calls and p2p calls in flight per
+Bounds: 64 connections not yet proven (more are closed at once), ``max_clients`` connections; ``max_client_calls`` calls and p2p calls in flight per
 connection (past it this member stops reading from it: tcp holds the client back); frames of
 at most ``max_call_mb``; 16 subscriptions per connection, each dropped with a reason when its
 client reads too slowly (``subscribe``'s backlog bound).
@@ -60,6 +60,7 @@ __all__ = ["Relay"]
 log = logging.getLogger("derecho_async.clients")
 
 _HANDSHAKE_S: Final = 10.0  # a client that has not proven itself by then is dropped
+_MAX_HANDSHAKING: Final = 64  # connections not proven yet, at most (more are closed at once)
 _MAX_SUBSCRIPTIONS: Final = 16  # per connection
 _SUB_BACKLOG: Final = 65536  # deliveries a client's subscription may lag, at most
 _HIGH_WATER: Final = 8 << 20  # bytes queued to a client before this member waits for it
@@ -113,6 +114,7 @@ class Relay:
         self._max_frame = self._max_call + 4096
         self._server: asyncio.Server | None = None
         self._conns: set[_Connection] = set()
+        self._handshaking = 0  # connections not proven yet
         self._closed = False
         self.address: tuple[str, int] = (check_address(config.client_listen, "client_listen")
                                          if config.client_listen is not None else ("", 0))
@@ -175,11 +177,18 @@ class Relay:
     # -- a connection ----------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn: _Connection | None = None
+        if self._handshaking >= _MAX_HANDSHAKING:  # what a stranger can make this member hold
+            writer.close()
+            return
         try:
-            proven = await asyncio.wait_for(
-                server_handshake(reader, writer, secret=self._secret, my_id=self._me,
-                                 my_addr=self.address, group=self._state.config.group),
-                _HANDSHAKE_S)
+            self._handshaking += 1
+            try:
+                proven = await asyncio.wait_for(
+                    server_handshake(reader, writer, secret=self._secret, my_id=self._me,
+                                     my_addr=self.address, group=self._state.config.group),
+                    _HANDSHAKE_S)
+            finally:
+                self._handshaking -= 1
             if self._closed or len(self._conns) >= self._max_clients:
                 proven.answer(writer, "reject", f"member {self._me} serves "
                               f"{self._max_clients} clients already (max_clients)")

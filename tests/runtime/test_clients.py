@@ -340,3 +340,20 @@ def test_the_client_example_runs() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "22 writes applied" in r.stdout and "exit codes: [" in r.stdout
     assert "20 more puts through member" in r.stdout
+
+
+async def test_strangers_cannot_make_a_member_hold_unbounded_handshakes() -> None:
+    name = f"cl{next(_ids)}"
+    groups = await start(name, n=1)
+    host, port = groups[0].relay.address
+    silent = [await asyncio.open_connection(host, port) for _ in range(64)]
+    await asyncio.sleep(0.05)
+    reader, writer = await asyncio.open_connection(host, port)  # the 65th: closed at once
+    assert await asyncio.wait_for(reader.read(), 2) == b""
+    writer.close()
+    for _r, w in silent:
+        w.close()
+    await asyncio.sleep(0.05)
+    async with await da.Client.connect(group=name, peers=peers(groups), secret=SECRET) as c:
+        assert dict(await c.subgroup(Counter).bump(1)) == {0: 1}
+    await leave(groups)
