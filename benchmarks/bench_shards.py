@@ -11,6 +11,7 @@ member's time. Scaling is that figure over the 1-shard figure of the same run.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import multiprocessing
 import os
@@ -28,6 +29,7 @@ __all__ = ["table_shards"]
 SIZE = 1024
 DEPTH = 32
 REPLICAS = 3
+_runs = itertools.count()  # (a fresh group name per run: no segment of an earlier one is met)
 
 
 class Sink(da.Actor):
@@ -85,7 +87,7 @@ def _run(shards: int, count: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.update(DA_BENCH_SHARDS=tmp, DA_BENCH_SHARD_COUNT=str(shards),
                           DA_BENCH_SHARD_CALLS=str(count))
-        fields = dict(group=f"bench-shards-{os.getpid()}-{shards}", initial_members=n,
+        fields = dict(group=f"bench-shards-{os.getpid()}-{next(_runs)}", initial_members=n,
                       transport="shm")
         ctx = multiprocessing.get_context("spawn")
         procs = [ctx.Process(target=run_member, args=(_member, {**fields, "member_id": m}))
