@@ -40,6 +40,12 @@ class Sink(da.Actor):
     def put(self, _data: bytes) -> None:
         self.calls += 1
 
+    def snapshot(self) -> int:
+        return self.calls
+
+    def restore(self, state: int) -> None:
+        self.calls = state
+
 
 class Reporter(Protocol):
     failed: bool

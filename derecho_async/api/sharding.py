@@ -49,7 +49,8 @@ class Sharded:
     ``Group(config, actors=[...])``). A view in which a shard would hold fewer than
     ``min_replicas`` members is inadequate: ordered calls wait for a view that is not.
     ``layout``, if given, places the members instead of :func:`home_policy`: a pure function
-    of the view's members (rank order) to each shard's members, disjoint."""
+    of the view's members (rank order) to each shard's members, disjoint. ``cls`` must define
+    ``snapshot()`` and ``restore()``: a shard's state moves with them."""
 
     cls: type[Actor]
     shards: int
@@ -67,6 +68,11 @@ class Sharded:
                              f"({self.replicas})")
         if self.layout is not None and not callable(self.layout):
             raise UsageError(f"Sharded layout must be a function, got {self.layout!r}")
+        if not isinstance(self.cls, type) or not issubclass(self.cls, Actor):
+            raise UsageError(f"Sharded needs an Actor subclass, got {self.cls!r}")
+        if self.cls.snapshot is Actor.snapshot or self.cls.restore is Actor.restore:
+            raise UsageError(f"{self.cls.__name__} must define snapshot() and restore() to be "
+                             "sharded: a shard's state moves with them when members change")
 
     def policy(self) -> Layout:
         """What places the members (the core's subgroup policy)."""

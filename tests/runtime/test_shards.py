@@ -146,6 +146,13 @@ async def test_sharded_actors_refuse_what_they_do_not_support_yet(tmp_path: Any)
         with pytest.raises(da.UsageError):
             da.Sharded(KV, **bad)
 
+    class Stateless(da.Actor):
+        @da.ordered
+        def put(self) -> None: ...
+
+    with pytest.raises(da.UsageError, match="snapshot\\(\\) and restore\\(\\)"):
+        da.Sharded(Stateless, shards=2, replicas=1)
+
 
 async def test_a_client_calls_any_shard_through_any_relay() -> None:
     secret = "Xq3v9LmP2rT8wYz4Kd7Nf1Bh6Gs5Jc0A"
