@@ -192,3 +192,13 @@ def test_external_clients_calls_run_once_and_are_checked(monkeypatch: pytest.Mon
     monkeypatch.setattr(ClientCalls, "admit", lambda self, client, seq: None)
     with pytest.raises(InvariantViolation, match=r"check \((a|f|k)\)"):
         check_actor_run(run_actor_schedule(3, clients=True))
+
+
+def test_a_restarted_contact_whose_last_view_left_finds_the_group_through_its_peers() -> None:
+    """Seed 3425: member 0 crashes; 3 joins; 1 and 2 leave, so the group runs on member 3
+    alone. Member 0, restarted with its files, told only its last view (1, 2) and was never
+    admitted (check (i)); it now tells the members its config names too, and 3 answers."""
+    run = run_actor_schedule(3425)
+    assert run.knobs["durable"] and run.fates[1] == run.fates[2] == "left"
+    check_actor_run(run)
+    assert isinstance(run.rejoins.get(0), list)

@@ -90,9 +90,16 @@ class Restart:
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         """Begin: announce this member's files (to itself, when it is the contact)."""
-        for m in self.last_view[1]:  # (tcp: the members of the last view may talk before one)
+        for m in self._told():  # (tcp: the members it tells may talk before one is in a view)
             self._admit(m)
         self._tick()
+
+    def _told(self) -> list[int]:
+        """Whom this member tells of its files: the contact and every member of its last view,
+        and the members its config names (``peers``): the group may run on without all of
+        its last view (they left), and then only a newer member can answer."""
+        return sorted({self._contact, *self.last_view[1], *self._driver.config.peers}
+                      - {self._me})
 
     def _admit(self, member: int) -> None:
         if member != self._me:
@@ -127,11 +134,10 @@ class Restart:
             self._on_info(self._me, env.decode(info))
             self._step_contact(loop.time())
             if self._plan is None:  # a member of the group still running would answer LIVE
-                for m in self.last_view[1]:
-                    if m != self._me:
-                        self._send(m, info)
+                for m in self._told():
+                    self._send(m, info)
         else:  # (every member of the last view: whichever admits me, it knows my files)
-            for m in sorted({self._contact, *self.last_view[1]} - {self._me}):
+            for m in self._told():
                 self._send(m, info)
         self._timer = loop.call_later(_INFO_EVERY_S, self._tick)
 
