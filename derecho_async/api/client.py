@@ -436,7 +436,7 @@ class Client:
             if call.one_way:
                 call.future.set_result((view_id, seq))
                 return
-            call.future.set_result(Replies(_outcomes(items), (view_id, seq)))
+            call.future.set_result(Replies(cw.outcomes_of(items), (view_id, seq)))
         elif kind == cw.FAIL:
             _, _rid, retry, type_name, message = frame
             if retry:  # this relay could not see it through: again, here or at the next
@@ -475,23 +475,6 @@ class Client:
             queue.put_nowait(None)
         if self._writer is not None:
             self._writer.close()
-
-
-def _outcomes(items: list[Any]) -> dict[int, object]:
-    results: dict[int, object] = {}
-    for item in items:
-        if not (isinstance(item, list) and len(item) == 3 and type(item[0]) is int
-                and type(item[1]) is int and type(item[2]) is bytes):
-            raise ProtocolViolation("a malformed outcome in DONE")
-        member, code, body = item
-        if code == cw.OUTCOME_OK:
-            results[member] = decode_result(member, True, body)
-        elif code == cw.OUTCOME_ERROR:
-            results[member] = decode_result(member, False, body)
-        else:
-            reason = wire.decode(body)
-            results[member] = MemberFailed(member, str(reason))
-    return results
 
 
 def _on_host(value: Any) -> Any:

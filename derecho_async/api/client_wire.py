@@ -34,7 +34,9 @@ from typing import Any, Final
 
 import msgpack  # type: ignore[import-untyped]
 
-from derecho_async.errors import ProtocolViolation
+from derecho_async import wire
+from derecho_async.api.calls import HandlerError, Replies, decode_result
+from derecho_async.errors import MemberFailed, ProtocolViolation
 from derecho_async.wire.values import pack
 
 __all__ = [
@@ -52,6 +54,8 @@ __all__ = [
     "SUB",
     "UNSUB",
     "VIEW",
+    "encode_outcomes",
+    "outcomes_of",
     "read_frame",
     "write_frame",
 ]
@@ -130,3 +134,41 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> list[Any]:
         elif type(value) is str and len(value) > _NAME:
             raise ProtocolViolation(f"frame field {i} of kind {kind}: a string too long")
     return msg
+
+
+def encode_outcomes(replies: Replies) -> list[list[object]]:
+    """Each member's outcome of an ordered call as ``[member, code, body]`` (DONE, FORWARDED):
+    a result, a handler's error (``[type name, message]``) or a departure's reason."""
+    out: list[list[object]] = []
+    for member, value in replies.items():
+        if isinstance(value, MemberFailed):
+            out.append([member, OUTCOME_FAILED, wire.encode(value.reason)])
+        elif isinstance(value, HandlerError):
+            out.append([member, OUTCOME_ERROR, wire.encode([value.type_name, value.message])])
+        elif isinstance(value, BaseException):
+            out.append([member, OUTCOME_ERROR, wire.encode([type(value).__name__,
+                                                            str(value)])])
+        else:
+            try:
+                out.append([member, OUTCOME_OK, wire.encode(value)])
+            except (TypeError, ValueError, OverflowError) as exc:
+                out.append([member, OUTCOME_ERROR, wire.encode([type(exc).__name__,
+                                                                str(exc)])])
+    return out
+
+
+def outcomes_of(items: list[Any]) -> dict[int, object]:
+    """The inverse of :func:`encode_outcomes` (checked: ProtocolViolation)."""
+    results: dict[int, object] = {}
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 3 and type(item[0]) is int
+                and type(item[1]) is int and type(item[2]) is bytes):
+            raise ProtocolViolation("a malformed outcome")
+        member, code, body = item
+        if code == OUTCOME_OK:
+            results[member] = decode_result(member, True, body)
+        elif code == OUTCOME_ERROR:
+            results[member] = decode_result(member, False, body)
+        else:
+            results[member] = MemberFailed(member, str(wire.decode(body)))
+    return results

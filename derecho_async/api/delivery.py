@@ -385,18 +385,9 @@ class Dispatcher:
         if ev.sender == self._me:
             self._record_reply(ev.msg_no, self._me, value)
             return
-        state = self._state
-        driver = state.driver
-        if driver is None or state.closed is not None:
+        if self._state.driver is None or self._state.closed is not None:
             return
-        ok, body = encode_outcome(ok, value)
-        if self.batching:
-            out = self._outbox.get(ev.sender)
-            if out is None:
-                out = self._outbox[ev.sender] = []
-            out += (ev.msg_no, ok, body)
-            return
-        driver.transport.send(ev.sender, env.encode(env.REPLY, ev.subgroup, ev.msg_no, ok, body))
+        self._reply_raw(ev, *encode_outcome(ok, value))
 
     def flush(self) -> None:
         """Send the replies batched while the driver reported a step's events (and hand parked

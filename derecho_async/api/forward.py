@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from derecho_async import wire
-from derecho_async.api.calls import CAST, HandlerError, Replies, decode_result
+from derecho_async.api.calls import CAST, Replies
+from derecho_async.api.client_wire import encode_outcomes, outcomes_of
 from derecho_async.api.once import Numbering
 from derecho_async.errors import (
     DerechoError,
     GroupClosed,
-    MemberFailed,
     PartitionedError,
     ProtocolViolation,
     QueueFull,
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from derecho_async.api.actor import ActorSpec
     from derecho_async.core import View
 
-__all__ = ["Forwarder", "encode_outcomes", "outcomes_of"]
+__all__ = ["Forwarder"]
 
 log = logging.getLogger("derecho_async.shards")
 
@@ -51,49 +51,8 @@ REFUSED: Final = 2
 _ERRORS: Final[dict[str, type[DerechoError]]] = {
     "UsageError": UsageError, "ProtocolViolation": ProtocolViolation,
 }
-OUTCOME_OK: Final = 0
-OUTCOME_ERROR: Final = 1
-OUTCOME_FAILED: Final = 2
 
 Hosts = Callable[[str, int], tuple[int, ...]]
-
-
-def encode_outcomes(replies: Replies) -> list[list[object]]:
-    """Each member's outcome of an ordered call as ``[member, code, body]``: a result, a
-    handler's error (``[type name, message]``) or a departure's reason."""
-    out: list[list[object]] = []
-    for member, value in replies.items():
-        if isinstance(value, MemberFailed):
-            out.append([member, OUTCOME_FAILED, wire.encode(value.reason)])
-        elif isinstance(value, HandlerError):
-            out.append([member, OUTCOME_ERROR, wire.encode([value.type_name, value.message])])
-        elif isinstance(value, BaseException):
-            out.append([member, OUTCOME_ERROR, wire.encode([type(value).__name__,
-                                                            str(value)])])
-        else:
-            try:
-                out.append([member, OUTCOME_OK, wire.encode(value)])
-            except (TypeError, ValueError, OverflowError) as exc:
-                out.append([member, OUTCOME_ERROR, wire.encode([type(exc).__name__,
-                                                                str(exc)])])
-    return out
-
-
-def outcomes_of(items: list[Any]) -> dict[int, object]:
-    """The inverse of :func:`encode_outcomes` (checked: ProtocolViolation)."""
-    results: dict[int, object] = {}
-    for item in items:
-        if not (isinstance(item, list) and len(item) == 3 and type(item[0]) is int
-                and type(item[1]) is int and type(item[2]) is bytes):
-            raise ProtocolViolation("a malformed outcome")
-        member, code, body = item
-        if code == OUTCOME_OK:
-            results[member] = decode_result(member, True, body)
-        elif code == OUTCOME_ERROR:
-            results[member] = decode_result(member, False, body)
-        else:
-            results[member] = MemberFailed(member, str(wire.decode(body)))
-    return results
 
 
 @dataclass(slots=True)

@@ -307,7 +307,7 @@ class Relay:
             return
         result = fut.result()
         if isinstance(result, Replies):
-            conn.send(cw.DONE, rid, *result.version, [_item(m, v) for m, v in result.items()])
+            conn.send(cw.DONE, rid, *result.version, cw.encode_outcomes(result))
         else:
             conn.send(cw.DONE, rid, result[0], result[1], [])
 
@@ -397,15 +397,3 @@ class Relay:
         except (ConnectionError, OSError):
             return
         conn.send(cw.END, sid, _clip(reason))
-
-
-def _item(member: int, value: object) -> list[object]:
-    """One member's outcome of an ordered call, as DONE carries it."""
-    if isinstance(value, MemberFailed):
-        return [member, cw.OUTCOME_FAILED, wire.encode(value.reason)]
-    if isinstance(value, HandlerError):
-        return [member, cw.OUTCOME_ERROR, wire.encode([value.type_name, value.message])]
-    if isinstance(value, BaseException):
-        return [member, cw.OUTCOME_ERROR, wire.encode([type(value).__name__, str(value)])]
-    ok, body = encode_outcome(True, value)
-    return [member, cw.OUTCOME_OK if ok else cw.OUTCOME_ERROR, body]
