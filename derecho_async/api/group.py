@@ -6,9 +6,11 @@ Theory of operation: a :class:`Group` builds the transport named by its :class:`
 a facade over three parts that share only this member's :class:`Membership`: the
 :class:`CallTable` (this member's own calls, their replies and backpressure), the
 :class:`Dispatcher` (delivered calls run here, replies batched back) and the
-:class:`P2PServer` (p2p calls made and served). It is the driver's ``Host``: ``on_delivered``
-and ``flush`` are the dispatcher's own methods; the other callbacks are routed here. See
-docs/DESIGN.md §7.2.
+:class:`P2PServer` (p2p calls made and served); and, built on them, the :class:`Relay`
+(external clients), the :class:`Forwarder` (calls to shards hosted elsewhere) and the
+:class:`Handoffs` (a sharded actor's state to the members that gain its shards). It is the
+driver's ``Host``: ``on_delivered`` and ``flush`` are the dispatcher's own methods; the other
+callbacks are routed here. See docs/DESIGN.md §7.2, §7.16 and §7.17.
 """
 
 from __future__ import annotations
@@ -154,10 +156,10 @@ class Group:
                                     self._once)
             self._rejoin = LogSuffixes(self._durable, config.snapshot_every)
         self._notifier = Notifier(clock, self._rewire)
-        # serves external clients (listening only with client_listen)
         # calls to shards this member does not host go to a member that does
         self._forwarder = Forwarder(config.member_id, self._send, self._hosts_of)
         self._assigned: tuple[int, ShardAssignment] | None = None  # (view id, its assignment)
+        # serves external clients (listening only with client_listen)
         self._relay = Relay(state, self._specs, calls, self._p2p, self.subscribe, clock,
                             self._forwarder,
                             {n: sh.shards for n, sh in self._sharded.items()}, self._hosts_of)
@@ -431,7 +433,6 @@ class Group:
         """``actor``'s shards in the current view: shard -> its members (rank order). An
         unsharded actor is one shard of every member."""
         spec = self._spec_of(actor)
-        self.view  # (raises before the first view)  # noqa: B018
         return {info.shard: info.members for info in self._assignment().shards
                 if info.subgroup == spec.name}
 
