@@ -36,7 +36,7 @@ from derecho_async.runtime.dataplane import MAX_ARRAYS, OutOfBand
 if TYPE_CHECKING:
     from derecho_async.api.actor import ActorSpec
     from derecho_async.api.membership import Membership
-    from derecho_async.core import Delivered, Layout
+    from derecho_async.core import Delivered, ShardAssignment
     from derecho_async.runtime.driver import Driver
     from derecho_async.runtime.runner import SerialRunner
 
@@ -162,15 +162,16 @@ class CallTable:
     ``casts`` that of a one-way call to the future of its version; the dispatcher reads both
     (the native dispatch completes own one-way calls in ``casts`` itself)."""
 
-    __slots__ = ("_early_replies", "_layout", "_loop", "_max_call", "_max_queued",
+    __slots__ = ("_assignment", "_early_replies", "_loop", "_max_call", "_max_queued",
                  "_max_queued_bytes", "_repliers", "_runners", "_stamp", "_state", "casts",
                  "parked", "parked_bytes", "paused", "pending")
 
-    def __init__(self, state: Membership, layout: Layout, runners: Sequence[SerialRunner],
+    def __init__(self, state: Membership, assignment: Callable[[], ShardAssignment],
+                 runners: Sequence[SerialRunner],
                  clock: Callable[[], int] = time.time_ns) -> None:
         config = state.config
         self._state = state
-        self._layout = layout
+        self._assignment = assignment  # the current view's shards (the group's, per view)
         self._runners = tuple(runners)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the group runs on
         self._max_call = config.max_call_mb << 20  # bytes of an encoded ordered call, at most
@@ -438,7 +439,7 @@ class CallTable:
             view = self._state.view
             if view is None:
                 raise UsageError("the group has not installed a view yet")
-            info = self._layout.assign(view.members).find(subgroup, shard)
+            info = self._assignment().find(subgroup, shard)
             members = frozenset(info.members if info is not None else view.members)
             self._repliers[(subgroup, shard)] = members
         return members

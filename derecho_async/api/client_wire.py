@@ -36,6 +36,7 @@ import msgpack  # type: ignore[import-untyped]
 
 from derecho_async import wire
 from derecho_async.api.calls import HandlerError, Replies, decode_result
+from derecho_async.api.delivery import encode_outcome
 from derecho_async.errors import MemberFailed, ProtocolViolation
 from derecho_async.wire.values import pack
 
@@ -145,15 +146,9 @@ def encode_outcomes(replies: Replies) -> list[list[object]]:
             out.append([member, OUTCOME_FAILED, wire.encode(value.reason)])
         elif isinstance(value, HandlerError):
             out.append([member, OUTCOME_ERROR, wire.encode([value.type_name, value.message])])
-        elif isinstance(value, BaseException):
-            out.append([member, OUTCOME_ERROR, wire.encode([type(value).__name__,
-                                                            str(value)])])
-        else:
-            try:
-                out.append([member, OUTCOME_OK, wire.encode(value)])
-            except (TypeError, ValueError, OverflowError) as exc:
-                out.append([member, OUTCOME_ERROR, wire.encode([type(exc).__name__,
-                                                                str(exc)])])
+        else:  # a result, or another exception: as a reply carries it
+            ok, body = encode_outcome(not isinstance(value, BaseException), value)
+            out.append([member, OUTCOME_OK if ok else OUTCOME_ERROR, body])
     return out
 
 

@@ -139,7 +139,7 @@ class Group:
             SubgroupSpec(n, shards=sh.shards, min_per_shard=sh.min_replicas,
                          policy=sh.policy()) if (sh := self._sharded.get(n)) is not None
             else SubgroupSpec(n) for n in names))
-        self._calls = calls = CallTable(state, self.layout, tuple(self._runners.values()),
+        self._calls = calls = CallTable(state, self._assignment, tuple(self._runners.values()),
                                         clock)
         self._p2p = P2PServer(state, self._specs, hosted)
         # per subgroup, what external clients' calls did (replicated state: api/once.py)
@@ -607,7 +607,7 @@ class Group:
         self.history.append(ev.view)
         if self._sharded:
             self._handoffs.on_view(ev.view, ev.joined, ev.state is None and state.me in ev.joined,
-                                   self.layout.assign(ev.view.members))
+                                   self._assignment())
         self._notifier.on_view(ev.view)
         self._relay.on_view(ev.view)
         self._forwarder.on_view(ev.view)

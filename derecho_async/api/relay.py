@@ -240,7 +240,7 @@ class Relay:
 
     # -- ordered calls ---------------------------------------------------------------------
     def submit(self, client: bytes, actor: str, seq: int, body: bytes,
-               shard: int = 0) -> asyncio.Future[Any]:
+               shard: int = 0, forward: bool = True) -> asyncio.Future[Any]:
         """Relay a client's ordered call: ``body`` is the call as ``wire.encode_call`` made it
         (method ``<actor>.<m>`` or ``<actor>.<m>.cast``), ``seq`` the client's number for it
         (per actor and shard), ``shard`` the shard of a sharded actor it goes to (forwarded to
@@ -248,22 +248,21 @@ class Relay:
         :class:`Replies` (or of its version, for a one-way call). Raises ``UsageError`` or
         ``ProtocolViolation`` for a call no member would run (unknown actor, method or shard,
         arguments that do not decode), ``GroupClosed`` / ``PartitionedError`` / ``QueueFull``
-        when this member cannot send it now (another member may)."""
+        when this member cannot send it now (another member may). Without ``forward`` (a call
+        forwarded here) a shard this member does not host is ``GroupClosed``: the forwarder
+        tries a host."""
         spec, one_way = self._checked(actor, seq, body, shard)
         if actor in self._sharded and self._me not in self._hosts(actor, shard):
+            if not forward:
+                raise GroupClosed(f"member {self._me} does not host shard {shard} of {actor}")
             return self._forwarder.forward(client, actor, shard, seq, body, one_way)
         return self._calls.relay(spec, wire.client_call(body, client, seq, self._clock()),
                                  one_way)
 
     def submit_hosted(self, client: bytes, actor: str, shard: int, seq: int,
                       body: bytes) -> asyncio.Future[Any]:
-        """As :meth:`submit` for a call forwarded here: never forwarded again (GroupClosed when
-        this member no longer hosts ``shard``: the forwarder tries a host)."""
-        spec, one_way = self._checked(actor, seq, body, shard)
-        if actor in self._sharded and self._me not in self._hosts(actor, shard):
-            raise GroupClosed(f"member {self._me} does not host shard {shard} of {actor}")
-        return self._calls.relay(spec, wire.client_call(body, client, seq, self._clock()),
-                                 one_way)
+        """:meth:`submit` for a call forwarded here (the forwarder's ``serve``)."""
+        return self.submit(client, actor, seq, body, shard, forward=False)
 
     def _checked(self, actor: str, seq: int, body: bytes,
                  shard: int) -> tuple[ActorSpec, bool]:
