@@ -490,7 +490,9 @@ def _on_host(value: Any) -> Any:
     return value
 
 
-class _ClientOrdered:
+class _Method:
+    """A method of a client's handle: the client, the actor, the shard, the method's name."""
+
     __slots__ = ("_client", "_method", "_shard", "_spec")
 
     def __init__(self, client: Client, spec: ActorSpec, shard: int, method: str) -> None:
@@ -498,6 +500,10 @@ class _ClientOrdered:
         self._spec = spec
         self._shard = shard
         self._method = method
+
+
+class _ClientOrdered(_Method):
+    __slots__ = ()
 
     def __call__(self, *args: object, **kwargs: object) -> Awaitable[Replies]:
         return self._client.ordered(self._spec, self._shard, self._method, False, args, kwargs)
@@ -508,15 +514,12 @@ class _ClientOrdered:
         return self._client.ordered(self._spec, self._shard, self._method, True, args, kwargs)
 
 
-class _ClientP2PCall:
-    __slots__ = ("_client", "_member", "_method", "_shard", "_spec")
+class _ClientP2PCall(_Method):
+    __slots__ = ("_member",)
 
     def __init__(self, client: Client, spec: ActorSpec, shard: int, method: str,
                  member: int) -> None:
-        self._client = client
-        self._spec = spec
-        self._shard = shard
-        self._method = method
+        super().__init__(client, spec, shard, method)
         self._member = member
 
     async def __call__(self, *args: object, **kwargs: object) -> Any:
@@ -530,14 +533,8 @@ class _ClientP2PCall:
                                 kwargs)
 
 
-class _ClientP2P:
-    __slots__ = ("_client", "_method", "_shard", "_spec")
-
-    def __init__(self, client: Client, spec: ActorSpec, shard: int, method: str) -> None:
-        self._client = client
-        self._spec = spec
-        self._shard = shard
-        self._method = method
+class _ClientP2P(_Method):
+    __slots__ = ()
 
     def at(self, member: int) -> _ClientP2PCall:
         """The call bound to ``member`` (made from the relay; for a shard, one of its

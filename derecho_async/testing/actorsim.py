@@ -35,7 +35,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import random
 import time
@@ -43,12 +42,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from derecho_async import wire
 from derecho_async.api import Group
 from derecho_async.config import Config
 from derecho_async.core import Delivered, ViewInstalled
-from derecho_async.errors import GroupClosed, PartitionedError, QueueFull, SubscriptionDropped
+from derecho_async.errors import GroupClosed, PartitionedError, SubscriptionDropped
 from derecho_async.runtime.observer import GroupObserver
+from derecho_async.testing.outcomes import CallOutcome, P2POutcome
+from derecho_async.testing.simclients import SimClients
 from derecho_async.testing.simdisk import SimDisk
 from derecho_async.testing.simlog import (
     CANCEL_AFTER,
@@ -74,35 +74,6 @@ __all__ = [
 ]
 
 # -- what a run records ------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class CallOutcome:
-    """An ordered call a driver made, and what its caller got.
-
-    ``kind`` is "cast" (one-way; ``value`` the version on success) or "call" (``value`` the
-    Replies). ``ok`` is False when the call raised at its caller (``value`` the exception)."""
-
-    caller: int
-    cid: int
-    kind: str
-    method: str
-    mode: int
-    ok: bool | None = None  # None: never finished
-    value: object = None
-    at: float = 0.0  # virtual time when it finished
-
-
-@dataclass(slots=True)
-class P2POutcome:
-    """A p2p read of ``target`` by ``caller``: the state key (and version when versioned)."""
-
-    caller: int
-    target: int
-    ok: bool | None = None
-    value: object = None
-    version: tuple[int, int] | None = None
-    versioned: bool = False
 
 
 class RecordingObserver(GroupObserver):
@@ -420,58 +391,21 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
 
         tasks.append(asyncio.ensure_future(wait()))
 
-    crng = random.Random(f"clients-calls-{run.seed}")
-    client_ids = [hashlib.sha256(b"client %d %d" % (run.seed, i)).digest()[:16] for i in range(3)]
-    client_seqs = [0, 0, 0]
+    clients = SimClients(run.seed, float(knobs["p_raise"]))
 
     def draw_client_call() -> None:
-        """An external client's call, relayed by a live member and sent again through another
-        whenever its relay fails or is slow to answer (sometimes through two at once): the
-        members must apply it once."""
+        """An external client's call (testing/simclients.py): the members must run it once."""
         nonlocal next_cid
-        cid = next_cid
+        call = clients.draw(next_cid)
         next_cid += 1
-        who = crng.randrange(len(client_ids))
-        seq = client_seqs[who]
-        client_seqs[who] += 1
-        mode = OK if crng.random() >= float(knobs["p_raise"]) else crng.choice(
-            [RAISE_BEFORE, RAISE_AFTER])
-        kind = "client_cast" if crng.random() < 0.3 else "client"
-        name = "SimLog.add.cast" if kind == "client_cast" else "SimLog.add"
-        body = wire.encode_call(name, (cid, mode), {})
-        doubled = crng.random() < 0.3  # a second copy at once, through another relay
-        out = CallOutcome(-1 - who, cid, kind, "add", mode)
+        out = CallOutcome(-1 - call.who, call.cid, call.kind, "add", call.mode)
         run.calls.append(out)
 
-        async def call() -> None:
-            attempts: list[asyncio.Future[Any]] = []
-            tries = 0
-            deadline = loop.time() + 20.0
-            while loop.time() < deadline:
-                relays = sorted(live)
-                if relays:
-                    copies = 2 if doubled and tries == 0 else 1
-                    for k in range(copies):
-                        m = relays[(cid + tries + k) % len(relays)]
-                        with contextlib.suppress(GroupClosed, PartitionedError, QueueFull):
-                            attempts.append(asyncio.ensure_future(groups[m].relay.submit(
-                                client_ids[who], "SimLog", seq, body)))
-                    tries += 1
-                if not attempts:
-                    await asyncio.sleep(0.05)
-                    continue
-                done, _ = await asyncio.wait(attempts, timeout=0.3,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                for fut in done:
-                    attempts.remove(fut)
-                    if not fut.cancelled() and fut.exception() is None:
-                        out.ok, out.value, out.at = True, fut.result(), loop.time()
-                        for rest in attempts:
-                            rest.cancel()  # (only this client's wait: the call may still run)
-                        return
-            out.ok, out.value, out.at = False, GroupClosed("no relay answered"), loop.time()
+        async def send() -> None:
+            out.ok, out.value = await clients.send(call, groups, live)
+            out.at = loop.time()
 
-        tasks.append(asyncio.ensure_future(call()))
+        tasks.append(asyncio.ensure_future(send()))
 
     def draw_read(caller: int) -> None:
         members = groups[caller].view.members
@@ -561,8 +495,8 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
                 draw_call(rng.choice(sorted(live)))
         else:
             draw_read(rng.choice(sorted(live)))
-        if knobs["clients"] and live and crng.random() < 0.3:
-            for _ in range(crng.choice([1, 1, 3])):
+        if knobs["clients"] and live:
+            for _ in range(clients.burst()):
                 draw_client_call()
 
     # the end: heal everything, let every call finish, then a barrier call from a live member
