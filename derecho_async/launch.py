@@ -3,8 +3,10 @@
 Each member is a fresh Python process (the ``spawn`` start method, so nothing of the parent's
 state leaks in) that builds its :class:`Config` from the given fields plus its own ``member_id``
 and runs ``await main(config)`` on uvloop. ``main`` must be importable by the child (a function
-defined at module level). The parent waits for every member and returns their exit codes; shared
-memory the group left behind (members killed mid-run) is removed at the end.
+defined at module level). Over a networked transport (tcp, rdma) the members get free loopback
+ports as their ``peers`` table and a fresh secret, unless those are given. The parent waits for
+every member and returns their exit codes; shared memory the group left behind (members killed
+mid-run) is removed at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from derecho_async.config import Config
+from derecho_async.config.strength import new_secret
+from derecho_async.logsetup import log_to_stderr
 
 __all__ = ["free_ports", "launch_local", "run_member"]
 
@@ -39,10 +43,12 @@ def free_ports(n: int) -> list[int]:
 
 
 def run_member(main: Main, fields: dict[str, Any], use_uvloop: bool = True) -> None:
-    """Child entry point: build the config and run ``main`` on an event loop."""
+    """Child entry point: build the config, log to stderr at its ``log_level`` and run ``main``
+    on an event loop."""
     import asyncio
 
     config = Config(**fields)
+    log_to_stderr(config.log_level)
     if use_uvloop:
         import uvloop
 
@@ -57,7 +63,9 @@ def launch_local(
     """Start ``n`` member processes (ids ``0..n-1``) of one group and wait for them.
 
     ``config_fields`` are :class:`Config` fields shared by every member (``group`` defaults to a
-    fresh name, ``initial_members`` to ``n``, ``transport`` to ``shm``). Members still running
+    fresh name, ``initial_members`` to ``n``, ``transport`` to ``shm``; over tcp or rdma,
+    ``peers`` to free loopback ports, each member listening at its own, and ``secret`` to a
+    fresh one unless ``tls_cert`` is given). Members still running
     after ``timeout`` seconds are killed. Returns the exit codes in member order (a negative code
     is the signal that ended the process).
     """
@@ -67,6 +75,13 @@ def launch_local(
     fields.setdefault("group", f"local-{os.getpid()}-{secrets.token_hex(4)}")
     fields.setdefault("initial_members", n)
     fields.setdefault("transport", "shm")
+    from derecho_async.transport import registry
+
+    if registry.kind(str(fields["transport"])).networked:
+        if "peers" not in fields:
+            fields["peers"] = {i: f"127.0.0.1:{p}" for i, p in enumerate(free_ports(n))}
+        if "secret" not in fields and "tls_cert" not in fields:
+            fields["secret"] = new_secret()
     use_uvloop = bool(fields.pop("uvloop", True))
     Config(member_id=0, **fields)  # validate once, in the parent, with a clear error
     ctx = multiprocessing.get_context("spawn")
@@ -87,7 +102,5 @@ def launch_local(
             p.kill()
             p.join()
         codes.append(p.exitcode if p.exitcode is not None else -1)
-    from derecho_async.transport import registry
-
     registry.kind(str(fields["transport"])).clean(str(fields["group"]))
     return codes

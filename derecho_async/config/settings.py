@@ -38,6 +38,8 @@ __all__ = ["KEYS", "LOG_LEVELS", "QUEUE_FULL_ACTIONS", "RULES", "Config"]
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 """The values of :attr:`Config.log_level` (given in any case, stored upper-case)."""
 QUEUE_FULL_ACTIONS: Final = ("wait", "error")
+DEFAULT_LISTEN: Final = "127.0.0.1:0"
+"""``listen``'s default; a member that ``peers`` names listens at its entry there instead."""
 """The values of :attr:`Config.when_queue_full`."""
 
 _DAY_S: Final = 86400.0
@@ -74,8 +76,10 @@ class Config:
     contact: str | None = field(default=None, metadata=key(
         HostPort(allow_port_zero=False),
         "tcp: a member to join through; unset: start, or wait for `peers`"))
-    listen: str = field(default="127.0.0.1:0", metadata=key(
-        HostPort(allow_port_zero=True), "tcp: this member's address (port 0: any free port)"))
+    listen: str = field(default=DEFAULT_LISTEN, metadata=key(
+        HostPort(allow_port_zero=True),
+        "tcp: this member's address (port 0: any free port); unset: its own entry in `peers` "
+        "when `peers` names it"))
     secret: str | None = field(default=None, repr=False, metadata=key(
         Secret(strength.MIN_BITS),
         "tcp, rdma: shared secret (required unless TLS is set); a member without it is "
@@ -179,6 +183,10 @@ class Config:
     # -- state transfer to joiners
     state_chunk_kb: int = field(default=32768, metadata=key(
         Int(4, 1 << 20, "KiB"), "size in KiB of the chunks a joiner's state travels in"))
+    join_timeout_s: float = field(default=60.0, metadata=key(
+        _SECONDS,
+        "seconds `Group.join`, `start` and `async with Group(...)` wait for this member's first "
+        "view before they raise GroupClosed with the last cause (a refusal raises at once)"))
     state_stall_s: float = field(default=30.0, metadata=key(
         _SECONDS,
         "a state transfer that makes no progress for this many seconds fails the join"))
@@ -212,7 +220,9 @@ class Config:
     # -- logging
     log_level: str = field(default="WARNING", metadata=key(
         Choice(LOG_LEVELS, upper=True),
-        "level of the `derecho_async` logger (given in any case)"))
+        "the level from which the member processes `launch_local` and `derecho-async` start "
+        "print `derecho_async` records to stderr; in your own process a Group never sets a "
+        "logger's level: configure `logging`"))
 
     def __new__(cls, *args: object, **kwargs: object) -> Self:
         # Runs before the dataclass __init__, so unknown and missing keys give ConfigError
@@ -238,6 +248,12 @@ class Config:
     def replace(self, **changes: Any) -> Config:
         """A validated copy with ``changes`` applied (unknown keys raise ConfigError)."""
         check_known(changes)
+        if (
+            "listen" not in changes
+            and self.member_id in self.peers
+            and self.listen == self.peers[self.member_id]
+        ):
+            changes["listen"] = DEFAULT_LISTEN  # derived from peers: derived again
         return dataclasses.replace(self, **changes)
 
     @classmethod
@@ -298,6 +314,12 @@ def check_known(values: Mapping[str, object]) -> None:
 # -- the rules that relate keys (run after every key passed its own form) ----------------------
 
 
+def _listen_from_peers(config: Config) -> None:
+    # Others dial a member at its `peers` entry, so that is where it listens unless told.
+    if config.listen == DEFAULT_LISTEN and config.member_id in config.peers:
+        object.__setattr__(config, "listen", config.peers[config.member_id])
+
+
 def _tls_together(config: Config) -> None:
     files = ("tls_cert", "tls_key", "tls_ca")
     given = [getattr(config, name) is not None for name in files]
@@ -330,10 +352,11 @@ def _secret_for_clients(config: Config) -> None:
             "clients prove it)", None)
 
 
-RULES: Final[tuple[Callable[[Config], None], ...]] = (_tls_together, _secret_for_networked,
-                                                       _secret_for_clients)
+RULES: Final[tuple[Callable[[Config], None], ...]] = (
+    _listen_from_peers, _tls_together, _secret_for_networked, _secret_for_clients)
 """Checks that relate keys, run in order once each key passed its own form
-(``suspect_after_ms`` > ``heartbeat_ms`` is in that key's form)."""
+(``suspect_after_ms`` > ``heartbeat_ms`` is in that key's form); ``listen``'s default is
+resolved first."""
 
 
 def _build(merged: sources.Merged) -> Config:

@@ -39,7 +39,7 @@ def test_defaults() -> None:
     assert c.when_queue_full == "wait"
     assert c.check_p2p_reads is False
     assert c.state_chunk_kb == 32768
-    assert (c.state_stall_s, c.fence_timeout_s) == (30.0, 60.0)
+    assert (c.state_stall_s, c.fence_timeout_s, c.join_timeout_s) == (30.0, 60.0, 60.0)
 
 
 def test_full_valid_config() -> None:
@@ -251,6 +251,10 @@ BAD_VALUES: list[tuple[str, object]] = [
     ("check_p2p_reads", 1),
     ("check_p2p_reads", "true"),
     ("check_p2p_reads", None),
+    ("join_timeout_s", "60"),
+    ("join_timeout_s", 0),
+    ("join_timeout_s", -1.0),
+    ("join_timeout_s", None),
     ("state_stall_s", "100"),
     ("state_stall_s", True),
     ("state_stall_s", None),
