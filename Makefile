@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test lint demo sim-demo sweep rdma-test bench clean
 
-$(STAMP): pyproject.toml $(wildcard native/*.c native/*.h)
+$(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'

@@ -9,6 +9,9 @@ simulated cluster lives in :mod:`derecho_async.testing`.
 
 from __future__ import annotations
 
+import logging
+from importlib import metadata
+
 from derecho_async.api import (
     Actor,
     Client,
@@ -29,6 +32,7 @@ from derecho_async.errors import (
     ConfigError,
     DerechoError,
     GroupClosed,
+    JoinRefused,
     LogCorrupted,
     MemberFailed,
     PartitionedError,
@@ -39,7 +43,13 @@ from derecho_async.errors import (
 )
 from derecho_async.launch import launch_local
 
-__version__ = "0.1.0"
+# A library's manners: records go nowhere until the application configures logging.
+logging.getLogger("derecho_async").addHandler(logging.NullHandler())
+
+try:  # the one source of the version is pyproject.toml, through the installed metadata
+    __version__: str = metadata.version("derecho_async")
+except metadata.PackageNotFoundError:  # (imported from a source tree that was never installed)
+    __version__ = "0+unknown"
 
 __all__ = [
     "Actor",
@@ -52,6 +62,7 @@ __all__ = [
     "GroupClosed",
     "HandlerError",
     "HistoryEntry",
+    "JoinRefused",
     "LogCorrupted",
     "MemberFailed",
     "PartitionedError",

@@ -17,6 +17,7 @@ __all__ = [
     "ConfigError",
     "DerechoError",
     "GroupClosed",
+    "JoinRefused",
     "LogCorrupted",
     "MemberFailed",
     "PartitionedError",
@@ -99,7 +100,12 @@ class MemberFailed(DerechoError):
 
 class AuthenticationError(DerechoError):
     """A member refused this process's proof of the group's secret (or did not prove it
-    itself): permanent, not retried."""
+    itself), or it serves another group: permanent, not retried."""
+
+
+class JoinRefused(DerechoError):
+    """A member refused this one for good while it joined (its member id is in use by a live
+    member, its certificate names another member): permanent, with the member's reason."""
 
 
 class GroupClosed(DerechoError):

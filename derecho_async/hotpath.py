@@ -68,6 +68,9 @@ __all__ = [
 ]
 
 REQUESTED_PURE: bool = os.environ.get("DERECHO_ASYNC_PURE_PYTHON", "") not in ("", "0")
+FALLBACK: str | None = None
+"""Why the pure twin runs although nobody asked for it (the extension is missing or out of
+date), else None; a group logs it once per process when it starts."""
 
 
 def _missing(module: ModuleType) -> list[str]:
@@ -82,17 +85,24 @@ def _chosen() -> ModuleType:
     if not REQUESTED_PURE:
         try:
             native = importlib.import_module("derecho_async._native")
-        except ImportError:  # built without a compiler: the pure twin does the same work
-            pass
+        except ImportError as exc:  # built without a compiler: the twin does the same work
+            _fell_back(f"the C extension derecho_async._native is missing ({exc}); the package "
+                       "was installed without a C compiler: the pure-Python twin runs, slower")
         else:
             missing = _missing(native)
             if not missing:
                 return native
-            warnings.warn(
-                f"derecho_async._native is older than the package (it lacks "
-                f"{', '.join(missing)}): using the pure-Python twin; reinstall the package "
-                "to rebuild it", RuntimeWarning, stacklevel=2)
+            why = (f"derecho_async._native is older than the package (it lacks "
+                   f"{', '.join(missing)}): using the pure-Python twin; reinstall the package "
+                   "to rebuild it")
+            _fell_back(why)
+            warnings.warn(why, RuntimeWarning, stacklevel=2)
     return importlib.import_module("derecho_async._hotpath_pure")
+
+
+def _fell_back(why: str) -> None:
+    global FALLBACK
+    FALLBACK = why
 
 
 # For type checkers the names come from the extension's stub, _native.pyi, which types both

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import derecho_async as da
+from derecho_async.logsetup import log_to_stderr
 
 __all__ = ["ReplicatedLog", "percentile", "pipelined", "run_member"]
 
@@ -124,6 +125,7 @@ async def run_member(
     if depth < 1:
         raise da.UsageError(f"depth must be at least 1 (outstanding calls), not {depth}")
     me = config.member_id
+    log_to_stderr(config.log_level)  # (the process is the command's: it configures logging)
     async with da.Group(config, actors=[ReplicatedLog]) as group:
         log = group.subgroup(ReplicatedLog)
         mine: ReplicatedLog = group.local(ReplicatedLog)  # type: ignore[assignment]

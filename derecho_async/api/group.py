@@ -16,12 +16,15 @@ callbacks are routed here. See docs/DESIGN.md §7.2, §7.16 and §7.17.
 from __future__ import annotations
 
 import asyncio
+import enum
+import errno
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self
 
+from derecho_async import hotpath
 from derecho_async.api.actor import Actor, ActorSpec, actor_spec
 from derecho_async.api.calls import CallTable, decode_result
 from derecho_async.api.delivery import Dispatcher, Hosted
@@ -55,7 +58,14 @@ from derecho_async.core import (
 )
 from derecho_async.core.effects import Event
 from derecho_async.durability import Fs
-from derecho_async.errors import ConfigError, GroupClosed, PartitionedError, UsageError
+from derecho_async.errors import (
+    AuthenticationError,
+    ConfigError,
+    GroupClosed,
+    JoinRefused,
+    PartitionedError,
+    UsageError,
+)
 from derecho_async.runtime.driver import Driver
 from derecho_async.runtime.observer import GroupObserver
 from derecho_async.runtime.runner import SerialRunner
@@ -67,6 +77,27 @@ from derecho_async.wire import envelope as env
 __all__ = ["Group"]
 
 log = logging.getLogger("derecho_async.group")
+
+
+class FromConfig(enum.Enum):
+    """The default of :meth:`Group.start`'s ``timeout``: the config's ``join_timeout_s``."""
+
+    FROM_CONFIG = enum.auto()
+
+
+FROM_CONFIG: Final = FromConfig.FROM_CONFIG
+_fallback_noted = False
+
+
+def _note_fallback() -> None:
+    """Log once per process that the pure-Python hot path runs unasked (see hotpath)."""
+    global _fallback_noted
+    if hotpath.FALLBACK is not None and not _fallback_noted:
+        _fallback_noted = True
+        log.warning("%s", hotpath.FALLBACK)
+
+
+_BIND_ERRNOS: Final = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
 
 
 def _make_transport(config: Config) -> Transport:
@@ -186,7 +217,7 @@ class Group:
         config: Config,
         actors: Sequence[type[Actor] | Sharded] = (),
         *,
-        timeout: float | None = 60.0,
+        timeout: float | FromConfig | None = FROM_CONFIG,
         transport: Transport | None = None,
         observer: GroupObserver | None = None,
         fs: Fs | None = None,
@@ -194,17 +225,26 @@ class Group:
     ) -> Self:
         """Join the group named by ``config`` and return once this member is in a view.
 
-        ``transport``, ``observer``, ``fs``, ``clock``: as for :class:`Group`."""
+        ``timeout``: as for :meth:`start`. ``transport``, ``observer``, ``fs``, ``clock``: as for
+        :class:`Group`."""
         group = cls(config, actors, transport=transport, observer=observer, fs=fs, clock=clock)
         await group.start(timeout=timeout)
         return group
 
-    async def start(self, *, timeout: float | None = 60.0) -> None:
-        """Start the transport and wait until this member has installed its first view."""
+    async def start(self, *, timeout: float | FromConfig | None = FROM_CONFIG) -> None:
+        """Start the transport and wait until this member has installed its first view.
+
+        ``timeout`` seconds (default: the ``join_timeout_s`` key; None: no limit) give up with
+        :class:`GroupClosed`, naming the last failure the transport saw. A member that refuses
+        this one for good (another secret or group, a certificate that names someone else)
+        raises :class:`AuthenticationError` at once. A port that cannot be bound raises
+        :class:`ConfigError` naming ``listen``."""
+        if isinstance(timeout, FromConfig):
+            timeout = self.config.join_timeout_s
         if self._started:
             raise UsageError("this Group was already started")
         self._started = True
-        logging.getLogger("derecho_async").setLevel(self.config.log_level)
+        _note_fallback()
         last_view = None
         if self._durable is not None:  # the actors resume from this member's files
             await self._durable.open()
@@ -224,8 +264,16 @@ class Group:
                                    self._rejoin, {n: self._once[n] for n in plain})
         try:
             await driver.start()
-        except BaseException:
+        except BaseException as exc:
             await driver.close()  # release what the transport holds (names, sockets)
+            if (
+                isinstance(exc, OSError)
+                and exc.errno in _BIND_ERRNOS
+                and self._transport is None
+                and registry.kind(self.config.transport).networked
+            ):
+                raise ConfigError("listen", "an address this member can listen on",
+                                  f"{self.config.listen} ({exc.strerror})") from None
             raise
         if self._restart is not None:
             self._restart.start()
@@ -236,14 +284,15 @@ class Group:
             if self._restart is not None:
                 self._restart.stop()
             await self._abandon(driver)
+            cause = "" if driver.last_failure is None else f"; last: {driver.last_failure}"
             raise GroupClosed(
                 f"member {self.config.member_id} was not admitted to group "
-                f"{self.config.group!r} within {timeout} s"
+                f"{self.config.group!r} within {timeout} s{cause}"
             ) from None
         except RuntimeError as exc:
             await self._abandon(driver)
             raise GroupClosed(f"could not join: {exc}") from None
-        except GroupClosed:
+        except (GroupClosed, AuthenticationError, JoinRefused):
             await self._abandon(driver)
             raise
         if self._state.closed is not None:  # (a restart that could not go on)

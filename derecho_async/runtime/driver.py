@@ -72,7 +72,7 @@ from derecho_async.core import (
     encode_message,
 )
 from derecho_async.core.effects import Event
-from derecho_async.errors import ProtocolViolation
+from derecho_async.errors import DerechoError, ProtocolViolation
 from derecho_async.runtime.dataplane import HostStagingPlane
 from derecho_async.runtime.plane import Plane
 from derecho_async.transport import registry
@@ -167,6 +167,8 @@ class Driver:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self.first_view: asyncio.Future[View] | None = None
+        #: what the transport last reported failing (a join that times out says it)
+        self.last_failure: str | None = None
         self.steps = 0
         self.dataplane = HostStagingPlane(
             transport.send,
@@ -243,6 +245,7 @@ class Driver:
         self.first_view = self._loop.create_future()
         await _import_off_loop("numpy")
         self._start_gpu_plane()
+        self.transport.on_refused = self._refused
         await self.transport.start(self)
         is_contact = self.member_id == self.contact
         if is_contact and self.config.initial_members == 1 and not self.hold_bootstrap:
@@ -375,8 +378,15 @@ class Driver:
             return
         self.kick()
 
+    def _refused(self, member: int, error: DerechoError) -> None:
+        """``member`` refused this member for good (another secret or group, an id in use): a
+        member still joining gives up at once with that error."""
+        if self.first_view is not None and not self.first_view.done():
+            self.first_view.set_exception(error)
+
     def on_failure(self, member: int, reason: str) -> None:
         log.info("member %d: transport reports %d: %s", self.member_id, member, reason)
+        self.last_failure = reason
         if self.core is not None:
             self.core.report_failure(member)
             self.kick()

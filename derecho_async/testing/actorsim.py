@@ -46,6 +46,7 @@ from derecho_async.api import Group
 from derecho_async.config import Config
 from derecho_async.core import Delivered, ViewInstalled
 from derecho_async.errors import GroupClosed, PartitionedError, SubscriptionDropped
+from derecho_async.logsetup import logger_level
 from derecho_async.runtime.observer import GroupObserver
 from derecho_async.testing.outcomes import CallOutcome, P2POutcome
 from derecho_async.testing.simclients import SimClients
@@ -263,7 +264,8 @@ def run_actor_schedule(seed: int, **knobs: Any) -> ActorRun:
     drawn.update(knobs)
     run = ActorRun(seed, drawn, RecordingObserver(), {}, [], [], {}, {}, [], {}, [])
     wall = time.perf_counter()
-    run_virtual(lambda: _schedule(rng, run), max_virtual_s=float(drawn["max_virtual_s"]))
+    with logger_level(str(drawn["log_level"])):
+        run_virtual(lambda: _schedule(rng, run), max_virtual_s=float(drawn["max_virtual_s"]))
     run.wall_s = time.perf_counter() - wall
     return run
 

@@ -31,6 +31,7 @@ from typing import Any
 from derecho_async.api import Actor, Group, Sharded, ordered, p2p
 from derecho_async.config import Config
 from derecho_async.errors import DerechoError, GroupClosed, PartitionedError
+from derecho_async.logsetup import logger_level
 from derecho_async.testing.checker import InvariantViolation
 from derecho_async.testing.simnet import SimNetwork, crash_group
 from derecho_async.testing.vloop import run_virtual
@@ -124,7 +125,8 @@ def run_shard_schedule(seed: int, **knobs: Any) -> ShardRun:
     drawn["members"] = rng.randint(max(3, drawn["shards"]), 7)
     run = ShardRun(seed, drawn)
     wall = time.perf_counter()
-    run_virtual(lambda: _schedule(rng, run), max_virtual_s=120.0)
+    with logger_level(str(drawn["log_level"])):
+        run_virtual(lambda: _schedule(rng, run), max_virtual_s=120.0)
     run.wall_s = time.perf_counter() - wall
     return run
 

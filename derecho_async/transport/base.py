@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from derecho_async.errors import GroupClosed, UsageError
+from derecho_async.errors import DerechoError, GroupClosed, UsageError
 
 __all__ = ["GROUP_MESSAGE_LIMIT", "PushGate", "Transport", "TransportHandler"]
 
@@ -283,6 +283,10 @@ class Transport(abc.ABC):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         self._closed = False
+        #: called with (member, error) when a peer refuses this member for good: an
+        #: AuthenticationError (another secret, group or protocol) or a JoinRefused (its id in
+        #: use, a certificate naming another member); never retried: a join fails with it
+        self.on_refused: Callable[[int, DerechoError], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -431,6 +435,17 @@ class Transport(abc.ABC):
             self._handler.on_failure(member, reason)
         except Exception:
             log.exception("member %d: handler.on_failure raised", self.member_id)
+
+    def _report_refusal(self, member: int, error: DerechoError) -> None:
+        """``member`` refused us for good: tell :attr:`on_refused`, then report a failure."""
+        if self._closed or self._handler is None:
+            return
+        if self.on_refused is not None:
+            try:
+                self.on_refused(member, error)
+            except Exception:
+                log.exception("member %d: on_refused raised", self.member_id)
+        self._report_failure(member, str(error))
 
     def _on_violation(self, sender: int, reason: str) -> None:
         """A push from ``sender`` broke the protocol (already logged). Default: report it."""

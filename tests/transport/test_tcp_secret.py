@@ -175,7 +175,7 @@ async def test_members_of_another_group_with_the_same_secret_are_refused() -> No
         await t.start(r)
     try:
         a.add_peer(1, b.address)
-        with pytest.raises(ConnectionError, match="group"):
+        with pytest.raises(ProtocolViolation, match="group"):  # permanent: not retried
             await a.connect(1)
         assert recs[1].messages() == []
         a.add_peer(2, c.address)

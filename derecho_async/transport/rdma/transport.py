@@ -15,7 +15,7 @@ import ssl
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from derecho_async.errors import ConfigError, UsageError
+from derecho_async.errors import ConfigError, DerechoError, UsageError
 from derecho_async.transport.base import (
     GROUP_MESSAGE_LIMIT,
     Transport,
@@ -193,6 +193,7 @@ class RdmaTransport(Transport):
             admission=admission,
             max_frame=max_frame,
         )
+        self._tcp.on_refused = self._channel_refused  # (its failure comes on_failure)
         self.busy_poll = bool(busy_poll)
         self.inbox_bytes = inbox_bytes
         self._device = Device(device, port, gid_index, self)
@@ -388,6 +389,10 @@ class RdmaTransport(Transport):
         if link is not None and link.ep is not None:
             self._conns.fail(link.ep, reason, report=False)
         self._report_failure(sender, reason)
+
+    def _channel_refused(self, member: int, error: DerechoError) -> None:
+        if self.on_refused is not None:
+            self.on_refused(member, error)
 
     def _on_channel_failure(self, member: int, reason: str) -> None:
         link = self._conns.links.get(member)

@@ -219,6 +219,17 @@ class AcceptingSide(TcpCore):
         host, port = c_addr
         if host in WILDCARDS and isinstance(peername, tuple):
             host = str(peername[0])
+        live = link.conn
+        if (
+            live is not None and live.admitted and not live.closed
+            and link.addr is not None and link.addr != (host, port)
+        ):  # a second process with a member's id: the member keeps its stream
+            known = f"{link.addr[0]}:{link.addr[1]}"
+            peer.answer(writer, "reject", f"member id {c_id} is in use by a live member at "
+                        f"{known} (if that member is gone, retry once the group removed it)")
+            self.refusals.note("id in use", f"refused a stream from {peername} claiming "
+                               f"member {c_id}, which is live at {known}", logging.ERROR)
+            return None
         link.addr = (host, port)
         peer.answer(writer, "accept")
         conn = Conn(c_id, c_id, reader, writer, host=acc.host)

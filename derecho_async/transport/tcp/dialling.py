@@ -6,17 +6,33 @@ docs/DESIGN.md §5.3.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
-from derecho_async.errors import ProtocolViolation, UsageError
+from derecho_async.errors import (
+    AuthenticationError,
+    DerechoError,
+    JoinRefused,
+    ProtocolViolation,
+    UsageError,
+)
 from derecho_async.transport.base import check_member_id, log
 from derecho_async.transport.tcp.handshake import (
     Address,
     AuthError,
     HandshakeError,
+    Refused,
     client_handshake,
 )
 from derecho_async.transport.tcp.identity import certified_member
-from derecho_async.transport.tcp.streams import Conn, Duplicate, Link, TcpCore, tune
+from derecho_async.transport.tcp.streams import (
+    UNREACHABLE_LOG_S,
+    Conn,
+    Duplicate,
+    Link,
+    TcpCore,
+    tune,
+)
 
 
 class DiallingSide(TcpCore):
@@ -65,8 +81,10 @@ class DiallingSide(TcpCore):
             link.handshaking = True
             try:
                 conn = await self._dial(link.peer, addr)
-            except AuthError as exc:
-                self._link_failed(link, f"{exc} (at {addr[0]}:{addr[1]})", auth=True)
+            except Refused as exc:
+                why = f"{exc} (at {addr[0]}:{addr[1]})"
+                self._link_failed(link, why, refused=AuthenticationError(why)
+                                  if isinstance(exc, AuthError) or exc.auth else JoinRefused(why))
                 return
             except Duplicate:
                 link.handshaking = False
@@ -124,7 +142,7 @@ class DiallingSide(TcpCore):
             if verdict == "dup":
                 raise Duplicate()
             if verdict != "accept":  # (a refused proof raised AuthError in client_handshake)
-                raise HandshakeError(f"member {s_id} refused the stream: {why}")
+                raise Refused(f"member {s_id} refused the stream: {why}")
             ok = True
             return Conn(peer, self.member_id, reader, writer)
         finally:
@@ -154,6 +172,7 @@ class DiallingSide(TcpCore):
             conn.writer.writelines(link.queue)
             link.queue.clear()
         link.established.set()
+        link.warned_at = None  # (a later outage is logged again at once)
         self._resolve(link, None)
 
     def _resolve(self, link: Link, exc: BaseException | None) -> None:
@@ -165,14 +184,24 @@ class DiallingSide(TcpCore):
                 else:
                     fut.set_exception(exc)
 
-    def _link_failed(self, link: Link, reason: str, *, auth: bool = False) -> None:
+    def _link_failed(
+        self, link: Link, reason: str, *, refused: DerechoError | None = None
+    ) -> None:
         dropped = len(link.queue) // 2
         link.queue.clear()
-        if auth:
+        if refused is not None:
             log.error("member %d: %s", self.member_id, reason)
             exc: BaseException = ProtocolViolation(reason, link.peer)
         else:
-            log.warning("member %d: %s (%d frames dropped)", self.member_id, reason, dropped)
+            now = time.monotonic()
+            quiet = link.warned_at is not None and now - link.warned_at < UNREACHABLE_LOG_S
+            if not quiet:
+                link.warned_at = now
+            log.log(logging.DEBUG if quiet else logging.WARNING,
+                    "member %d: %s (%d frames dropped)", self.member_id, reason, dropped)
             exc = ConnectionError(reason)
         self._resolve(link, exc)
-        self._report_failure(link.peer, reason)
+        if refused is not None:
+            self._report_refusal(link.peer, refused)
+        else:
+            self._report_failure(link.peer, reason)

@@ -44,6 +44,7 @@ __all__ = [
     "AuthError",
     "HandshakeError",
     "Proven",
+    "Refused",
     "check_address",
     "client_handshake",
     "field_addr",
@@ -77,8 +78,18 @@ class HandshakeError(Exception):
     """The handshake failed (retryable)."""
 
 
-class AuthError(HandshakeError):
-    """The peer did not prove the shared secret (not retried)."""
+class Refused(HandshakeError):
+    """The peer refused us for good (not retried): ``auth`` when it serves another group or
+    protocol (as a failed proof: :class:`AuthError`), else it refused the proven stream (our id
+    is in use, our certificate names another member)."""
+
+    def __init__(self, message: str, *, auth: bool = False) -> None:
+        super().__init__(message)
+        self.auth = auth
+
+
+class AuthError(Refused):
+    """The peer did not prove the shared secret, or refused our proof (not retried)."""
 
 
 def check_address(addr: object, what: str) -> Address:
@@ -206,7 +217,10 @@ async def client_handshake(
     ch = await read_hs(reader)
     if ch.get("proto") != PROTOCOL:
         why = ch.get("why") if isinstance(ch.get("why"), str) else "unknown protocol"
-        raise HandshakeError(f"peer refused the handshake: {str(why)[:MAX_REASON]}")
+        raise Refused(
+            f"the peer refused the handshake of group {group!r}: {str(why)[:MAX_REASON]}",
+            auth=True,
+        )
     s_id = field_id(ch, "id")
     s_addr = field_addr(ch, "addr")
     ns = field_bytes(ch, "nonce", NONCE)

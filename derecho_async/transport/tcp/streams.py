@@ -86,6 +86,13 @@ class Link:
     queue: list[bytes] = field(default_factory=list)
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     established: asyncio.Event = field(default_factory=asyncio.Event)
+    #: when an unreachable peer was last logged at WARNING (monotonic; see UNREACHABLE_LOG_S)
+    warned_at: float | None = None
+
+
+UNREACHABLE_LOG_S = 30.0
+"""A peer that stays unreachable is logged at WARNING at most once per this many seconds (the
+dial rounds between are logged at DEBUG)."""
 
 
 class TcpCore(Transport):
