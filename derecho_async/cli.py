@@ -7,15 +7,21 @@ and shows the view change. ``member`` runs one member of a multi-host group from
 ``status`` lists the shared-memory segments of local groups and whether their owners are alive;
 ``status --clean`` removes those of dead owners. ``secret`` prints a fresh shared secret for the
 ``secret`` key (256 random bits; see :mod:`derecho_async.config.strength`); ``certs`` makes a
-group CA and member certificates for the TLS mode (:mod:`derecho_async.certs`).
+group CA and member certificates for the TLS mode (:mod:`derecho_async.certs`). ``--version``
+prints the version and the active hot path; ``bench`` and ``status`` print one JSON object with
+``--json``. ``--help`` shows the plain-text descriptions near :func:`main`, not this docstring.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
+import importlib.metadata
+import json
 import multiprocessing
 import os
+import platform
 import queue as queue_mod
 import secrets
 import signal
@@ -291,6 +297,38 @@ def _report(run: _Run, killed: int | None, n: int) -> int:
     return 0 if same else 1
 
 
+class _Progress:
+    """Progress lines on stderr, every ``every`` seconds (0: none): rewritten in place on a
+    terminal, one line each otherwise; stdout stays for the results."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self.tty = sys.stderr.isatty()
+        self.start = time.monotonic()
+        self.last = self.start
+        self.width = 0
+
+    def tick(self, text: str) -> None:
+        now = time.monotonic()
+        if self.every <= 0 or now - self.last < self.every:
+            return
+        self.last = now
+        line = f"{text}, {now - self.start:.1f} s"
+        if self.tty:
+            sys.stderr.write("\r" + line.ljust(self.width))
+            self.width = len(line)
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        """Erase the line rewritten in place (a terminal only)."""
+        if self.tty and self.width:
+            sys.stderr.write("\r" + " " * self.width + "\r")
+            sys.stderr.flush()
+            self.width = 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     n = args.members
     senders = n if args.senders == "all" else int(args.senders)
@@ -304,15 +342,51 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.heartbeat_ms,
         args.suspect_after_ms,
     )
+    total = senders * args.messages + n  # the appends and every member's done marker
+    progress = _Progress(args.progress)
     start = time.monotonic()
-    while len(run.reports) < n and run.alive() and time.monotonic() - start < args.timeout:
-        run.poll(0.5)
+    try:
+        while len(run.reports) < n and run.alive() and time.monotonic() - start < args.timeout:
+            run.poll(0.1)
+            done = min((run.progress.get(m, 0) for m in range(n)), default=0)
+            progress.tick(f"bench: delivered {done}/{total} ({100 * done // total}%) at the "
+                          f"slowest of {n} members")
+    finally:
+        progress.clear()
     run.finish(10.0)
+    setup = {
+        "transport": args.transport,
+        "members": n,
+        "senders": senders,
+        "messages": args.messages,
+        "size": args.size,
+        "depth": args.depth,
+        "cores": os.cpu_count(),
+    }
     if len(run.reports) < n:
-        print(f"bench failed: reports from {sorted(run.reports)} only; errors {run.errors}")
+        why = f"reports from {sorted(run.reports)} only; errors {run.errors}"
+        if args.json:
+            print(json.dumps({**setup, "ok": False, "error": why}))
+        print(f"bench failed: {why}", file=sys.stderr)
         return 1
     r = list(run.reports.values())
-    rate = min(x["msgs_per_s"] for x in r)
+    same = len({x["digest"] for x in r}) == 1
+    result = {
+        "delivered": r[0]["delivered"],
+        "msgs_per_s": min(x["msgs_per_s"] for x in r),
+        "p50_us": max(x["p50_us"] for x in r),
+        "p99_us": max(x["p99_us"] for x in r),
+        "p999_us": max(x["p999_us"] for x in r),
+    }
+    if args.json:
+        per_member = [
+            {"member": m, **{k: run.reports[m][k] for k in (
+                "delivered", "elapsed", "msgs_per_s", "p50_us", "p99_us", "p999_us", "digest")}}
+            for m in sorted(run.reports)
+        ]
+        print(json.dumps({**setup, "ok": same, **result, "logs_identical": same,
+                          "per_member": per_member}))
+        return 0 if same else 1
     rows = [
         [
             "transport",
@@ -330,11 +404,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             str(n),
             str(senders),
             str(args.size),
-            str(r[0]["delivered"]),
-            f"{rate:.0f}",
-            f"{max(x['p50_us'] for x in r):.0f}",
-            f"{max(x['p99_us'] for x in r):.0f}",
-            f"{max(x['p999_us'] for x in r):.0f}",
+            str(result["delivered"]),
+            f"{result['msgs_per_s']:.0f}",
+            f"{result['p50_us']:.0f}",
+            f"{result['p99_us']:.0f}",
+            f"{result['p999_us']:.0f}",
         ],
     ]
     print(_table(rows))
@@ -342,30 +416,86 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"(cores: {os.cpu_count()}; outstanding calls per sender: {args.depth}; "
         f"latency is the ordered call, submit to every member's reply)"
     )
-    return 0 if len({x["digest"] for x in r}) == 1 else 1
+    if not same:
+        print("members' logs differ", file=sys.stderr)
+    return 0 if same else 1
+
+
+def _stamp(wall: float | None = None) -> str:
+    """Local wall-clock time in ISO 8601, to the millisecond, with the UTC offset."""
+    when = datetime.datetime.fromtimestamp(time.time() if wall is None else wall).astimezone()
+    return when.isoformat(timespec="milliseconds")
+
+
+class _MemberLines:
+    """Turns the workload's reports into lines on stdout (progress at most once a second)."""
+
+    def __init__(self, me: int, every: float = 1.0) -> None:
+        self.me = me
+        self.every = every
+        self.last = 0.0
+
+    def say(self, text: str, wall: float | None = None, err: bool = False) -> None:
+        print(f"{_stamp(wall)} member {self.me}: {text}", flush=True,
+              file=sys.stderr if err else sys.stdout)
+
+    def put(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "view":
+            _, _, view_id, members, installed_at = msg
+            wall = time.time() - (time.monotonic() - installed_at)
+            self.say(f"installed view {view_id}: members {', '.join(map(str, members))}", wall)
+        elif kind == "progress":
+            if time.monotonic() - self.last >= self.every:
+                self.last = time.monotonic()
+                self.say(f"delivered {msg[2]}")
+        elif kind == "done":
+            r = msg[2]
+            self.say(
+                f"done: delivered {r['delivered']} in {r['elapsed']:.2f} s "
+                f"({r['msgs_per_s']:.0f} msgs/s); call latency p50 {r['p50_us']:.0f} µs, "
+                f"p99 {r['p99_us']:.0f} µs, p99.9 {r['p999_us']:.0f} µs; views "
+                f"{', '.join(map(str, r['views']))}; log digest {r['digest'][:12]}"
+            )
+        else:
+            self.say(" ".join(map(str, msg)))
 
 
 def cmd_member(args: argparse.Namespace) -> int:
-    import derecho_async as da
-
-    config = da.Config.load(args.config)
-    from derecho_async.workload import run_member
-
-    class _Print:
-        def put(self, msg: tuple[Any, ...]) -> None:
-            print(*msg, flush=True)
-
-    async def go() -> None:
-        await run_member(config, _Print(), args.messages, args.size, args.depth)
-
     import uvloop
 
-    uvloop.run(go())
+    import derecho_async as da
+    from derecho_async.workload import run_member
+
+    try:
+        config = da.Config.load(args.config)
+    except da.DerechoError as exc:
+        print(f"derecho-async member: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    lines = _MemberLines(config.member_id)
+    lines.say(f"joining group {config.group} over {config.transport}; {args.messages} appends "
+              f"of {args.size} B, at most {args.depth} outstanding")
+
+    async def go() -> None:
+        await run_member(config, lines, args.messages, args.size, args.depth)
+
+    try:
+        uvloop.run(go())
+    except da.DerechoError as exc:
+        lines.say(f"failed: {type(exc).__name__}: {exc}", err=True)
+        return 3
+    lines.say("left the group")
     return 0
 
 
 def _mib(files: Sequence[SegmentFile]) -> str:
     return f"{sum(f.size for f in files) / (1 << 20):.1f} MiB"
+
+
+def _state(f: SegmentFile) -> str:
+    if f.alive is not None:
+        return "alive" if f.alive else "dead"
+    return "another user's" if not f.mine else "not a segment name"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -376,11 +506,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     groups = survey()
     if args.groups:
         groups = {g: files for g, files in groups.items() if g in args.groups}
-    if not groups:
-        print("no derecho_async shared-memory segments on this host"
-              + (f" of {', '.join(args.groups)}" if args.groups else ""))
-        return 0
-    removed_all = 0
+    out: list[dict[str, Any]] = []
+    lines: list[str] = []
     for group, files in groups.items():
         alive = sorted({f.owner for f in files if f.alive and f.owner is not None})
         dead = sorted({f.owner for f in files if f.alive is False and f.owner is not None})
@@ -389,20 +516,41 @@ def cmd_status(args: argparse.Namespace) -> int:
                   f"dead: {', '.join(map(str, dead)) or 'none'}")
         if other:
             owners += f"; {other} not judged (another user's, or a foreign name)"
-        print(f"group {group}: {len(files)} segments, {_mib(files)}; {owners}")
+        lines.append(f"group {group}: {len(files)} segments, {_mib(files)}; {owners}")
         for f in files:
-            state = ("alive" if f.alive else "dead") if f.alive is not None else (
-                "another user's" if not f.mine else "not a segment name")
             who = f"owner {f.owner}" if f.owner is not None else "owner ?"
-            print(f"  {f.name}  {f.size} bytes  {who} ({state})")
-        if args.clean and dead:
-            gone = remove_dead_owners(group)
-            removed_all += len(gone)
-            print(f"  removed {len(gone)} segments of dead owners "
-                  f"{', '.join(map(str, sorted({f.owner for f in gone if f.owner is not None})))}: {_mib(gone)}")
+            lines.append(f"  {f.name}  {f.size} bytes  {who} ({_state(f)})")
+        gone = remove_dead_owners(group) if args.clean and dead else []
+        if gone:
+            lines.append(
+                f"  removed {len(gone)} segments of dead owners "
+                f"{', '.join(map(str, sorted({f.owner for f in gone if f.owner is not None})))}"
+                f": {_mib(gone)}")
+        out.append({
+            "group": group,
+            "segments": len(files),
+            "bytes": sum(f.size for f in files),
+            "owners_alive": alive,
+            "owners_dead": dead,
+            "not_judged": other,
+            "files": [{"name": f.name, "size": f.size, "owner": f.owner, "mine": f.mine,
+                       "alive": f.alive, "state": _state(f)} for f in files],
+            "removed": [f.name for f in gone],
+        })
+    removed = sum(len(g["removed"]) for g in out)
+    if args.json:
+        print(json.dumps({"clean": args.clean, "groups": out, "removed": removed}, indent=2))
+        return 0
+    if not groups:
+        print("no derecho_async shared-memory segments on this host"
+              + (f" of {', '.join(args.groups)}" if args.groups else ""))
+        return 0
+    print("\n".join(lines))
     if args.clean:
-        print(f"removed {removed_all} segments in all" if removed_all else
+        print(f"removed {removed} segments in all" if removed else
               "nothing to remove: no segment of a dead owner")
+    elif any(g["owners_dead"] for g in out):
+        print("(status --clean removes the segments of the dead owners)")
     return 0
 
 
@@ -441,69 +589,172 @@ def _count(text: str) -> int:
     return n
 
 
+def _version() -> str:
+    """The installed package's version (its metadata; the package's ``__version__`` when the
+    metadata is missing, as in a source tree on ``sys.path``)."""
+    try:
+        return importlib.metadata.version("derecho_async")
+    except importlib.metadata.PackageNotFoundError:
+        import derecho_async
+
+        return str(getattr(derecho_async, "__version__", "unknown"))
+
+
+def _version_line() -> str:
+    """What ``derecho-async --version`` prints: the version, the active hot path (``native``
+    or ``pure``) and the Python running it."""
+    from derecho_async import hotpath
+
+    return (f"derecho-async {_version()} (hot path: {hotpath.IMPLEMENTATION}, "
+            f"Python {platform.python_version()})")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions as written; each option's default after its help, unless it has none (a
+    flag, a required option, an optional list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False or action.required:
+            return action.help
+        return super()._get_help_string(action)
+
+
+_DESCRIPTION = """\
+Run derecho_async groups on this host (a demo, a benchmark), one member of a
+multi-host group, and the tools around them: shared-memory status and cleanup,
+shared secrets and TLS certificates.
+"""
+
+_EPILOG = 'Run "derecho-async COMMAND --help" for the options of a command.'
+
+_DEMO = """\
+Start a local group of member processes (each its own process and event
+loop), let every member make ordered appends to a replicated log, SIGKILL the
+last member halfway and show the view change. At the end the survivors' logs
+are compared: they must be identical.
+"""
+
+_BENCH = """\
+Measure the ordered throughput and call latency of a local group: each sender
+makes ordered appends to a replicated log, keeping a window of calls
+outstanding. Prints a table (with --json, one JSON object) of the slowest
+member's messages per second and the worst member's latency percentiles.
+Progress lines go to stderr.
+"""
+
+_MEMBER = """\
+Run one member of a group (typically one of several hosts) from a TOML file
+with a [derecho_async] table: group, member_id, transport, listen, peers,
+secret and so on (see the README). The member runs the replicated-log
+workload and prints one line per event, with the local wall-clock time.
+"""
+
+_STATUS = """\
+List the shared-memory segments of derecho_async groups on this host (in
+/dev/shm), by group, with each segment's owner and whether that owner is alive
+now. With --clean, remove the segments whose owners are dead (what a group
+whose members were killed leaves); a live owner's segments are never touched.
+"""
+
+_SECRET = """\
+Print a fresh shared secret (256 random bits as URL-safe text) for the
+`secret` key: give every member of a tcp or rdma group the same one.
+"""
+
+_CERTS = """\
+Make a group CA (once; reused when it exists) and a certificate and key for
+each member, for the TLS mode (the tls_cert, tls_key and tls_ca keys). Needs
+the cryptography package (the tls extra).
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
+    fmt = _HelpFormatter
     parser = argparse.ArgumentParser(
-        prog="derecho-async",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="cmd", required=True)
+        prog="derecho-async", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=fmt)
+    parser.add_argument("--version", action="version", version=_version_line(),
+                        help="print the version, the active hot path and the Python, and exit")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def common(p: argparse.ArgumentParser, members: int, messages: int) -> None:
-        p.add_argument("--members", type=int, default=members)
+        p.add_argument("--members", type=int, default=members, metavar="N",
+                       help="member processes, at least 2")
         p.add_argument("--transport", default="shm", choices=[
-            n for n in registry.names() if not registry.kind(n).in_process])
-        p.add_argument("--messages", type=_count, default=messages, help="appends per sender")
-        p.add_argument("--size", type=_count, default=1024, help="message size in bytes")
-        p.add_argument("--depth", type=_count, default=32, help="outstanding calls per sender")
-        p.add_argument("--heartbeat-ms", type=float, default=50.0)
-        p.add_argument("--suspect-after-ms", type=float, default=500.0)
-        p.add_argument("--timeout", type=float, default=300.0)
+            n for n in registry.names() if not registry.kind(n).in_process],
+            help="how the members talk")
+        p.add_argument("--messages", type=_count, default=messages, metavar="N",
+                       help="appends per sender")
+        p.add_argument("--size", type=_count, default=1024, metavar="BYTES",
+                       help="message size")
+        p.add_argument("--depth", type=_count, default=32, metavar="N",
+                       help="outstanding calls per sender")
+        p.add_argument("--heartbeat-ms", type=float, default=50.0, metavar="MS",
+                       help="heartbeat interval")
+        p.add_argument("--suspect-after-ms", type=float, default=500.0, metavar="MS",
+                       help="a member silent this long is suspected")
+        p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                       help="give up after this long")
 
-    demo = sub.add_parser("demo", help="a local 3-member group with a member killed halfway")
+    demo = sub.add_parser("demo", help="a local group with a member killed halfway",
+                          description=_DEMO, formatter_class=fmt)
     common(demo, 3, 10000)
     demo.add_argument("--no-kill", action="store_true", help="do not kill a member")
     demo.set_defaults(fn=cmd_demo)
-    bench = sub.add_parser("bench", help="ordered msgs/s and latency of a local group")
+    bench = sub.add_parser("bench", help="ordered msgs/s and latency of a local group",
+                           description=_BENCH, formatter_class=fmt)
     common(bench, 3, 20000)
-    bench.add_argument("--senders", default="all", help="'all' or a number of senders")
+    bench.add_argument("--senders", default="all", metavar="N",
+                       help="how many of the members send: 'all' or a number")
+    bench.add_argument("--json", action="store_true",
+                       help="print the results as one JSON object (and nothing else on stdout)")
+    bench.add_argument("--progress", type=float, default=1.0, metavar="SECONDS",
+                       help="seconds between progress lines on stderr; 0: none")
     bench.set_defaults(fn=cmd_bench)
-    member = sub.add_parser("member", help="run one member of a multi-host group")
-    member.add_argument("--config", required=True, help="TOML file (see README)")
-    member.add_argument("--messages", type=_count, default=1000)
-    member.add_argument("--size", type=_count, default=1024)
-    member.add_argument("--depth", type=_count, default=32)
+    member = sub.add_parser("member", help="run one member of a multi-host group",
+                            description=_MEMBER, formatter_class=fmt)
+    member.add_argument("--config", required=True, metavar="TOML",
+                        help="the member's TOML file (see the README)")
+    member.add_argument("--messages", type=_count, default=1000, metavar="N",
+                        help="appends this member makes")
+    member.add_argument("--size", type=_count, default=1024, metavar="BYTES",
+                        help="message size")
+    member.add_argument("--depth", type=_count, default=32, metavar="N",
+                        help="outstanding calls")
     member.set_defaults(fn=cmd_member)
     status = sub.add_parser(
-        "status", help="list local groups' shared-memory segments and whether their owners "
-        "are alive")
+        "status", help="local groups' shared-memory segments and whether their owners are alive",
+        description=_STATUS, formatter_class=fmt)
     status.add_argument("--clean", action="store_true",
                         help="remove the segments of dead owners (a live owner's are never "
                         "touched)")
+    status.add_argument("--json", action="store_true",
+                        help="print one JSON object (with --clean: what was removed)")
     status.add_argument("groups", nargs="*", metavar="GROUP",
-                        help="only these groups (default: every group on this host)")
+                        help="only these groups (none named: every group on this host)")
     status.set_defaults(fn=cmd_status)
-    secret = sub.add_parser(
-        "secret", help="print a fresh shared secret for the `secret` key (256 random bits)"
-    )
+    secret = sub.add_parser("secret", help="print a fresh shared secret for the `secret` key",
+                            description=_SECRET, formatter_class=fmt)
     secret.set_defaults(fn=cmd_secret)
     certs = sub.add_parser(
-        "certs", help="make a group CA (once) and member certificates for the TLS mode "
-        "(needs the cryptography package: the tls extra)"
-    )
+        "certs", help="make a group CA and member certificates for the TLS mode",
+        description=_CERTS, formatter_class=fmt)
     certs.add_argument("--group", required=True, help="the group's name (`group` key)")
-    certs.add_argument("--members", required=True,
+    certs.add_argument("--members", required=True, metavar="IDS",
                        help="member ids: 0-2, 0,1,5 or 7 (a joiner's id later)")
     certs.add_argument("--dir", default="certs",
                        help="where the CA and the members' files are (the CA is made if "
                        "absent, else reused)")
-    certs.add_argument("--days", type=_count, default=365, help="member certificates' validity")
+    certs.add_argument("--days", type=_count, default=365, metavar="N",
+                       help="member certificates' validity in days")
     certs.add_argument("--force", action="store_true",
                        help="replace members' files that exist")
     certs.set_defaults(fn=cmd_certs)
     args = parser.parse_args(argv)
     if args.cmd in ("demo", "bench") and args.members < 2:
-        parser.error("--members must be at least 2")
+        sub.choices[args.cmd].error("--members must be at least 2")
+    if args.cmd == "bench" and args.senders != "all" and not (
+            args.senders.isdigit() and 1 <= int(args.senders) <= args.members):
+        bench.error(f"--senders must be 'all' or 1 to {args.members}, not {args.senders!r}")
     try:
         return int(args.fn(args))
     except KeyboardInterrupt:

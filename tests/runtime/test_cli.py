@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
 import re
 import subprocess
@@ -17,13 +19,16 @@ from tests.runtime import apps
 ROOT = Path(__file__).parents[2]
 
 
-def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "derecho_async.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT,
+        env=env,
     )
 
 
@@ -53,6 +58,116 @@ def test_bench_refuses_a_count_it_cannot_run(flag: str, value: str, why: str) ->
     r = _cli("bench", flag, value, timeout=30)
     assert r.returncode == 2
     assert f"argument {flag}: {why}" in r.stderr
+
+
+def test_bench_json_is_one_object_on_stdout_and_progress_goes_to_stderr() -> None:
+    # fails before issue 29: there was no --json and no progress
+    r = _cli("bench", "--members", "2", "--messages", "50", "--json", "--progress", "0.01")
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(r.stdout)  # the whole of stdout: nothing else is printed there
+    assert {k: result[k] for k in ("transport", "members", "senders", "messages", "size",
+                                   "depth", "ok", "logs_identical")} == {
+        "transport": "shm", "members": 2, "senders": 2, "messages": 50, "size": 1024,
+        "depth": 32, "ok": True, "logs_identical": True}
+    assert result["cores"] == os.cpu_count()
+    assert result["delivered"] == 2 * 50 + 2  # the appends and both done markers
+    assert result["msgs_per_s"] > 0 and 0 < result["p50_us"] <= result["p999_us"]
+    assert [m["member"] for m in result["per_member"]] == [0, 1]
+    assert len({m["digest"] for m in result["per_member"]}) == 1
+    assert re.search(r"bench: delivered \d+/102 \(\d+%\)", r.stderr), r.stderr
+
+
+def test_bench_refuses_more_senders_than_members() -> None:
+    # fails before issue 29: int("x") or a fourth sender of three members went unchecked
+    for senders in ("4", "x", "0"):
+        r = _cli("bench", "--senders", senders, timeout=30)
+        assert r.returncode == 2
+        assert f"--senders must be 'all' or 1 to 3, not '{senders}'" in r.stderr
+
+
+def test_version_names_the_version_and_the_active_hot_path() -> None:
+    # fails before issue 29: there was no --version
+    from derecho_async import hotpath
+
+    version = importlib.metadata.version("derecho_async")
+    r = _cli("--version", timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"derecho-async {version} (hot path: {hotpath.IMPLEMENTATION}, ")
+    assert f"Python {sys.version.split()[0]})" in r.stdout
+    pure = _cli("--version", timeout=30, env={**os.environ, "DERECHO_ASYNC_PURE_PYTHON": "1"})
+    assert pure.returncode == 0, pure.stderr
+    assert f"derecho-async {version} (hot path: pure, " in pure.stdout
+
+
+_DEFAULTS = {
+    "demo": {"--members": "3", "--transport": "shm", "--messages": "10000", "--size": "1024",
+             "--depth": "32", "--heartbeat-ms": "50.0", "--suspect-after-ms": "500.0",
+             "--timeout": "300.0"},
+    "bench": {"--members": "3", "--messages": "20000", "--senders": "all",
+              "--progress": "1.0"},
+    "member": {"--messages": "1000", "--size": "1024", "--depth": "32"},
+    "status": {},
+    "secret": {},
+    "certs": {"--dir": "certs", "--days": "365"},
+}
+
+
+@pytest.mark.parametrize("command", ["", *_DEFAULTS])
+def test_help_is_plain_text_with_each_options_default(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # fails before issue 29: --help showed the module docstring's Sphinx markup, and options
+    # had neither help nor their defaults
+    from derecho_async.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*([command] if command else []), "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for markup in ("``", ":mod:", ":func:", ":class:", ":data:"):
+        assert markup not in out, out
+    text = " ".join(out.split())  # as if unwrapped
+    if not command:
+        assert all(f" {c} " in text for c in _DEFAULTS)
+        return
+    options = text[text.index("options:"):]
+    for option, default in _DEFAULTS[command].items():
+        # the option's own entry: from its name in the list to the next option
+        entry = options[options.index(f" {option} "):]
+        end = entry.find(" --", len(option) + 2)
+        entry = entry if end < 0 else entry[:end]
+        assert f"(default: {default})" in entry, entry
+    # every option has a help text: no entry is just a name and a metavar
+    for entry in re.split(r" (?=--[a-z])", options)[1:]:
+        assert len(entry.split()) > 2, entry
+
+
+def test_member_prints_readable_lines_with_wall_clock_times(tmp_path: Path) -> None:
+    # fails before issue 29: it printed the workload's raw tuples with a monotonic timestamp
+    group = f"clim{os.getpid()}"
+    procs = []
+    for m in range(2):
+        toml = tmp_path / f"member-{m}.toml"
+        toml.write_text(f'[derecho_async]\ngroup = "{group}"\nmember_id = {m}\n'
+                        'initial_members = 2\ntransport = "shm"\n')
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "derecho_async.cli", "member", "--config", str(toml),
+             "--messages", "50"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT))
+    outs = [p.communicate(timeout=60) for p in procs]
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d"
+    for m, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, out + err
+        lines = out.splitlines()
+        for line in lines:
+            assert re.fullmatch(rf"{stamp} member {m}: .+", line), line
+        assert lines[0].endswith(f"joining group {group} over shm; 50 appends of 1024 B, at most "
+                                 "32 outstanding")
+        assert lines[1].endswith("installed view 0: members 0, 1")
+        done = next(line for line in lines if ": done: " in line)
+        assert "done: delivered 102 in " in done and "views 0; log digest " in done
+        assert lines[-1].endswith("left the group")
+    assert ShmTransport.segments(group) == []
 
 
 def test_member_with_a_bad_config_names_the_key(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ live group.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -144,3 +145,54 @@ def test_status_clean_never_touches_a_live_group(capsys: pytest.CaptureFixture[s
     assert len({r["digest"] for r in run.reports.values()}) == 1
     for rep in run.reports.values():
         assert rep["views"] == [0] and rep["per_sender"] == {0: count, 1: count, 2: count}
+
+
+def test_status_json_clean_spares_a_live_group_and_removes_a_killed_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # fails before issue 29: status had no --json
+    count = 3000
+    live = _Run(2, "shm", count, 200, 8, 2, heartbeat_ms=25, suspect_after_ms=1000,
+                use_uvloop=True, linger=600.0)
+    dead = _Run(2, "shm", count, 200, 8, 2, heartbeat_ms=25, suspect_after_ms=1000,
+                use_uvloop=True, linger=600.0)
+    try:
+        wait_for(live, lambda: len(live.progress) == 2 and min(live.progress.values()) >= 50, 60)
+        wait_for(dead, lambda: len(dead.progress) == 2 and min(dead.progress.values()) >= 50, 60)
+        for m in range(2):
+            dead.kill(m)
+        for p in dead.procs.values():
+            p.join(30)
+        left, before = _names(dead.group), _names(live.group)
+        assert left and before
+
+        assert main(["status", "--json", live.group, dead.group]) == 0
+        listed = {g["group"]: g for g in json.loads(capsys.readouterr().out)["groups"]}
+        assert listed[live.group]["owners_alive"] == [0, 1]
+        assert listed[dead.group]["owners_dead"] == [0, 1]
+        assert {f["name"] for f in listed[dead.group]["files"]} == left
+        assert {f["alive"] for f in listed[dead.group]["files"]} == {False}
+        assert _names(dead.group) == left  # listing removes nothing
+
+        assert main(["status", "--json", "--clean", live.group, dead.group]) == 0
+        cleaned = json.loads(capsys.readouterr().out)
+        by_group = {g["group"]: g for g in cleaned["groups"]}
+        assert cleaned["clean"] is True and cleaned["removed"] == len(left)
+        assert by_group[live.group]["owners_alive"] == [0, 1]
+        assert by_group[live.group]["owners_dead"] == []
+        assert by_group[live.group]["removed"] == []
+        assert set(by_group[dead.group]["removed"]) == left
+        assert _names(dead.group) == set()
+        assert before <= _names(live.group)
+
+        # the live group is unharmed: it ends in its first view with identical logs
+        wait_for(live, lambda: len(live.reports) == 2, 90)
+        assert before <= _names(live.group)
+    finally:
+        live.release()
+        live.finish(15)
+        dead.finish(10)
+    assert not live.errors
+    assert len({r["digest"] for r in live.reports.values()}) == 1
+    for rep in live.reports.values():
+        assert rep["views"] == [0] and rep["per_sender"] == {0: count, 1: count}
