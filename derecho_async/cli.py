@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import importlib.metadata
 import json
 import multiprocessing
 import os
@@ -589,23 +588,12 @@ def _count(text: str) -> int:
     return n
 
 
-def _version() -> str:
-    """The installed package's version (its metadata; the package's ``__version__`` when the
-    metadata is missing, as in a source tree on ``sys.path``)."""
-    try:
-        return importlib.metadata.version("derecho_async")
-    except importlib.metadata.PackageNotFoundError:
-        import derecho_async
-
-        return str(getattr(derecho_async, "__version__", "unknown"))
-
-
 def _version_line() -> str:
     """What ``derecho-async --version`` prints: the version, the active hot path (``native``
     or ``pure``) and the Python running it."""
-    from derecho_async import hotpath
+    from derecho_async import __version__, hotpath
 
-    return (f"derecho-async {_version()} (hot path: {hotpath.IMPLEMENTATION}, "
+    return (f"derecho-async {__version__} (hot path: {hotpath.IMPLEMENTATION}, "
             f"Python {platform.python_version()})")
 
 
