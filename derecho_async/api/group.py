@@ -543,6 +543,29 @@ class Group:
         driver = self._state.check_open()
         return driver.ncclplane.stats() if driver.ncclplane is not None else None
 
+    def stats(self) -> dict[str, int]:
+        """This member's counters (since it started) and gauges (now), for metrics:
+        ``delivered`` (messages delivered here, every subgroup), ``sent`` (ordered calls this
+        member multicast: its own, one-way and relayed ones), ``views`` (views installed),
+        ``view_id`` and ``members`` (the current view), ``in_flight_calls`` (this member's
+        calls not completed, those waiting for room included), ``queued_calls`` (delivered
+        calls waiting for handlers) and ``pool_bytes`` (device memory the GPU plane's pool
+        holds; 0 without one). Raises :class:`GroupClosed` once the member is out."""
+        driver = self._state.check_open()
+        calls = self._calls
+        pool = driver.gpuplane.stats()["pool_bytes"] if driver.gpuplane is not None else 0
+        view = self.view
+        return {
+            "delivered": driver.delivered,
+            "sent": calls.sent,
+            "views": len(self.history),
+            "view_id": view.view_id,
+            "members": len(view.members),
+            "in_flight_calls": len(calls.pending) + len(calls.casts) + len(calls.parked),
+            "queued_calls": calls.queued_calls,
+            "pool_bytes": pool,
+        }
+
     @property
     def queued_calls(self) -> int:
         """Delivered ordered calls waiting here for their handlers (all actors)."""

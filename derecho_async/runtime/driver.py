@@ -169,6 +169,7 @@ class Driver:
         self.first_view: asyncio.Future[View] | None = None
         #: what the transport last reported failing (a join that times out says it)
         self.last_failure: str | None = None
+        self.delivered = 0  # messages delivered here (every subgroup and sender)
         self.steps = 0
         self.dataplane = HostStagingPlane(
             transport.send,
@@ -593,6 +594,7 @@ class Driver:
 
     def _report_delivered(self, run: list[Delivered]) -> None:
         """Hand a run of deliveries to the host, then tell the planes which were mine."""
+        self.delivered += len(run)
         self.host.on_delivered(run)
         planes = self.planes
         if planes:

@@ -146,3 +146,24 @@ def test_the_watch_example_sees_every_call_and_view_change() -> None:
     assert len(delivered) == 8, r.stdout
     assert "installed: members [0, 1]" in r.stdout  # member 2 left
     assert "member 0: closed: this member left the group" in r.stdout
+
+
+async def test_stats_count_what_this_member_did() -> None:
+    name = f"n{next(_ids)}"
+    groups = await join_all(name, None)
+    before = groups[0].stats()
+    kv = groups[0].subgroup(KV)
+    for i in range(5):
+        await kv.put(f"k{i}", b"v")
+    await kv.put.cast("c", b"w")
+    after = groups[0].stats()
+    assert after["sent"] - before["sent"] == 6
+    assert after["delivered"] - before["delivered"] >= 5  # (the cast may still be on its way)
+    assert after["views"] >= 1 and after["members"] == 3
+    assert after["view_id"] == groups[0].view.view_id
+    assert after["in_flight_calls"] == 0 and after["pool_bytes"] == 0
+    other = groups[1].stats()
+    assert other["sent"] == 0 and other["delivered"] >= 5
+    await close(groups)
+    with pytest.raises(da.GroupClosed):
+        groups[0].stats()
