@@ -75,7 +75,8 @@ class Config:
         "tcp: the addresses of the initial members; the contact is the lowest id"))
     contact: str | None = field(default=None, metadata=key(
         HostPort(allow_port_zero=False),
-        "tcp: a member to join through; unset: start, or wait for `peers`"))
+        "tcp, rdma: the address of any running member to join through (its id is learnt "
+        "from it); unset: start, or join through `peers`"))
     listen: str = field(default=DEFAULT_LISTEN, metadata=key(
         HostPort(allow_port_zero=True),
         "tcp: this member's address (port 0: any free port); unset: its own entry in `peers` "
@@ -320,6 +321,12 @@ def _listen_from_peers(config: Config) -> None:
         object.__setattr__(config, "listen", config.peers[config.member_id])
 
 
+def _contact_for_networked(config: Config) -> None:
+    if config.contact is not None and not registry.kind(config.transport).networked:
+        raise ConfigError("contact", "no contact address (unset) unless transport is 'tcp' or "
+                          "'rdma' or another networked transport", config.contact)
+
+
 def _tls_together(config: Config) -> None:
     files = ("tls_cert", "tls_key", "tls_ca")
     given = [getattr(config, name) is not None for name in files]
@@ -353,7 +360,8 @@ def _secret_for_clients(config: Config) -> None:
 
 
 RULES: Final[tuple[Callable[[Config], None], ...]] = (
-    _listen_from_peers, _tls_together, _secret_for_networked, _secret_for_clients)
+    _listen_from_peers, _contact_for_networked, _tls_together, _secret_for_networked,
+    _secret_for_clients)
 """Checks that relate keys, run in order once each key passed its own form
 (``suspect_after_ms`` > ``heartbeat_ms`` is in that key's form); ``listen``'s default is
 resolved first."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from derecho_async.core.effects import (
@@ -202,6 +202,15 @@ class Member:
         queue.append(_new_tuple(Outgoing, (msg_no, obj, size, large)))  # Outgoing(...)
         self._dirty_multicast = True
         return msg_no
+
+    def add_contacts(self, members: Sequence[int]) -> None:
+        """While joining: ask these members too (in turn, after those known), e.g. members a
+        contact named that may include the leader (only the leader admits)."""
+        if self.state is not _JOINING:
+            return
+        known = set(self._contacts)
+        more = tuple(m for m in members if m != self.member_id and m not in known)
+        self._contacts = (*self._contacts, *dict.fromkeys(more))
 
     def tick(self) -> None:
         """One unit of time: heartbeats, failure detection, join retries."""

@@ -330,6 +330,22 @@ class Transport(abc.ABC):
     def add_peer(self, member_id: int, address: object) -> None:
         """Learn how to reach ``member_id`` (joiners)."""
 
+    def known_addresses(self) -> dict[int, tuple[str, int]]:
+        """The listen addresses this member knows, its own included (networked transports;
+        others address members by id alone)."""
+        return {}
+
+    def learn_address(self, member_id: int, address: tuple[str, int]) -> None:
+        """Another member says ``member_id`` listens at ``address``: use it where no address
+        is known (it admits nobody; a view still must name the member)."""
+        return None  # (transports that address members by id alone learn nothing)
+
+    async def identify(self, address: object, timeout: float) -> int:
+        """Reach the member at ``address`` (id unknown: the ``contact`` key) and return its id;
+        networked transports only."""
+        raise UsageError(f"{type(self).__name__} cannot reach a member by address: "
+                         "`contact` is for the tcp and rdma transports")
+
     # -- helpers for subclasses ----------------------------------------------------------------
     def _begin_start(self, handler: TransportHandler) -> asyncio.AbstractEventLoop:
         if self._closed:

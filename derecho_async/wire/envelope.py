@@ -29,6 +29,7 @@ __all__ = [
     "GPU_POOL",
     "HANDOFF",
     "HANDOFF_EMPTY",
+    "MEMBER_ADDR",
     "NCCL_DATA",
     "NCCL_UID",
     "P2P_REQ",
@@ -96,6 +97,9 @@ HANDOFF_EMPTY = 25  # [HANDOFF_EMPTY, actor, shard, view_id]: no host survived: 
 FORWARD = 26  # [FORWARD, rid, actor, shard, client id, seq, encoded call]
 # [FORWARDED, rid, code, view_id, seq, [[member, code, body], ...], error type, message]
 FORWARDED = 27
+# [MEMBER_ADDR, [[member, host, port], ...]]: listen addresses of the view's members the sender
+# knows, sent at a view with joiners (a joiner may know one member: runtime/driver.py)
+MEMBER_ADDR = 28
 
 _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     CORE: (list,),
@@ -126,6 +130,7 @@ _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     HANDOFF_EMPTY: (str, int, int),
     FORWARD: (int, str, int, bytes, int, bytes),
     FORWARDED: (int, int, int, int, list, str, str),
+    MEMBER_ADDR: (list,),
 }
 _MAX_INT = (1 << 63) - 1
 
@@ -164,10 +169,23 @@ def decode(data: bytes) -> list[Any]:
         _check_restart(msg)
     elif msg[0] == CLIENT_ADDR and (len(msg[1]) > 255 or msg[2] > 65535):
         raise ProtocolViolation("a client address of a host name too long or a bad port")
+    elif msg[0] == MEMBER_ADDR:
+        _check_member_addresses(msg[1])
     return msg
 
 
 _MAX_RESTART_ITEMS = 1 << 20  # subgroups or records in one restart message
+_MAX_ADDRESSES = 1024  # entries of one MEMBER_ADDR message (a view holds at most 64 members)
+
+
+def _check_member_addresses(items: list[Any]) -> None:
+    if len(items) > _MAX_ADDRESSES:
+        raise ProtocolViolation(f"{len(items)} member addresses in one message")
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 3 and _unsigned(item[0])
+                and isinstance(item[1], str) and 0 < len(item[1]) <= 255
+                and type(item[2]) is int and 0 < item[2] <= 65535):
+            raise ProtocolViolation("a member address is not [member, host, port]")
 
 
 def _unsigned(value: object) -> bool:

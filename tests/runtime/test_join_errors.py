@@ -115,3 +115,52 @@ async def test_the_join_timeout_is_a_key_and_the_error_names_the_cause(
               if r.levelno >= logging.WARNING and "unreachable" in r.getMessage()]
     rounds = [r for r in caplog.records if "unreachable" in r.getMessage()]
     assert len(warned) == 1 and len(rounds) >= 2, [r.getMessage() for r in rounds]
+
+
+async def test_a_joiner_given_only_a_contact_address_joins_through_it(
+    pair: tuple[list[da.Group], dict[int, str]],
+) -> None:
+    _groups, peers = pair
+    joiner = await da.Group.join(
+        _config(2, {}, listen=peers[2], contact=peers[1]), actors=[ReplicatedLog])
+    try:
+        assert sorted(joiner.view.members) == [0, 1, 2]
+        replies = await joiner.subgroup(ReplicatedLog).append(b"z")
+        assert sorted(replies) == [0, 1, 2]
+    finally:
+        await joiner.leave()
+
+
+async def test_a_contact_with_the_wrong_secret_or_nobody_there_fails_with_the_cause(
+    pair: tuple[list[da.Group], dict[int, str]],
+) -> None:
+    _groups, peers = pair
+    exc, took = await _join_fails(_config(2, {}, contact=peers[0], secret=WRONG))
+    assert isinstance(exc, da.AuthenticationError) and took < 5.0, exc
+    nobody = f"127.0.0.1:{free_ports(1)[0]}"
+    exc, took = await _join_fails(_config(2, {}, contact=nobody, join_timeout_s=1.0))
+    assert isinstance(exc, da.GroupClosed) and "unreachable" in str(exc), exc
+    assert took < 5.0
+
+
+def test_a_contact_needs_a_networked_transport() -> None:
+    with pytest.raises(da.ConfigError) as info:
+        da.Config(group="g", member_id=1, transport="shm", contact="127.0.0.1:7000")
+    assert info.value.key == "contact"
+
+
+async def test_a_joiner_that_knows_one_member_reaches_the_others(
+    pair: tuple[list[da.Group], dict[int, str]],
+) -> None:
+    # peers names member 0 only: member 0 tells the others the joiner's address, and the
+    # joiner theirs (MEMBER_ADDR), so ordered calls are stable among all three
+    groups, peers = pair
+    joiner = await da.Group.join(_config(2, {0: peers[0]}, listen=peers[2]),
+                                 actors=[ReplicatedLog])
+    try:
+        replies = await asyncio.wait_for(joiner.subgroup(ReplicatedLog).append(b"z"), 10)
+        assert sorted(replies) == [0, 1, 2]
+        replies = await asyncio.wait_for(groups[1].subgroup(ReplicatedLog).append(b"w"), 10)
+        assert sorted(replies) == [0, 1, 2]
+    finally:
+        await joiner.leave()

@@ -277,3 +277,16 @@ def test_a_process_joins_a_running_rdma_group_and_gets_state_and_ordered_traffic
     # the joiner's large item reached the founders by the rdma bulk path
     print(f"\njoiner: bulk blocks sent per founder {joined['rdma_blocks']}")
     assert all(joined["rdma_blocks"].get(m, 0) >= 2 for m in (0, 1, 2)), joined["rdma_blocks"]
+
+
+@pytest.mark.rdma
+@needs_device
+def test_launch_local_forms_a_group_over_rdma() -> None:
+    # launch_local gives the members free loopback ports for the tcp channel and a fresh secret
+    import derecho_async as da
+    from tests.runtime import apps
+
+    codes = da.launch_local(2, apps.append_and_check, transport="rdma",
+                            rdma_device=os.environ.get("RXE_DEV"), heartbeat_ms=20,
+                            suspect_after_ms=1500, timeout=120)
+    assert codes == [0, 0]

@@ -390,6 +390,18 @@ class RdmaTransport(Transport):
             self._conns.fail(link.ep, reason, report=False)
         self._report_failure(sender, reason)
 
+    def known_addresses(self) -> dict[int, tuple[str, int]]:
+        """The tcp channel's addresses (see TcpTransport)."""
+        return self._tcp.known_addresses()
+
+    def learn_address(self, member_id: int, address: tuple[str, int]) -> None:
+        """For the tcp channel (see TcpTransport)."""
+        self._tcp.learn_address(member_id, address)
+
+    async def identify(self, address: object, timeout: float) -> int:
+        """The member at ``address`` (the ``contact`` key), through the tcp channel."""
+        return await self._tcp.identify(address, timeout)
+
     def _channel_refused(self, member: int, error: DerechoError) -> None:
         if self.on_refused is not None:
             self.on_refused(member, error)

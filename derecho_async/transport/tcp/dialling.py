@@ -22,6 +22,7 @@ from derecho_async.transport.tcp.handshake import (
     AuthError,
     HandshakeError,
     Refused,
+    check_address,
     client_handshake,
 )
 from derecho_async.transport.tcp.identity import certified_member
@@ -58,6 +59,76 @@ class DiallingSide(TcpCore):
         await fut
         if link.conn is None:
             raise ConnectionError(f"member {member_id} is not connected")
+
+    async def identify(self, address: object, timeout: float) -> int:
+        """Dial ``address`` (a member whose id this member does not know: the ``contact`` key)
+        until a member there proves the secret, and return its id; the stream stays as that
+        member's link. Dials are retried with backoff for ``timeout`` seconds, then
+        :class:`ConnectionError`; a refusal raises :class:`AuthenticationError` or
+        :class:`JoinRefused` at once."""
+        self._check_usable()
+        addr = check_address(address, "contact")
+        assert self._loop is not None
+        deadline = self._loop.time() + timeout
+        delays = iter(self.retry_delays)
+        last = "no attempt made"
+        while True:
+            try:
+                peer, conn = await self._dial_unknown(addr)
+            except Refused as exc:
+                why = f"{exc} (at {addr[0]}:{addr[1]})"
+                log.error("member %d: %s", self.member_id, why)
+                raise (AuthenticationError(why) if isinstance(exc, AuthError) or exc.auth
+                       else JoinRefused(why)) from None
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, HandshakeError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if self._closed:
+                    conn.writer.close()
+                    self._check_usable()
+                link = self._link(peer)
+                link.addr = addr
+                if link.conn is None:
+                    self._install(link, conn)
+                    conn.task = self._spawn(self._read_loop(conn))
+                else:  # (it dialled us meanwhile: keep that stream)
+                    conn.writer.close()
+                return peer
+            left = deadline - self._loop.time()
+            if left <= 0:
+                raise ConnectionError(
+                    f"the contact {addr[0]}:{addr[1]} is unreachable: {last}")
+            await asyncio.sleep(min(next(delays, self.retry_delays[-1]), left))
+
+    async def _dial_unknown(self, addr: Address) -> tuple[int, Conn]:
+        """One dial of ``addr`` expecting any member: (its id, the stream)."""
+        host, port = addr
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(
+                host, port, ssl=self._ssl_client, server_hostname=host if self._ssl_client else None
+            ),
+            self.handshake_timeout,
+        )
+        ok = False
+        try:
+            async with asyncio.timeout(self.handshake_timeout):
+                s_id, _s_addr, verdict, why = await client_handshake(
+                    reader, writer, secret=self._secret, my_id=self.member_id,
+                    my_addr=self.address, expect=None, group=self._group)
+            if self._cert_ids:
+                named = certified_member(writer.get_extra_info("peercert"), self._group)
+                if named != s_id:
+                    raise AuthError(f"authentication failed: the certificate at {host}:{port} "
+                                    f"names member {named}, not member {s_id}")
+            if verdict == "dup":
+                raise HandshakeError("the contact keeps its own stream to us: dial again")
+            if verdict != "accept":
+                raise Refused(f"member {s_id} refused the stream: {why}")
+            ok = True
+            return s_id, Conn(s_id, self.member_id, reader, writer)
+        finally:
+            if not ok:
+                writer.close()
 
     def _ensure_dialler(self, link: Link) -> None:
         if self._closed:

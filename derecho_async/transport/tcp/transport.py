@@ -278,6 +278,24 @@ class TcpTransport(DiallingSide, AcceptingSide):
             self._given.add(member_id)
             self._admit_waiting()
 
+    def known_addresses(self) -> dict[int, tuple[str, int]]:
+        """The listen addresses of the links that have one, and this member's own (unless it
+        listens on a wildcard address, which says nothing to others)."""
+        known = {peer: link.addr for peer, link in self._links.items() if link.addr is not None}
+        if self._address is not None and self._address[0] not in WILDCARDS:
+            known[self.member_id] = self._address
+        return known
+
+    def learn_address(self, member_id: int, address: tuple[str, int]) -> None:
+        """Use ``address`` for ``member_id`` if none is known; wake its dialler if frames wait."""
+        if self._closed or member_id == self.member_id:
+            return
+        link = self._link(member_id)
+        if link.addr is None:
+            link.addr = address
+            if link.conn is None and (link.queue or link.waiters):
+                self._ensure_dialler(link)
+
     def set_view(self, view_id: int, members: Sequence[int], row_bytes: int) -> None:
         """Install view ``view_id`` for validating pushes; its members are admitted."""
         super().set_view(view_id, members, row_bytes)
