@@ -126,7 +126,7 @@ async def run_member(
     me = config.member_id
     async with da.Group(config, actors=[ReplicatedLog]) as group:
         log = group.subgroup(ReplicatedLog)
-        mine: ReplicatedLog = group.local(ReplicatedLog)  # type: ignore[assignment]
+        mine = group.local(ReplicatedLog)
         done_seen: set[int] = set()
         finished = asyncio.Event()
 
