@@ -262,9 +262,7 @@ class Replica:
         self.group = group
         self.me = group.member_id
         self.handle = group.subgroup(Model)
-        model = group.local(Model)
-        assert isinstance(model, Model)
-        self.model = model
+        self.model = group.local(Model)
 
     async def health(self, request: web.Request) -> web.Response:
         view = self.group.view
@@ -312,7 +310,7 @@ class Replica:
         except ValueError as exc:
             raise _error(web.HTTPBadRequest, str(exc)) from None
         try:
-            replies = await self.handle.update(name, delta)
+            replies = await self.handle[Model.update](name, delta)
         except da.DerechoError as exc:  # left, partitioned, not in a view
             raise _error(web.HTTPServiceUnavailable, f"{type(exc).__name__}: {exc}") from None
         mine = replies.get(self.me)
@@ -331,7 +329,7 @@ class Replica:
 
         async def ask(m: int) -> object:
             try:
-                return await asyncio.wait_for(self.handle.status.at(m)(), 2.0)
+                return await asyncio.wait_for(self.handle[Model.status].at(m)(), 2.0)
             except (da.DerechoError, TimeoutError) as exc:
                 return {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -415,7 +413,6 @@ async def serve(args: argparse.Namespace) -> None:
         await site.start()
         port = int(runner.addresses[0][1])
         model = group.local(Model)
-        assert isinstance(model, Model)
         log.info(
             "serving http://%s:%d/ (view %d %s, version %d, %s)",
             args.host,
