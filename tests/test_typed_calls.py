@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,16 @@ def test_pyright_agrees(programs: Path) -> None:
         if d["severity"] == "error":
             lines[Path(d["file"]).name].add(d["range"]["start"]["line"] + 1)
     assert lines == {"typed_app.py": set(), "wrong.py": set(expected_errors(WRONG))}
+
+
+def test_the_editable_install_is_a_path_type_checkers_read() -> None:
+    # package-dir {"" = "."} makes setuptools write a static .pth path entry for `pip install
+    # -e .`, not its import hook (which mypy and pyright cannot follow); py.typed ships
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    setuptools = project["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"": "."}
+    assert "py.typed" in setuptools["package-data"]["derecho_async"]
+    assert (ROOT / "derecho_async" / "py.typed").is_file()
 
 
 # -- what Replies answers --------------------------------------------------------------------
