@@ -87,7 +87,6 @@ async def _member(config: da.Config) -> None:
     async with da.Group(config, actors=[Sink]) as group:
         (out / f"member-{config.member_id}").write_text(str(group.client_address))
         sink = group.local(Sink)
-        assert isinstance(sink, Sink)
         handle = group.subgroup(Sink)
         while True:
             await asyncio.sleep(0.005)

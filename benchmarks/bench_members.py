@@ -235,7 +235,7 @@ async def _member(config: da.Config, q: Any, plan: list[Phase], profile: str | N
     me = config.member_id
     async with da.Group(config, actors=[BenchSink]) as group:
         handle = group.subgroup(BenchSink)
-        sink: BenchSink = group.local(BenchSink)  # type: ignore[assignment]
+        sink = group.local(BenchSink)
         prof: Any = None
         sink.members = set(group.view.members)
         for i, ph in enumerate(plan):

@@ -75,7 +75,6 @@ async def restart(config: da.Config) -> None:
     group = await da.Group.join(config, actors=[Store], timeout=300)
     join_s = time.perf_counter() - t0
     store = group.local(Store)
-    assert isinstance(store, Store)
     (out / f"back-{config.member_id}.json").write_text(json.dumps(
         {"at": time.time(), "join_s": join_s, "keys": len(store.data),
          "view": group.view.view_id}))

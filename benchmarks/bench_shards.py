@@ -64,7 +64,6 @@ async def _member(config: da.Config) -> None:
         assert shard is not None
         handle = group.subgroup(Sink, shard=shard)
         sink = group.local(Sink)
-        assert isinstance(sink, Sink)
         (out / f"up-{me}").write_text("")
         while not (out / "go").exists():
             await asyncio.sleep(0.002)

@@ -51,7 +51,7 @@ async def _run(count: int, depth: int, replied: bool) -> tuple[float, float]:
 
             await asyncio.gather(*(worker() for _ in range(depth)))
 
-        sinks: list[Sink] = [g.local(Sink) for g in groups]  # type: ignore[misc]
+        sinks: list[Sink] = [g.local(Sink) for g in groups]
         cpu0, wall0 = time.process_time(), time.perf_counter()
         await asyncio.gather(*(send(g) for g in groups))
         while min(s.n for s in sinks) < 3 * count:

@@ -143,7 +143,7 @@ async def bench_member(config: da.Config) -> None:
         group = await da.Group.join(config, actors=[Weights], timeout=120)
         state = group.local(Weights)  # built off the loop: heartbeats go on
         build = _device_state if device else _pattern_bytes
-        state.value = await loop.run_in_executor(None, build, size)  # type: ignore[attr-defined]
+        state.value = await loop.run_in_executor(None, build, size)
         await group.subgroup(Weights).touch()
         report["rss_with_state_mb"] = _peak_rss_mb()
         ticking = asyncio.ensure_future(ticker())
@@ -167,7 +167,7 @@ async def bench_member(config: da.Config) -> None:
         if moved:
             found = re.search(r"(\d+) of (\d+) chunks moved by a GPU plane", moved[0])
             report["chunks_by_gpu"] = [int(found[1]), int(found[2])] if found else None
-        value = group.local(Weights).value  # type: ignore[attr-defined]
+        value = group.local(Weights).value
         report.update(
             views=[v.view_id for v in group.history],
             digest=await loop.run_in_executor(None, _digest, value),

@@ -128,7 +128,7 @@ async def run_member(
     log_to_stderr(config.log_level)  # (the process is the command's: it configures logging)
     async with da.Group(config, actors=[ReplicatedLog]) as group:
         log = group.subgroup(ReplicatedLog)
-        mine: ReplicatedLog = group.local(ReplicatedLog)  # type: ignore[assignment]
+        mine = group.local(ReplicatedLog)
         done_seen: set[int] = set()
         finished = asyncio.Event()
 

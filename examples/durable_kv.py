@@ -46,9 +46,8 @@ async def main(config: da.Config) -> None:
     async with da.Group(config, actors=[KV]) as group:  # resumes from the files, if any
         kv = group.subgroup(KV)
         store = group.local(KV)
-        assert isinstance(store, KV)
         run = 1 + sum(k.startswith("run") for k in store.data) // MEMBERS
-        version = await kv.put.cast(f"run{run}-member{me}", f"written by member {me}")
+        version = await kv[KV.put].cast(f"run{run}-member{me}", f"written by member {me}")
         await kv.persisted(version)  # on disk at every member of the view
         await wait_for(store, [f"run{run}-member{m}" for m in range(MEMBERS)])
         logged = [e async for e in kv.history()]
@@ -58,7 +57,7 @@ async def main(config: da.Config) -> None:
             f"so far, durable everywhere through {kv.persisted_frontier}, {len(logged)} calls "
             f"in my log\n")
         sys.stdout.flush()
-        await kv.put.cast(f"done{run}-member{me}", "")
+        await kv[KV.put].cast(f"done{run}-member{me}", "")
         await wait_for(store, [f"done{run}-member{m}" for m in range(MEMBERS)])
 
 

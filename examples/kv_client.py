@@ -68,7 +68,6 @@ async def member(config: da.Config) -> None:
         where = Path(os.environ["KV_CLIENT_DIR"]) / f"member-{config.member_id}"
         where.write_text(str(group.client_address))
         kv = group.local(KV)
-        assert isinstance(kv, KV)
         while not kv.closing and not group.closed.done():
             await asyncio.sleep(0.05)
         say(f"member {config.member_id}: {kv.writes} writes applied, leaving")
@@ -82,12 +81,12 @@ async def client(group: str, secret: str, addresses: dict[int, str],
         follow = c.subscribe(KV)
         first = asyncio.ensure_future(anext(follow))
         await asyncio.sleep(0.1)  # (the subscription is open at the relay)
-        replies = await kv.put("a", 1)
+        replies = await kv[KV.put]("a", 1)
         say(f"client: put a=1 -> writes per member {dict(replies)}, version {replies.version}")
-        version = await kv.put.cast("b", 2)
+        version = await kv[KV.put].cast("b", 2)
         say(f"client: put b=2 one-way, delivered at {version}")
-        say(f"client: get a at member 2 -> {await kv.get.at(2)('a')}, "
-            f"b anywhere -> {await kv.get.any()('b')}")
+        say(f"client: get a at member 2 -> {await kv[KV.get].at(2)('a')}, "
+            f"b anywhere -> {await kv[KV.get].any()('b')}")
         entry = await first
         say(f"client: followed {entry.method}{entry.args} at {entry.version}")
         victim = c.relay
@@ -95,9 +94,9 @@ async def client(group: str, secret: str, addresses: dict[int, str],
         os.kill(procs[victim].pid, signal.SIGKILL)  # type: ignore[arg-type]
         say(f"client: SIGKILLed member {victim}, the relay")
         for i in range(20):
-            replies = await kv.put(f"k{i}", i)
+            replies = await kv[KV.put](f"k{i}", i)
         say(f"client: 20 more puts through member {c.relay}; the last -> {dict(replies)}")
-        await kv.close()
+        await kv[KV.close]()
 
 
 def main() -> None:

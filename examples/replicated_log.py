@@ -40,19 +40,18 @@ async def main(config: da.Config) -> None:
     me = config.member_id
     async with da.Group(config, actors=[Log]) as group:  # joins; leaves on exit
         log = group.subgroup(Log)
-        mine = group.local(Log)  # this member's own replica
-        assert isinstance(mine, Log)
-        replies = await log.append(b"hello from %d" % me)  # {member_id: log length there}
+        mine = group.local(Log)  # this member's own replica: a Log
+        replies = await log[Log.append](b"hello from %d" % me)  # {member_id: log length there}
         await wait_for_items(mine, 3)  # every member's hello is in
         peer = (me + 1) % 3
-        n = await log.size.at(peer)()  # p2p call to the next member
+        n = await log[Log.size].at(peer)()  # p2p call to the next member: an int
         line = (
             f"member {me}: my append is #{replies[me]} at version {replies.version}, "
             f"answered by {sorted(replies)}; member {peer} holds {n}; log {mine.items[:3]}"
         )
         sys.stdout.write(line + "\n")  # one write: lines of the 3 processes do not interleave
         sys.stdout.flush()
-        await log.append(b"done")
+        await log[Log.append](b"done")
         await wait_for_items(mine, 6)  # nobody leaves before everyone made its p2p call
 
 

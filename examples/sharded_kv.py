@@ -70,7 +70,7 @@ async def member(config: da.Config) -> None:
             say(f"member 0: shards {group.shards(KV)}")
             for i in range(10):
                 key = f"key{i}"
-                await group.subgroup(KV, shard=shard_of(key)).put(key, f"v{i}")
+                await group.subgroup(KV, shard=shard_of(key))[KV.put](key, f"v{i}")
             say("member 0: wrote key0..key9")
             (out / "written").write_text("")
             while not (out / "joined").exists():  # the others kill member 2 and add member 6
@@ -79,15 +79,14 @@ async def member(config: da.Config) -> None:
                 await asyncio.sleep(0.05)
             say(f"member 0: shards now {group.shards(KV)}")
             key = next(k for k in (f"late{i}" for i in range(9)) if shard_of(k) == 0)
-            replies = await group.subgroup(KV, shard=0).put(key, "after the join")
+            replies = await group.subgroup(KV, shard=0)[KV.put](key, "after the join")
             say(f"member 0: {key} -> replies from {sorted(replies)}")
-            got = await group.subgroup(KV, shard=0).get.at(6)("key0" if shard_of("key0") == 0
-                                                              else "key1")
+            got = await group.subgroup(KV, shard=0)[KV.get].at(6)(
+                "key0" if shard_of("key0") == 0 else "key1")
             say(f"member 0: member 6 reads {got!r} from the state it received")
             for shard in range(SHARDS):
-                await group.subgroup(KV, shard=shard).finish()
+                await group.subgroup(KV, shard=shard)[KV.finish]()
         kv = group.local(KV)
-        assert isinstance(kv, KV)
         while not kv.done and not group.closed.done():
             await asyncio.sleep(0.05)
         say(f"member {me}: shard {group.hosted_shard(KV)} holds {sorted(kv.data)}")

@@ -61,9 +61,8 @@ async def main(config: da.Config) -> None:
     watchers = await watch(group) if me == 0 else []
     kv = group.subgroup(KV)
     store = group.local(KV)
-    assert isinstance(store, KV)
     for i in range(2):
-        await kv.put(f"m{me}-{i}", me)  # replied: every member has run it when this returns
+        await kv[KV.put](f"m{me}-{i}", me)  # replied: every member has run it when this returns
     while len(store.data) < 2 * MEMBERS:
         await asyncio.sleep(0.01)
     if me == 2:
@@ -71,7 +70,7 @@ async def main(config: da.Config) -> None:
         return
     while 2 in group.view.members:  # the others go on in a view without member 2
         await asyncio.sleep(0.01)
-    await kv.put(f"m{me}-after", me)
+    await kv[KV.put](f"m{me}-after", me)
     while len(store.data) < 2 * MEMBERS + 2:
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.1)  # (member 0's watchers print what they hold)

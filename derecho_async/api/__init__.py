@@ -9,11 +9,17 @@ the objects calls are made through. See docs/DESIGN.md §7.2.
 
 from __future__ import annotations
 
-from derecho_async.api.actor import Actor, ActorSpec, actor_spec, ordered, p2p
+from derecho_async.api.actor import Actor, ActorSpec, OrderedDef, P2PDef, actor_spec, ordered, p2p
 from derecho_async.api.calls import HandlerError, Replies
-from derecho_async.api.client import Client, ClientHandle
+from derecho_async.api.client import (
+    Client,
+    ClientHandle,
+    ClientOrderedMethod,
+    ClientP2PCall,
+    ClientP2PMethod,
+)
 from derecho_async.api.group import Group
-from derecho_async.api.handles import P2PCall, SubgroupHandle
+from derecho_async.api.handles import OrderedMethod, P2PCall, P2PMethod, SubgroupHandle
 from derecho_async.api.logged_calls import HistoryEntry
 from derecho_async.api.p2pcalls import Versioned
 from derecho_async.api.sharding import Sharded
@@ -23,10 +29,17 @@ __all__ = [
     "ActorSpec",
     "Client",
     "ClientHandle",
+    "ClientOrderedMethod",
+    "ClientP2PCall",
+    "ClientP2PMethod",
     "Group",
     "HandlerError",
     "HistoryEntry",
+    "OrderedDef",
+    "OrderedMethod",
     "P2PCall",
+    "P2PDef",
+    "P2PMethod",
     "Replies",
     "Sharded",
     "SubgroupHandle",

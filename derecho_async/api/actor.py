@@ -7,6 +7,11 @@ unordered. The decorators only mark the functions; :func:`actor_spec` collects t
 per class into an :class:`ActorSpec` (name, ordered and p2p method tables) that the group uses
 to dispatch calls by name. Method names travel on the wire as ``"<Actor>.<method>"``. See
 docs/DESIGN.md §7.2.
+
+Typing: at run time a decorator returns the function itself, marked. To a type checker it
+returns an :class:`OrderedDef` or :class:`P2PDef`: a protocol the marked function satisfies (the
+same ``__get__`` and ``__call__``), which also records the actor, the parameters and the result
+type, so that ``handle[KV.put]`` (:mod:`.handles`) is typed from the handler's signature.
 """
 
 from __future__ import annotations
@@ -14,33 +19,84 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import (
+    Any,
+    Concatenate,
+    Literal,
+    ParamSpec,
+    Protocol,
+    Self,
+    TypeVar,
+    cast,
+    overload,
+)
 
 from derecho_async.errors import UsageError
 
-__all__ = ["Actor", "ActorSpec", "actor_spec", "ordered", "p2p"]
+__all__ = ["Actor", "ActorSpec", "OrderedDef", "P2PDef", "actor_spec", "ordered", "p2p"]
 
-F = TypeVar("F", bound=Callable[..., Any])
+A = TypeVar("A", bound="Actor")
+A_contra = TypeVar("A_contra", bound="Actor", contravariant=True)
+P = ParamSpec("P")
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 _KIND_ATTR = "__derecho_async_kind__"
 
 
-def ordered(fn: F) -> F:
+class OrderedDef(Protocol[A_contra, P, T_co]):
+    """What ``@ordered`` gives a type checker: the method, on actor ``A_contra``, with
+    parameters ``P`` (``self`` left out) returning ``T_co`` (a coroutine for an ``async def``).
+
+    On the actor and its instances it is the plain method: ``KV.put`` is this object,
+    ``kv_replica.put(...)`` a plain call. A handle turns it into a call to the subgroup:
+    ``handle[KV.put]`` (:class:`~derecho_async.api.handles.SubgroupHandle`). Contravariant in
+    the actor, so a subclass's handle takes its base class's methods."""
+
+    @property
+    def __derecho_async_kind__(self) -> Literal["ordered"]: ...
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any] | None = None, /) -> Self: ...
+    @overload
+    def __get__(self, obj: A_contra, owner: type[Any] | None = None, /) -> Callable[P, T_co]: ...
+
+    def __call__(self, actor: A_contra, /, *args: P.args, **kwargs: P.kwargs) -> T_co: ...
+
+
+class P2PDef(Protocol[A_contra, P, T_co]):
+    """What ``@p2p`` gives a type checker: as :class:`OrderedDef`, for a p2p method
+    (``handle[KV.get].at(m)(...)``)."""
+
+    @property
+    def __derecho_async_kind__(self) -> Literal["p2p"]: ...
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any] | None = None, /) -> Self: ...
+    @overload
+    def __get__(self, obj: A_contra, owner: type[Any] | None = None, /) -> Callable[P, T_co]: ...
+
+    def __call__(self, actor: A_contra, /, *args: P.args, **kwargs: P.kwargs) -> T_co: ...
+
+
+def ordered(fn: Callable[Concatenate[A, P], T]) -> OrderedDef[A, P, T]:
     """Mark an actor method as an ordered call: multicast, run at every member in total order.
 
-    The method may be ``async`` (it may await; the next delivery waits for it) or plain.
+    The method may be ``async`` (it may await; the next delivery waits for it) or plain. The
+    function itself is returned, marked; typed as an :class:`OrderedDef`.
     """
     setattr(fn, _KIND_ATTR, "ordered")
-    return fn
+    return cast("OrderedDef[A, P, T]", fn)
 
 
-def p2p(fn: F) -> F:
+def p2p(fn: Callable[Concatenate[A, P], T]) -> P2PDef[A, P, T]:
     """Mark an actor method as a point-to-point call: run at one chosen member, unordered.
 
-    Call it as ``handle.method.at(member_id)(*args)``. It should only read the actor's state.
+    Call it as ``handle[KV.method].at(member_id)(*args)`` (or ``.any()``). It should only read
+    the actor's state. The function itself is returned, marked; typed as a :class:`P2PDef`.
     """
     setattr(fn, _KIND_ATTR, "p2p")
-    return fn
+    return cast("P2PDef[A, P, T]", fn)
 
 
 class Actor:
@@ -83,6 +139,19 @@ class ActorSpec:
         if method in self.p2p:
             return "p2p"
         return None
+
+    def name_of(self, method: object) -> str:
+        """The name of ``method``, an ``@ordered`` or ``@p2p`` method of this actor as the class
+        gives it (``KV.put``: ``"put"``); UsageError if it is not one."""
+        name = getattr(method, "__name__", None)
+        mro = self.cls.__mro__
+        if not (isinstance(name, str) and any(vars(c).get(name) is method for c in mro)):
+            name = next((n for c in mro for n, v in vars(c).items() if v is method), None)
+        kind = None if name is None else self.kind_of(name)
+        if name is None or kind is None or getattr(method, _KIND_ATTR, None) != kind:
+            raise UsageError(f"a handle of {self.name} takes one of its @ordered or @p2p "
+                             f"methods (handle[{self.name}.method]), not {method!r}")
+        return name
 
 
 def actor_spec(cls: type[Actor]) -> ActorSpec:

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from derecho_async import wire
 from derecho_async.errors import (
@@ -80,24 +80,33 @@ class HandlerError(DerechoError):
         return hash((self.member, self.type_name, self.message))
 
 
-class Replies(Mapping[int, object]):
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Replies(Mapping[int, R_co | BaseException], Generic[R_co]):
     """The outcome of an ordered call: member id -> result, exception or :class:`MemberFailed`.
 
-    ``version`` is the call's ``(view_id, seq)``, identical at every member.
+    ``version`` is the call's ``(view_id, seq)``, identical at every member. ``R_co`` is the
+    handler's result type (``handle[KV.put]`` gives ``Replies[None]`` for a ``-> None``
+    handler; ``handle.put`` gives ``Replies[Any]``). An entry is an exception when the handler
+    raised at that member (the exception itself at the caller's own member, a
+    :class:`HandlerError` from another) or the member left before replying
+    (:class:`MemberFailed`); :meth:`raise_on_error` and :meth:`values_ok` sort them out.
     """
 
-    def __init__(self, results: dict[int, object], version: tuple[int, int]) -> None:
+    def __init__(self, results: dict[int, R_co | BaseException],
+                 version: tuple[int, int]) -> None:
         self._results = results  # the group hands it over (it keeps no reference)
         self._ordered = False  # sorted by member id on first iteration (most callers never do)
         self.version = version
 
-    def _sorted(self) -> dict[int, object]:
+    def _sorted(self) -> dict[int, R_co | BaseException]:
         if not self._ordered:
             self._results = dict(sorted(self._results.items()))
             self._ordered = True
         return self._results
 
-    def __getitem__(self, member: int) -> object:
+    def __getitem__(self, member: int) -> R_co | BaseException:
         return self._results[member]
 
     def __iter__(self) -> Iterator[int]:
@@ -106,9 +115,25 @@ class Replies(Mapping[int, object]):
     def __len__(self) -> int:
         return len(self._results)
 
-    def values_ok(self) -> list[object]:
-        """The results of the members that answered without an exception."""
+    def values_ok(self) -> list[R_co]:
+        """The results of the members that answered without an exception, by member id (the
+        handler raised at none of them; members that raised or left are left out)."""
         return [v for v in self._sorted().values() if not isinstance(v, BaseException)]
+
+    def raise_on_error(self) -> dict[int, R_co]:
+        """Every member's result, member id -> result (by member id), once no handler raised.
+
+        If a handler raised at some member, its exception is raised instead: the one of the
+        lowest member id that has one (the exception itself when that is the caller's own
+        member, a :class:`HandlerError` for another; a deterministic handler raises alike
+        everywhere). A member that left before replying (:class:`MemberFailed`) is not a
+        handler's error: it is only left out of the result, as in :meth:`values_ok`.
+        """
+        results = self._sorted()
+        for value in results.values():
+            if isinstance(value, BaseException) and not isinstance(value, MemberFailed):
+                raise value
+        return {m: v for m, v in results.items() if not isinstance(v, BaseException)}
 
     def __repr__(self) -> str:
         return f"Replies({self._sorted()!r}, version={self.version})"
@@ -149,7 +174,7 @@ class Parked:
 class PendingCall:
     """A call of this member awaiting replies: whose (once delivered here), and those in."""
 
-    future: asyncio.Future[Replies]
+    future: asyncio.Future[Replies[Any]]
     expected: frozenset[int] | None = None
     version: tuple[int, int] = (0, 0)
     results: dict[int, object] = field(default_factory=dict)
@@ -240,14 +265,14 @@ class CallTable:
     async def ordered_call(
         self, spec: ActorSpec, wire_name: str, args: tuple[object, ...],
         kwargs: dict[str, object]
-    ) -> Replies:
+    ) -> Replies[Any]:
         """Submit an ordered call named ``wire_name`` (``<Actor>.<method>``) and await its
         replies."""
         driver, payload, size = self.encode(wire_name, args, kwargs)
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Replies] = loop.create_future()
+        fut: asyncio.Future[Replies[Any]] = loop.create_future()
         if not self.room():
             self.park(spec, payload, size, fut, one_way=False)
             return await fut

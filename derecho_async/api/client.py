@@ -23,16 +23,16 @@ import logging
 import os
 import random
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Generic, ParamSpec, Self, TypeVar, overload
 
 from derecho_async import wire
 from derecho_async.api import client_wire as cw
 from derecho_async.api.actor import Actor, ActorSpec, actor_spec
 from derecho_async.api.calls import CAST, Replies, decode_result
-from derecho_async.api.handles import check_version
+from derecho_async.api.handles import check_version, p2p_usage, typed_method
 from derecho_async.api.logged_calls import HistoryEntry
 from derecho_async.api.once import Numbering
 from derecho_async.api.p2pcalls import Versioned
@@ -54,7 +54,15 @@ from derecho_async.transport.tcp.handshake import (
     client_handshake,
 )
 
-__all__ = ["Client", "ClientHandle"]
+if TYPE_CHECKING:
+    from derecho_async.api.actor import OrderedDef, P2PDef
+
+__all__ = ["Client", "ClientHandle", "ClientOrderedMethod", "ClientP2PCall", "ClientP2PMethod"]
+
+A = TypeVar("A", bound=Actor)
+A_co = TypeVar("A_co", bound=Actor, covariant=True)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 log = logging.getLogger("derecho_async.client")
 
@@ -210,11 +218,12 @@ class Client:
             with contextlib.suppress(ValueError):
                 self._view_waiters.remove(queue)
 
-    def subgroup(self, actor: type[Actor], shard: int | None = None) -> ClientHandle:
+    def subgroup(self, actor: type[A], shard: int | None = None) -> ClientHandle[A]:
         """The handle for calls into ``actor``'s subgroup, or into shard ``shard`` of a sharded
         actor (as a member's :meth:`Group.subgroup`): ``await h.m(...)``,
-        ``await h.m.cast(...)``, ``await h.m.at(member)(...)``, ``await h.m.any()(...)``. The
-        relay forwards a call to a shard it does not host to a member that does."""
+        ``await h.m.cast(...)``, ``await h.m.at(member)(...)``, ``await h.m.any()(...)``, and
+        ``h[Actor.m]`` typed from the handler's signature. The relay forwards a call to a shard
+        it does not host to a member that does."""
         if shard is not None and (type(shard) is not int or shard < 0):
             raise UsageError(f"a shard is a non-negative int, not {shard!r}")
         return ClientHandle(self, self._spec(actor), shard or 0)
@@ -279,7 +288,7 @@ class Client:
             numbers.answered(seq)
 
     async def p2p(self, spec: ActorSpec, shard: int, method: str, member: int,
-                  args: tuple[object, ...], kwargs: dict[str, object]) -> Versioned:
+                  args: tuple[object, ...], kwargs: dict[str, object]) -> Versioned[Any]:
         """A p2p call to ``member`` (-1: the relay itself, or a host of ``shard``)."""
         self._check_open()
         body = wire.encode_call(f"{spec.name}.{method}", _on_host(args), _on_host(kwargs))
@@ -502,19 +511,25 @@ class _Method:
         self._method = method
 
 
-class _ClientOrdered(_Method):
+class ClientOrderedMethod(_Method, Generic[P, R]):
+    """An ``@ordered`` method of a client's handle (as a member's
+    :class:`~derecho_async.api.handles.OrderedMethod`)."""
+
     __slots__ = ()
 
-    def __call__(self, *args: object, **kwargs: object) -> Awaitable[Replies]:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[Replies[R]]:
         return self._client.ordered(self._spec, self._shard, self._method, False, args, kwargs)
 
-    def cast(self, *args: object, **kwargs: object) -> Awaitable[tuple[int, int]]:
+    def cast(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[tuple[int, int]]:
         """A one-way ordered call: its version once delivered at the relay (or the member
         the relay forwarded it to)."""
         return self._client.ordered(self._spec, self._shard, self._method, True, args, kwargs)
 
 
-class _ClientP2PCall(_Method):
+class ClientP2PCall(_Method, Generic[P, R]):
+    """A p2p method of a client's handle bound to a member (as a member's
+    :class:`~derecho_async.api.handles.P2PCall`)."""
+
     __slots__ = ("_member",)
 
     def __init__(self, client: Client, spec: ActorSpec, shard: int, method: str,
@@ -522,53 +537,79 @@ class _ClientP2PCall(_Method):
         super().__init__(client, spec, shard, method)
         self._member = member
 
-    async def __call__(self, *args: object, **kwargs: object) -> Any:
-        got = await self._client.p2p(self._spec, self._shard, self._method, self._member,
-                                     args, kwargs)
+    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        got: Versioned[R] = await self._client.p2p(self._spec, self._shard, self._method,
+                                                   self._member, args, kwargs)
         return got.value
 
-    def versioned(self, *args: object, **kwargs: object) -> Awaitable[Versioned]:
+    def versioned(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[Versioned[R]]:
         """The call, answered with the version of the state the handler read."""
         return self._client.p2p(self._spec, self._shard, self._method, self._member, args,
                                 kwargs)
 
 
-class _ClientP2P(_Method):
+class ClientP2PMethod(_Method, Generic[P, R]):
+    """A ``@p2p`` method of a client's handle: bound with :meth:`at` or :meth:`any`, not called
+    itself (as a member's :class:`~derecho_async.api.handles.P2PMethod`)."""
+
     __slots__ = ()
 
-    def at(self, member: int) -> _ClientP2PCall:
+    if not TYPE_CHECKING:  # (to a type checker it is not callable at all)
+        def __call__(self, *args: object, **kwargs: object) -> None:
+            raise UsageError(p2p_usage(self._spec.name, self._method))
+
+    def at(self, member: int) -> ClientP2PCall[P, R]:
         """The call bound to ``member`` (made from the relay; for a shard, one of its
         members)."""
         if type(member) is not int or member < 0:
             raise UsageError(f"a member id is a non-negative int, not {member!r}")
-        return _ClientP2PCall(self._client, self._spec, self._shard, self._method, member)
+        return ClientP2PCall(self._client, self._spec, self._shard, self._method, member)
 
-    def any(self) -> _ClientP2PCall:
+    def any(self) -> ClientP2PCall[P, R]:
         """The call served by the relay (for a shard it does not host, by one of the shard's
         members)."""
-        return _ClientP2PCall(self._client, self._spec, self._shard, self._method, -1)
+        return ClientP2PCall(self._client, self._spec, self._shard, self._method, -1)
 
 
-class ClientHandle:
+class ClientHandle(Generic[A_co]):
     """A client's calls into one actor's subgroup (or one shard of it): the same methods as a
     member's :class:`~derecho_async.api.handles.SubgroupHandle` (``.at(m)`` and ``.any()``
-    for p2p)."""
+    for p2p), and the same typed access, ``handle[KV.method]``."""
 
     def __init__(self, client: Client, spec: ActorSpec, shard: int = 0) -> None:
         self._client = client
         self._spec = spec
         self.shard = shard
+        self._typed: dict[object, ClientOrderedMethod[Any, Any] | ClientP2PMethod[Any, Any]] = {}
+
+    @overload
+    def __getitem__(
+        self, method: OrderedDef[A_co, P, Coroutine[Any, Any, R]]
+    ) -> ClientOrderedMethod[P, R]: ...
+    @overload
+    def __getitem__(self, method: OrderedDef[A_co, P, R]) -> ClientOrderedMethod[P, R]: ...
+    @overload
+    def __getitem__(
+        self, method: P2PDef[A_co, P, Coroutine[Any, Any, R]]
+    ) -> ClientP2PMethod[P, R]: ...
+    @overload
+    def __getitem__(self, method: P2PDef[A_co, P, R]) -> ClientP2PMethod[P, R]: ...
+
+    def __getitem__(
+        self, method: object
+    ) -> ClientOrderedMethod[Any, Any] | ClientP2PMethod[Any, Any]:
+        """``handle[KV.method]``: ``handle.method``, typed from the handler's signature."""
+        return typed_method(self, self._typed, self._spec, method)
 
     def __getattr__(self, name: str) -> Any:
         kind = self._spec.kind_of(name)
-        method: _ClientOrdered | _ClientP2P
+        method: ClientOrderedMethod[Any, Any] | ClientP2PMethod[Any, Any]
         if kind == "ordered":
-            method = _ClientOrdered(self._client, self._spec, self.shard, name)
+            method = ClientOrderedMethod(self._client, self._spec, self.shard, name)
         elif kind == "p2p":
-            method = _ClientP2P(self._client, self._spec, self.shard, name)
+            method = ClientP2PMethod(self._client, self._spec, self.shard, name)
         else:
             raise AttributeError(f"actor {self._spec.name} has no @ordered or @p2p method "
                                  f"{name!r}")
         self.__dict__[name] = method
         return method
-

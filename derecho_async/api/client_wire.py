@@ -137,7 +137,7 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> list[Any]:
     return msg
 
 
-def encode_outcomes(replies: Replies) -> list[list[object]]:
+def encode_outcomes(replies: Replies[object]) -> list[list[object]]:
     """Each member's outcome of an ordered call as ``[member, code, body]`` (DONE, FORWARDED):
     a result, a handler's error (``[type name, message]``) or a departure's reason."""
     out: list[list[object]] = []

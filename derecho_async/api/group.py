@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Self, TypeVar, cast
 
 from derecho_async import hotpath
 from derecho_async.api.actor import Actor, ActorSpec, actor_spec
@@ -75,6 +75,8 @@ from derecho_async.transport.base import Transport
 from derecho_async.wire import envelope as env
 
 __all__ = ["Group"]
+
+A = TypeVar("A", bound=Actor)
 
 log = logging.getLogger("derecho_async.group")
 
@@ -459,10 +461,11 @@ class Group:
     def member_id(self) -> int:
         return self.config.member_id
 
-    def subgroup(self, actor: type[Actor], shard: int | None = None) -> SubgroupHandle:
+    def subgroup(self, actor: type[A], shard: int | None = None) -> SubgroupHandle[A]:
         """The handle for calls into ``actor``'s subgroup; for a sharded actor, into its shard
         ``shard``: ordered among that shard's members (made at a member that hosts it), p2p
-        calls to them."""
+        calls to them. ``handle[Actor.method]`` is typed from the handler's signature (see
+        :class:`SubgroupHandle`)."""
         spec = self._spec_of(actor)
         sharded = self._sharded.get(spec.name)
         if sharded is None:
@@ -510,10 +513,12 @@ class Group:
         info = self._assignment().find(actor, shard)
         return info.members if info is not None else ()
 
-    def local(self, actor: type[Actor]) -> Actor:
-        """This member's own replica of ``actor`` (for local reads); of a sharded actor, the
-        replica of the shard it hosts (``shards()`` says which), empty when it hosts none."""
-        return self._actors[self._spec_of(actor).name]
+    def local(self, actor: type[A]) -> A:
+        """This member's own replica of ``actor`` (for local reads), an instance of ``actor``;
+        of a sharded actor, the replica of the shard it hosts (``shards()`` says which), as
+        ``actor()`` made it when it hosts none (the same object throughout: a shard's state is
+        restored into it)."""
+        return cast("A", self._actors[self._spec_of(actor).name])  # made as spec.cls()
 
     def device_buffer(self, shape: int | tuple[int, ...], dtype: str = "float32") -> Any:
         """A CuPy array to fill and send without a copy.

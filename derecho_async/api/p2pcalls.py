@@ -15,7 +15,7 @@ import asyncio
 import itertools
 from collections.abc import Callable, Mapping
 from types import CoroutineType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from derecho_async import wire
 from derecho_async.api.calls import decode_result, encode_error
@@ -36,7 +36,10 @@ Answer = Callable[[bool, object, tuple[int, int]], None]
 """``answer(ok, value_or_exception, version)``: a p2p handler's outcome and the state it read."""
 
 
-class Versioned(NamedTuple):
+R_co = TypeVar("R_co", covariant=True)
+
+
+class Versioned(NamedTuple, Generic[R_co]):
     """A p2p call's result and the version of the replica state it read.
 
     ``version`` is the ``(view_id, seq)`` of the last ordered call of the actor's subgroup that
@@ -45,7 +48,7 @@ class Versioned(NamedTuple):
     calls yet: the state that view began with.
     """
 
-    value: Any
+    value: R_co
     version: tuple[int, int]
 
 
@@ -65,7 +68,7 @@ class P2PServer:
         self._hosted = hosted
         self._ids = itertools.count(1)
         # my p2p calls awaiting an answer: request id -> (member asked, future)
-        self._calls: dict[int, tuple[int, asyncio.Future[Versioned]]] = {}
+        self._calls: dict[int, tuple[int, asyncio.Future[Versioned[Any]]]] = {}
         # The last call delivered per subgroup (the version a p2p call queued now reads), and
         # the version of a state no call of which was delivered yet (a joiner's restored one).
         # (versions only: an event would keep its payload, device arrays included, alive)
@@ -88,7 +91,7 @@ class P2PServer:
         method: str,
         args: tuple[object, ...],
         kwargs: dict[str, object],
-    ) -> Versioned:
+    ) -> Versioned[Any]:
         """Call p2p method ``method`` of ``spec``'s actor at ``member``."""
         state = self._state
         driver = state.check_open()
@@ -98,7 +101,7 @@ class P2PServer:
             raise MemberFailed(member, "is not a member of the current view")
         loop = asyncio.get_running_loop()
         if member == state.me:
-            mine: asyncio.Future[Versioned] = loop.create_future()
+            mine: asyncio.Future[Versioned[Any]] = loop.create_future()
 
             def answer(ok: bool, value: object, version: tuple[int, int]) -> None:
                 if mine.done():
@@ -112,7 +115,7 @@ class P2PServer:
             self.run(spec, method, args, kwargs, answer)
             return await mine
         req = next(self._ids)
-        fut: asyncio.Future[Versioned] = loop.create_future()
+        fut: asyncio.Future[Versioned[Any]] = loop.create_future()
         self._calls[req] = (member, fut)
         body = wire.encode_call(f"{spec.name}.{method}", args, kwargs)
         driver.transport.send(member, env.encode(env.P2P_REQ, req, spec.name, method, body))

@@ -309,7 +309,6 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
         g = Group(_config(member, n, ids, knobs), [SimLog], transport=net.transport(member),
                   observer=obs, fs=fs, clock=_virtual_clock)
         actor = g.local(SimLog)
-        assert isinstance(actor, SimLog)
         actor.bind(member, run.records.setdefault(member, []), bool(knobs["with_array"]),
                    skew=member == knobs["skew_member"])
         groups[member] = g
@@ -535,7 +534,7 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
     # every member not crashed (those that left too) finishes the handlers it has begun or
     # queued: their outcomes are the calls' own, not cancellations at the end of the run
     for _ in range(2000):
-        if all(g.queued_calls == 0 and g.local(SimLog).running == 0  # type: ignore[attr-defined]
+        if all(g.queued_calls == 0 and g.local(SimLog).running == 0
                for m, g in groups.items() if run.fates.get(m) != "crashed"):
             break
         await asyncio.sleep(0.01)
@@ -548,7 +547,6 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
             run.final_views[m] = (g.view.view_id, g.view.members)
     for m in sorted(live):
         actor = groups[m].local(SimLog)
-        assert isinstance(actor, SimLog)
         run.final_logs[m] = list(actor.log)
     if durable and persist_tasks:
         await asyncio.wait(persist_tasks, timeout=5.0)
@@ -594,7 +592,6 @@ async def _rejoin_crashed(run: ActorRun, net: SimNetwork, disks: dict[int, SimDi
         g = Group(_config(m, n, ids, run.knobs), [SimLog], transport=net.transport(m),
                   fs=disks[m], clock=_virtual_clock)
         actor = g.local(SimLog)
-        assert isinstance(actor, SimLog)
         actor.bind(m, [], bool(run.knobs["with_array"]))
         try:
             await g.start(timeout=5.0)
@@ -611,11 +608,9 @@ async def _rejoin_crashed(run: ActorRun, net: SimNetwork, disks: dict[int, SimDi
             run.rejoins[g.member_id] = f"rejoined, but the barrier failed: {exc!r}"
         return back
     lead = caller.local(SimLog)
-    assert isinstance(lead, SimLog)
     run.rejoin_log = list(lead.log)
     for g in back:
         actor = g.local(SimLog)
-        assert isinstance(actor, SimLog)
         for _ in range(500):
             if cid in actor.log or g.closed.done():
                 break
@@ -638,7 +633,6 @@ async def _total_failure(rng: random.Random, run: ActorRun, old: SimNetwork,
         g = Group(_config(m, n, ids, run.knobs), [SimLog], transport=net.transport(m),
                   fs=disks[m], clock=_virtual_clock)
         actor = g.local(SimLog)
-        assert isinstance(actor, SimLog)
         actor.bind(m, [], bool(run.knobs["with_array"]))
         groups[m] = g
 
@@ -669,7 +663,6 @@ async def _total_failure(rng: random.Random, run: ActorRun, old: SimNetwork,
         for m in back:
             if not groups[m].closed.done():
                 actor = groups[m].local(SimLog)
-                assert isinstance(actor, SimLog)
                 run.restarted_logs[m] = list(actor.log)
                 run.restarted_times[m] = [(e.version, e.time) async for e in
                                           groups[m].subgroup(SimLog).history()]

@@ -267,7 +267,7 @@ async def _schedule(rng: random.Random, run: ShardRun) -> None:
             draw_call(caller, shard, one_way=False)
         await asyncio.wait(tasks, timeout=20.0)
         for _ in range(500):
-            if all(groups[m].queued_calls == 0 and groups[m].local(ShardLog).running == 0  # type: ignore[attr-defined]
+            if all(groups[m].queued_calls == 0 and groups[m].local(ShardLog).running == 0
                    for m in live):
                 break
             await asyncio.sleep(0.01)
@@ -279,7 +279,6 @@ async def _schedule(rng: random.Random, run: ShardRun) -> None:
         g = groups[m]
         run.shard_of[m] = g.hosted_shard(ShardLog)
         actor = g.local(ShardLog)
-        assert isinstance(actor, ShardLog)
         run.logs[m] = list(actor.log)
     for m in sorted(live):
         crash_group(net, groups[m])

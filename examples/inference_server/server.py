@@ -208,7 +208,6 @@ class Replica:
     def attach(self, group: da.Group) -> None:
         """The member joined (its state restored): serve."""
         model = group.local(Model)
-        assert isinstance(model, Model)
         self.group, self.model = group, model
         self.batcher = Batcher(model, self.settings.batch_rows,
                                self.settings.batch_wait_ms / 1000)
@@ -298,7 +297,7 @@ class Replica:
             raise _error(web.HTTPBadRequest, str(exc)) from None
         self.requests["update"] += 1
         try:  # a device array on a GPU replica: the call's payload rides the GPU plane
-            replies = await group.subgroup(Model).update(name, model.on_device(delta))
+            replies = await group.subgroup(Model)[Model.update](name, model.on_device(delta))
         except da.DerechoError as exc:  # left, partitioned, not in a view
             raise _error(web.HTTPServiceUnavailable, f"{type(exc).__name__}: {exc}") from None
         mine = replies.get(self.me)
@@ -316,7 +315,7 @@ class Replica:
 
         async def ask(m: int) -> object:
             try:
-                return await asyncio.wait_for(handle.status.at(m)(), 2.0)
+                return await asyncio.wait_for(handle[Model.status].at(m)(), 2.0)
             except (da.DerechoError, TimeoutError) as exc:
                 return {"error": f"{type(exc).__name__}: {exc}"}
 

@@ -42,7 +42,6 @@ async def log_device_calls(config: da.Config) -> None:
             await kv.persisted(await kv.add.cast(x))
         n = config.initial_members * COUNT
         local = group.local(DeviceSums)
-        assert isinstance(local, DeviceSums)
         while len(local.sums) < n:
             await asyncio.sleep(0.01)
         history = [e async for e in kv.history()]
@@ -60,7 +59,6 @@ async def restart_device_log(config: da.Config) -> None:
     out = Path(os.environ["DA_GPU_OUT"])
     group = await da.Group.join(config, actors=[DeviceSums], timeout=60)
     local = group.local(DeviceSums)
-    assert isinstance(local, DeviceSums)
     (out / f"restarted-{config.member_id}.json").write_text(json.dumps({"state": local.sums}))
     (out / f"back-{config.member_id}").touch()
     while not all((out / f"back-{m}").exists() for m in range(config.initial_members)):

@@ -93,7 +93,7 @@ async def sends_device_arrays(config: da.Config) -> None:
         calls.append(acc.add(inplace, f"c{me}-{count}"))
         replies = await asyncio.gather(*calls)
         assert all(set(r) == set(group.view.members) for r in replies)
-        local: Accumulator = group.local(Accumulator)  # type: ignore[assignment]
+        local = group.local(Accumulator)
         while len(local.seen) < n * (count + SENT_BESIDE_COUNT):
             await asyncio.sleep(0.01)
         digest = hashlib.sha256(json.dumps(local.seen).encode()).hexdigest()
@@ -193,7 +193,7 @@ async def pool_soak(config: da.Config) -> None:
                 await asyncio.gather(*batch)
                 batch.clear()
         await asyncio.gather(*batch)
-        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        local = group.local(Checker)
         await _wait_seen(local, expected)
         del batch, x
         stats: dict[str, int] | None = None
@@ -224,7 +224,7 @@ async def killed_mid_transfer(config: da.Config) -> None:
         chk = group.subgroup(Checker)
         members = group.view.members
         victim = members[-1]
-        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        local = group.local(Checker)
         if me == victim:
             calls = []
             for i in range(8):
@@ -275,7 +275,7 @@ async def landing_fails(config: da.Config) -> None:
     me = config.member_id
     async with da.Group(config, actors=[Checker]) as group:
         chk = group.subgroup(Checker)
-        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        local = group.local(Checker)
         if me == 2:
             driver = group._driver
             assert driver is not None and driver.gpuplane is not None
@@ -322,7 +322,7 @@ async def staging_fails(config: da.Config) -> None:
     me = config.member_id
     async with da.Group(config, actors=[Checker]) as group:
         chk = group.subgroup(Checker)
-        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        local = group.local(Checker)
         driver = group._driver
         assert driver is not None and driver.gpuplane is None and driver.ncclplane is None
         staging = driver.dataplane
@@ -385,7 +385,7 @@ async def _a_receiver_fails(config: da.Config, break_receiver: Callable[[Any], N
     me = config.member_id
     async with da.Group(config, actors=[Checker]) as group:
         chk = group.subgroup(Checker)
-        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        local = group.local(Checker)
         driver = group._driver
         assert driver is not None and driver.gpuplane is not None
         if me == 2:
@@ -488,7 +488,7 @@ async def ipc_sender_overstates_its_pool(config: da.Config) -> None:
     me = config.member_id
     async with da.Group(config, actors=[Checker]) as group:
         chk = group.subgroup(Checker)
-        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        local = group.local(Checker)
         driver = group._driver
         assert driver is not None and driver.gpuplane is not None
         plane = driver.gpuplane
@@ -584,7 +584,7 @@ async def nccl_sends_device_arrays(config: da.Config) -> None:
                                       cupy.full((8, 8), 10 * me + j, dtype=cupy.int64)))
         replies = await asyncio.gather(*calls)
         assert all(set(r) == set(group.view.members) for r in replies)
-        local: Accumulator = group.local(Accumulator)  # type: ignore[assignment]
+        local = group.local(Accumulator)
         await _wait_seen(local, n * (count + 1))
         stats = group.nccl_stats()
         _write(os.environ["DA_GPU_OUT"], me, {
@@ -609,7 +609,7 @@ async def nccl_killed_mid_transfer(config: da.Config) -> None:
         chk = group.subgroup(Checker)
         members = group.view.members
         victim = members[-1]
-        local: Checker = group.local(Checker)  # type: ignore[assignment]
+        local = group.local(Checker)
         if me == victim:
             calls = []
             for i in range(8):
@@ -739,7 +739,7 @@ async def device_state_join(config: da.Config) -> None:
                 device.synchronize()
                 return arr
 
-        state.value = await off_loop(build)  # type: ignore[attr-defined]
+        state.value = await off_loop(build)
         await group.subgroup(DeviceState).touch()
         if me == 0:
             await _wait_pools(group, (1,))
@@ -768,9 +768,9 @@ async def device_state_join(config: da.Config) -> None:
 
         record = {
             "me": me,
-            "digest": await off_loop(_device_digest, local.value,  # type: ignore[attr-defined]
+            "digest": await off_loop(_device_digest, local.value,
                                      device),
-            "is_cupy": isinstance(local.value, cupy.ndarray),  # type: ignore[attr-defined]
+            "is_cupy": isinstance(local.value, cupy.ndarray),
             "views": [v.view_id for v in group.history],
             "by_gpu": counts(r"(\d+) of (\d+) chunks moved by a GPU plane"),
             "on_device": counts(r"(\d+) of (\d+) chunks landed in device memory"),

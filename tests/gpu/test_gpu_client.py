@@ -40,7 +40,7 @@ async def test_a_clients_device_arrays_are_staged_through_host_memory() -> None:
         replies = await c.subgroup(Weights).load(w, named=[cp.ones(2, dtype=cp.int16)])
     assert set(replies.values()) == {"numpy:float32(3, 4):66.0"}
     for g in groups:
-        got, named = g.local(Weights).got[0]  # type: ignore[attr-defined]
+        got, named = g.local(Weights).got[0]
         assert isinstance(got, np.ndarray) and np.array_equal(got, np.arange(12).reshape(3, 4))
         assert isinstance(named[0], np.ndarray) and named[0].dtype == np.int16
         await g.leave()

@@ -20,7 +20,7 @@ async def append_and_check(config: da.Config) -> None:
         for m in sorted(members):  # wait until every replica holds every append
             while await log.size.at(m)() < total:
                 await asyncio.sleep(0.02)
-        mine = log_digest(group.local(ReplicatedLog).items)  # type: ignore[attr-defined]
+        mine = log_digest(group.local(ReplicatedLog).items)
         for m in sorted(members):
             assert await log.digest.at(m)() == mine
         await asyncio.sleep(1.0)  # let the others finish their checks before anyone leaves
@@ -44,7 +44,7 @@ async def one_leaves_early(config: da.Config) -> None:
         while 2 in group.view.members:
             await asyncio.sleep(0.02)
         replies = await log.append(b"after-%d" % config.member_id)
-        mine = group.local(ReplicatedLog).items  # type: ignore[attr-defined]
+        mine = group.local(ReplicatedLog).items
         while len(mine) < 17:  # 3 x 5 appends + one "after" from each of 0 and 1
             await asyncio.sleep(0.02)
         with open(os.path.join(os.environ["DA_TEST_OUT"], f"m{config.member_id}.json"), "w") as f:
@@ -101,13 +101,13 @@ async def large_call(config: da.Config) -> None:
             replies = await group.subgroup(_Blobs).put(bytes(size))
             assert set(replies.values()) == {size}, replies
         deadline = time.monotonic() + 60
-        while not mine.sizes and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        while not mine.sizes and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.5)
         stop = True
         await ticker
         with open(os.path.join(os.environ["DA_TEST_OUT"], f"m{config.member_id}.json"), "w") as f:
-            json.dump({"sizes": mine.sizes, "views": [v.view_id for v in group.history],  # type: ignore[attr-defined]
+            json.dump({"sizes": mine.sizes, "views": [v.view_id for v in group.history],
                        "worst_gap_s": worst}, f)
         await asyncio.sleep(1.0)  # the others finish before anyone leaves
 
@@ -209,7 +209,7 @@ async def big_state_join(config: da.Config) -> None:
         state = group.local(BigState)
         # built and hashed off the loop: on a loaded host (4 members on 2 cores) a loop held
         # for seconds gets this member suspected before any state moves
-        state.blob = await asyncio.to_thread(_pattern_bytes, size)  # type: ignore[attr-defined]
+        state.blob = await asyncio.to_thread(_pattern_bytes, size)
         await group.subgroup(BigState).touch()
         if config.member_id == 0:
             with open(ready, "w") as f:
@@ -218,7 +218,7 @@ async def big_state_join(config: da.Config) -> None:
         while len(group.view.members) < 4:
             await asyncio.sleep(0.05)
         replies = await group.subgroup(BigState).touch()
-        blob = group.local(BigState).blob  # type: ignore[attr-defined]
+        blob = group.local(BigState).blob
         report = {
             "members": list(group.view.members),
             "views": [v.view_id for v in group.history],

@@ -95,7 +95,6 @@ async def report(config: da.Config) -> None:
 async def _report(config: da.Config, group: da.Group, lines: list[str] | None = None) -> None:
     out = Path(os.environ["DA_DURABLE_OUT"])
     store = group.local(Store)
-    assert isinstance(store, Store)
     kv = group.subgroup(Store)
     # one call each after the restart; once all three are here, every member has delivered
     # the same calls, so the states compare at the same point

@@ -54,7 +54,7 @@ async def main() -> None:
             say(event="view", member=me, view=v.view_id, members=list(v.members))
         seen = len(group.history)
         await asyncio.sleep(0.01)
-    say(event="end", member=me, appended=i, items=len(group.local(ReplicatedLog).items))  # type: ignore[attr-defined]
+    say(event="end", member=me, appended=i, items=len(group.local(ReplicatedLog).items))
     await group.leave()
 
 

@@ -47,9 +47,9 @@ async def test_a_joiner_restores_the_state_after_every_awaiting_handler_before_i
         joiner = await da.Group.join(cfg(name, 7), actors=[SlowLog], timeout=10)
         gs.append(joiner)
         await log.append(b"last")
-        await settle(lambda: all(len(g.local(SlowLog).items) == 31  # type: ignore[attr-defined]
+        await settle(lambda: all(len(g.local(SlowLog).items) == 31
                                  for g in gs))
-        states = [g.local(SlowLog).items for g in gs]  # type: ignore[attr-defined]
+        states = [g.local(SlowLog).items for g in gs]
         assert all(s == states[0] for s in states)
         assert states[0][:30] == [b"x%d" % i for i in range(30)]
         assert states[0][30] == b"last"
@@ -111,7 +111,7 @@ async def test_p2p_results_carry_the_version_of_the_prefix_they_saw() -> None:
         first = await pair.bump()
         second = await pair.bump()
         for m in (0, 1, 2):
-            await settle(lambda m=m: gs[m].local(Pair).b == 2)  # type: ignore[attr-defined]
+            await settle(lambda m=m: gs[m].local(Pair).b == 2)
             got = await pair.read.at(m).versioned()
             assert isinstance(got, da.Versioned)
             assert got.value == (2, 2)
@@ -199,9 +199,9 @@ async def test_handlers_raising_base_exceptions_lose_no_call_at_any_member() -> 
         futs = [kinds[i % 7 % 4].cast(i) for i in range(600)]
         versions = await asyncio.wait_for(asyncio.gather(*futs), 20)
         assert len(set(versions)) == 600
-        await settle(lambda: all(len(g.local(Poisoned).items) == 600  # type: ignore[attr-defined]
+        await settle(lambda: all(len(g.local(Poisoned).items) == 600
                                  for g in gs))
-        items = [g.local(Poisoned).items for g in gs]  # type: ignore[attr-defined]
+        items = [g.local(Poisoned).items for g in gs]
         assert items[0] == items[1] == items[2] == list(range(600))
         assert all(g.view.view_id == 0 for g in gs)  # nobody was removed
     finally:
@@ -241,7 +241,7 @@ async def test_a_p2p_handler_raising_cancelled_error_answers_and_the_member_goes
 async def test_system_exit_in_a_handler_is_that_members_orderly_departure() -> None:
     _, gs = await start([Poisoned])
     for i, g in enumerate(gs):
-        g.local(Poisoned).me = i  # type: ignore[attr-defined]
+        g.local(Poisoned).me = i
     h = gs[0].subgroup(Poisoned)
     try:
         replies = await asyncio.wait_for(h.exit_at(2), 10)
@@ -294,7 +294,7 @@ async def test_a_slow_handler_slows_its_senders_instead_of_queuing_without_bound
         ping = await asyncio.wait_for(h.ping(), 30)  # a replied call behind the backlog
         assert ping[0] >= 0
         await asyncio.wait_for(asyncio.gather(*futs), 30)
-        await settle(lambda: all(g.local(Slow).n == 1000 for g in gs), 30)  # type: ignore[attr-defined]
+        await settle(lambda: all(g.local(Slow).n == 1000 for g in gs), 30)
         # delivered calls waiting for the handler stay near the bound (plus what was already
         # stable when the member stopped taking more), not the whole stream
         assert peak[0] <= 4 * bound, peak[0]
@@ -340,7 +340,7 @@ async def test_a_call_over_the_size_bound_fails_at_once_and_nothing_is_sent() ->
             await h.put(b"x" * (1 << 20))
         replies = await h.put(b"x" * ((1 << 20) - 64))  # within the bound: delivered
         assert set(replies.values()) == {(1 << 20) - 64}
-        assert all(g.local(Sink).sizes == [(1 << 20) - 64] for g in gs)  # type: ignore[attr-defined]
+        assert all(g.local(Sink).sizes == [(1 << 20) - 64] for g in gs)
     finally:
         await close(gs)
 
@@ -357,7 +357,7 @@ async def test_a_call_of_exactly_the_default_bound_fails_at_once() -> None:
         assert loop.time() - began < 0.5  # sized, not encoded, copied and shipped
         del blob
         await h.put(b"small")
-        assert all(g.local(Sink).sizes == [5] for g in gs)  # type: ignore[attr-defined]
+        assert all(g.local(Sink).sizes == [5] for g in gs)
     finally:
         await close(gs)
 

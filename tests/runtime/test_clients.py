@@ -82,7 +82,6 @@ def peers(groups: list[da.Group]) -> dict[int, str]:
 
 def total(group: da.Group) -> int:
     actor = group.local(Counter)
-    assert isinstance(actor, Counter)
     return actor.total
 
 
@@ -113,6 +112,13 @@ async def test_a_client_calls_like_a_member() -> None:
                    for v in failed.values())
         with pytest.raises(AttributeError):
             counter.nothing  # noqa: B018
+        assert counter[Counter.bump] is counter.bump  # typed access: the same method
+        assert (await counter[Counter.bump](0)).raise_on_error() == {0: 7, 1: 7, 2: 7}
+        assert await counter[Counter.read].at(1)() == 7
+        with pytest.raises(da.UsageError, match=r"handle\.read\.at\(member\)"):
+            counter.read()
+        with pytest.raises(da.HandlerError):
+            failed.raise_on_error()
         assert set(client._peers) == {0, 1, 2}  # every member's address came with the view
     assert [total(g) for g in groups] == [7, 7, 7]
     await leave(groups)
@@ -192,7 +198,7 @@ async def test_calls_go_on_through_another_member_when_the_relay_crashes() -> No
     replies = await asyncio.wait_for(asyncio.gather(*calls), 30)
     assert client.relay in (1, 2)
     assert [total(g) for g in groups[1:]] == [200, 200]
-    seen = groups[1].local(Counter).seen  # type: ignore[attr-defined]
+    seen = groups[1].local(Counter).seen
     assert len(seen) == 200
     # every call was answered with the total it made: 1 .. 200, each once
     totals = sorted(r[1] if 1 in r and not isinstance(r[1], da.MemberFailed) else r[2]

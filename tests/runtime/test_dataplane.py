@@ -49,13 +49,13 @@ async def test_numpy_arrays_anywhere_in_the_arguments_arrive_as_numpy() -> None:
             for i in range(12)
         ]
         replies = await asyncio.gather(*calls)
-        finals = {float(g.local(Weights).w.sum()) for g in groups}  # type: ignore[attr-defined]
+        finals = {float(g.local(Weights).w.sum()) for g in groups}
         assert len(finals) == 1
         # call i adds i to every element, and 0.5 from the bias
         assert finals.pop() == pytest.approx(64 * 64 * (sum(range(12)) + 12 * 0.5))
         assert all(len(set(r.values())) == 1 for r in replies)
         for g in groups:
-            assert set(g.local(Weights).kinds) == {"ndarray/float32/(64,)"}  # type: ignore[attr-defined]
+            assert set(g.local(Weights).kinds) == {"ndarray/float32/(64,)"}
     finally:
         for g in groups:
             await g.leave()
@@ -102,7 +102,7 @@ async def test_small_numpy_arrays_ride_in_the_slot_and_large_ones_on_the_data_pl
         assert dict(await proxy.take(large)) == {0: 1, 1: 1}
         assert len(started) == 1
         assert np.array_equal(small[1], [0.0, 2.0, 4.0, 6.0])  # the sender's arrays untouched
-        seen = [g.local(Probe).seen for g in groups]  # type: ignore[attr-defined]
+        seen = [g.local(Probe).seen for g in groups]
         assert seen[0] == seen[1] and len(seen[0]) == 4
         assert seen[0][:3] == ["int16(2, 3):[[0, 1, 2], [3, 4, 5]]", "float64(4,):[0.0, 2.0, 4.0, 6.0]",
                                "bool():True"]

@@ -130,7 +130,7 @@ async def test_large_payloads_arrive_intact_in_order_with_small_ones(transport: 
         assert sum(_plane(g).sent for g in groups) == 2 * len(sizes)
         assert all(_plane(g).landed == 2 * len(sizes) - 2 * len(sizes[g.member_id :: n])
                    for g in groups)
-        logs = [g.local(Sink).log for g in groups]  # type: ignore[attr-defined]
+        logs = [g.local(Sink).log for g in groups]
         assert len(logs[0]) == 3 * len(sizes)
         assert all(lg == logs[0] for lg in logs)
         if transport == "shm":
@@ -167,7 +167,7 @@ async def test_a_member_that_cannot_buffer_a_large_message_leaves_and_the_sender
         assert set(after) == {0, 1} and groups[0].view.members == (0, 1)
         with pytest.raises(da.GroupClosed, match="could not be taken in here: MemoryError"):
             await groups[2].subgroup(Sink).put(b"from the departed")
-        logs = [g.local(Sink).log for g in groups[:2]]  # type: ignore[attr-defined]
+        logs = [g.local(Sink).log for g in groups[:2]]
         assert logs[0] == logs[1] and len(logs[0]) == 2
     finally:
         for g in groups:
@@ -193,7 +193,7 @@ async def test_array_contents_survive_the_trip() -> None:
             )
             await groups[1].subgroup(Sink).arrays("x", sent)
             for g in groups:
-                assert g.local(Sink).log == [expect]  # type: ignore[attr-defined]
+                assert g.local(Sink).log == [expect]
         finally:
             for g in groups:
                 await g.leave()
@@ -217,7 +217,7 @@ async def test_the_pool_returns_to_empty_after_many_messages_from_every_sender()
             else:
                 calls.append(h.arrays(str(k), [rng.integers(0, 9, size // 4, dtype=np.int32)]))
         await asyncio.gather(*calls)
-        logs = [g.local(Sink).log for g in groups]  # type: ignore[attr-defined]
+        logs = [g.local(Sink).log for g in groups]
         assert len(logs[0]) == 120 and logs[0] == logs[1] == logs[2]
         for g in groups:
             plane = _plane(g)
@@ -349,7 +349,7 @@ async def test_a_plane_added_first_is_offered_every_transfer_before_the_others(
         assert hooks[1].offers == [(0, 1, 0), (0, 1, 1)]
         assert hooks[1].own_delivered == [(0, 1, 0), (0, 1, 1), (0, 1, 2), (0, 1, 3)]
         assert hooks[0].offers == [] and hooks[2].offers == []
-        logs = [g.local(Sink).log for g in groups]  # type: ignore[attr-defined]
+        logs = [g.local(Sink).log for g in groups]
         assert len(logs[0]) == 4 and logs[0] == logs[1] == logs[2]  # the next plane moved them
     finally:
         for g in groups:
@@ -397,8 +397,8 @@ async def test_joiners_one_after_another_get_their_state_over_shm_and_the_pool_e
             await asyncio.sleep(0.001)
         second = asyncio.ensure_future(da.Group.join(config(2), actors=[Blob], timeout=30))
         groups += await asyncio.gather(first, second)
-        want = founder.local(Blob).data  # type: ignore[attr-defined]
-        assert all(g.local(Blob).data == want for g in groups)  # type: ignore[attr-defined]
+        want = founder.local(Blob).data
+        assert all(g.local(Blob).data == want for g in groups)
         plane = _plane(founder)
         assert not xfer.sponsor.transfers and not plane.outstanding
         assert plane.pool.in_use == 0

@@ -103,7 +103,7 @@ async def test_ordered_calls_return_every_members_result_in_one_total_order() ->
         replies = await asyncio.gather(
             *(gs[i % 3].subgroup(Log).append(b"m%d" % i) for i in range(30))
         )
-        logs = [g.local(Log).items for g in gs]  # type: ignore[attr-defined]
+        logs = [g.local(Log).items for g in gs]
         assert logs[0] == logs[1] == logs[2] and len(logs[0]) == 30
         for r in replies:
             assert set(r) == {0, 1, 2} and len(set(r.values())) == 1
@@ -119,7 +119,7 @@ async def test_ordered_calls_return_every_members_result_in_one_total_order() ->
 async def test_one_way_calls_keep_the_total_order_and_complete_on_local_delivery() -> None:
     _, gs = await start(3)
     try:
-        logs = [g.local(Log).items for g in gs]  # type: ignore[attr-defined]
+        logs = [g.local(Log).items for g in gs]
         futs: list[asyncio.Future[tuple[int, int]]] = []
         held: list[bool] = []
         replied = []
@@ -162,7 +162,7 @@ async def test_one_way_calls_report_handler_errors_only_in_the_log(
             r = await gs[1].subgroup(Log).append(b"after")  # the group goes on
         assert version[0] == 0 and set(r) == {0, 1, 2}
         assert "one-way call raised ValueError('bad input')" in caplog.text
-        assert gs[0].local(Log).items == [b"after"]  # type: ignore[attr-defined]
+        assert gs[0].local(Log).items == [b"after"]
     finally:
         await close(gs)
 
@@ -176,7 +176,7 @@ async def test_a_one_way_call_fails_when_its_member_leaves_before_delivery() -> 
             await fut
         with pytest.raises(da.GroupClosed):
             gs[2].subgroup(Log).append.cast(b"closed")
-        assert b"never sent" not in gs[0].local(Log).items  # type: ignore[attr-defined]
+        assert b"never sent" not in gs[0].local(Log).items
     finally:
         await close(gs)
 
@@ -187,12 +187,12 @@ async def test_handlers_run_one_at_a_time_and_quick_ones_cost_no_task() -> None:
         await asyncio.gather(*(gs[0].subgroup(Counter).add(1) for _ in range(50)))
         for g in gs:
             assert g._runners["Counter"].tasks_created == 0
-            assert g.local(Counter).n == 50  # type: ignore[attr-defined]
+            assert g.local(Counter).n == 50
         await asyncio.gather(*(gs[i % 3].subgroup(Log).slow_append(b"s%d" % i) for i in range(9)))
         for g in gs:
             log = g.local(Log)
-            assert log.max_running == 1  # type: ignore[attr-defined]
-        assert gs[0].local(Log).items == gs[1].local(Log).items  # type: ignore[attr-defined]
+            assert log.max_running == 1
+        assert gs[0].local(Log).items == gs[1].local(Log).items
     finally:
         await close(gs)
 
@@ -201,15 +201,15 @@ async def test_a_handler_that_awaits_holds_back_the_next_delivery() -> None:
     _, gs = await start(2)
     try:
         gate = asyncio.Event()
-        gs[1].local(Log).gate = gate  # type: ignore[attr-defined]
+        gs[1].local(Log).gate = gate
         first = asyncio.ensure_future(gs[0].subgroup(Log).slow_append(b"first"))
         second = asyncio.ensure_future(gs[0].subgroup(Log).append(b"second"))
         await asyncio.sleep(0.2)
         assert not first.done() and not second.done()
-        assert gs[1].local(Log).items == []  # type: ignore[attr-defined]
+        assert gs[1].local(Log).items == []
         gate.set()
         await asyncio.wait_for(asyncio.gather(first, second), 5)
-        assert gs[1].local(Log).items == [b"first", b"second"]  # type: ignore[attr-defined]
+        assert gs[1].local(Log).items == [b"first", b"second"]
     finally:
         await close(gs)
 
@@ -224,6 +224,29 @@ async def test_handler_exceptions_come_back_per_member() -> None:
             assert isinstance(err, da.HandlerError)
             assert (err.member, err.type_name, err.message) == (m, "ValueError", "bad input")
         assert r.values_ok() == []
+    finally:
+        await close(gs)
+
+
+async def test_typed_access_is_the_handles_method_and_p2p_says_how_to_call() -> None:
+    _, gs = await start(3)
+    try:
+        log = gs[2].subgroup(Log)
+        assert log[Log.append] is log.append and log[Log.size] is log.size
+        replies = await log[Log.append](b"a")
+        assert replies.raise_on_error() == {0: 1, 1: 1, 2: 1}
+        assert await log[Log.size].at(0)() == 1
+        assert gs[1].local(Log).items == [b"a"]
+        with pytest.raises(da.UsageError, match=r"handle\.size\.at\(member\)\(\.\.\.\)"):
+            log[Log.size]()  # type: ignore[operator]
+        with pytest.raises(da.UsageError, match=r"handle\[Log\.method\]"):
+            log[Counter.add]  # type: ignore[index]
+        failed = await log[Log.boom]("bad input")
+        with pytest.raises(da.HandlerError) as got:  # member 0's: the lowest id with an error
+            failed.raise_on_error()
+        assert (got.value.member, got.value.type_name) == (0, "ValueError")
+        with pytest.raises(ValueError, match="bad input"):  # the caller's own handler's
+            (await gs[0].subgroup(Log)[Log.boom]("bad input")).raise_on_error()
     finally:
         await close(gs)
 
@@ -248,7 +271,7 @@ async def test_joiner_receives_state_then_deliveries_and_leave_shrinks_the_view(
         joiner = await da.Group.join(cfg(name, 7), actors=[Log, Counter], timeout=10)
         gs.append(joiner)
         assert joiner.view.members == (0, 1, 2, 7) and joiner.view.view_id == 1
-        assert joiner.local(Log).items == gs[0].local(Log).items  # type: ignore[attr-defined]
+        assert joiner.local(Log).items == gs[0].local(Log).items
         r = await joiner.subgroup(Log).append(b"from joiner")
         assert set(r) == {0, 1, 2, 7}
         await gs[1].leave()
@@ -269,7 +292,7 @@ async def test_a_member_that_leaves_before_replying_is_reported_as_failed() -> N
     _, gs = await start(3)
     try:
         gate = asyncio.Event()  # never set: member 2 never finishes the handler
-        gs[2].local(Log).gate = gate  # type: ignore[attr-defined]
+        gs[2].local(Log).gate = gate
         call = asyncio.ensure_future(gs[0].subgroup(Log).slow_append(b"x"))
         await asyncio.sleep(0.2)
         assert not call.done()
@@ -295,7 +318,7 @@ async def test_a_member_that_cannot_land_a_message_leaves_and_the_others_go_on()
         assert set(r) == {0, 1} and gs[0].view.members == (0, 1)
         with pytest.raises(da.GroupClosed, match="could not land here: MemoryError"):
             await gs[2].subgroup(Log).append(b"from the departed")
-        assert gs[0].local(Log).items == gs[1].local(Log).items == [b"before", b"after"]  # type: ignore[attr-defined]
+        assert gs[0].local(Log).items == gs[1].local(Log).items == [b"before", b"after"]
     finally:
         await close(gs)
 
@@ -435,7 +458,7 @@ async def _stream_until_member_2_is_out(gs: list[da.Group]) -> None:
             break
         await asyncio.sleep(0.02)
     assert gs[0].view.members == gs[1].view.members == (0, 1)
-    logs = [g.local(_Items).items for g in gs[:2]]  # type: ignore[attr-defined]
+    logs = [g.local(_Items).items for g in gs[:2]]
     assert logs[0] == logs[1], "the survivors delivered different sequences"
     assert sorted(logs[0], key=int) == [b"%d" % i for i in range(400)], "lost or doubled"
 
@@ -510,7 +533,7 @@ async def test_a_leave_during_a_view_change_waits_for_it_and_the_last_member_goe
         r = await asyncio.wait_for(gs[2].subgroup(Log).append(b"alone"), 10)
         assert r == {2: 2}
         assert gs[2].view.members == (2,)
-        assert gs[2].local(Log).items == [b"before", b"alone"]  # type: ignore[attr-defined]
+        assert gs[2].local(Log).items == [b"before", b"alone"]
     finally:
         await close(gs)
 

@@ -105,7 +105,7 @@ async def test_large_calls_run_in_delivery_order_with_the_small_ones() -> None:
         assert all(set(r.values()) in ({1}, {big}) for r in replies[:-2])
         assert {type(v) for v in replies[-1].values()} == {ValueError, da.HandlerError}
         await asyncio.sleep(0.2)
-        seen = [g.local(Ordered).seen for g in groups]  # type: ignore[attr-defined]
+        seen = [g.local(Ordered).seen for g in groups]
         assert seen[0] == seen[1] == seen[2] and len(seen[0]) == 19
         assert ("c", big, 255) in seen[0]
         for k in range(6):  # each caller's calls in the order it made them

@@ -75,7 +75,7 @@ def _joiner(fields: dict[str, object], q: Queue[object]) -> None:
 
     async def go() -> None:
         async with da.Group(da.Config(**fields), actors=[ReplicatedLog]) as g:  # type: ignore[arg-type]
-            items = list(g.local(ReplicatedLog).items)  # type: ignore[attr-defined]
+            items = list(g.local(ReplicatedLog).items)
             r = await g.subgroup(ReplicatedLog).append(b"hello from the joiner")
             q.put(
                 (

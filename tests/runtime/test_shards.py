@@ -36,7 +36,6 @@ async def start(name: str, n: int, sharded: da.Sharded, net: SimNetwork | None =
 
 def data(group: da.Group) -> dict[str, bytes]:
     kv = group.local(KV)
-    assert isinstance(kv, KV)
     return kv.data
 
 
@@ -191,7 +190,6 @@ async def test_forwarded_calls_go_on_when_the_host_they_went_to_crashes() -> Non
 
     def tokens(m: int) -> list[int]:
         tally = groups[m].local(Tally)
-        assert isinstance(tally, Tally)
         return tally.tokens
 
     calls = [asyncio.ensure_future(shard1.add(i)) for i in range(60)]

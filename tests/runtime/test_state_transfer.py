@@ -93,7 +93,7 @@ async def test_a_numpy_state_round_trips_in_many_small_chunks() -> None:
         await asyncio.gather(*bumps)
         await h.bump()
         replicas = [g.local(Arrays) for g in groups]
-        await settle(lambda: all(same(r, replicas[0]) for r in replicas))  # type: ignore[arg-type]
+        await settle(lambda: all(same(r, replicas[0]) for r in replicas))
         a = replicas[0]
         assert isinstance(a, Arrays) and list(a.w.shape) == [300, 70]
         assert len(a.blob) == (1 << 20) + 4321
@@ -164,7 +164,7 @@ async def test_a_fence_not_reached_in_time_fails_the_join_and_the_sponsor_stays(
         with pytest.raises(da.GroupClosed, match=r"fence_timeout_s=0.3"):
             await da.Group.join(cfg(name, 5, fence_timeout_s=0.3), actors=[Slow], timeout=10)
         await settle(lambda: all(g.view.members == (0, 1, 2) for g in gs))
-        await settle(lambda: all(g.local(Slow).n == 1 for g in gs))  # type: ignore[attr-defined]
+        await settle(lambda: all(g.local(Slow).n == 1 for g in gs))
         assert all(g._closed is None for g in gs)
     finally:
         await close(gs)
@@ -357,9 +357,9 @@ async def test_a_cupy_state_arrives_as_a_cupy_array() -> None:
         joiner = await da.Group.join(cfg(name, 5, state_chunk_kb=64), actors=[Device],
                                      timeout=30)
         gs.append(joiner)
-        got = joiner.local(Device).x  # type: ignore[attr-defined]
+        got = joiner.local(Device).x
         assert isinstance(got, cupy.ndarray) and got.shape == ((1 << 20) // 16, 16)
-        assert bool((got == gs[0].local(Device).x).all())  # type: ignore[attr-defined]
+        assert bool((got == gs[0].local(Device).x).all())
     finally:
         await close(gs)
 

@@ -128,7 +128,7 @@ async def test_garbage_wrong_secret_bad_frames_do_not_hurt_the_group(
         calls += [asyncio.ensure_future(log.append(b"after %d" % i)) for i in range(20)]
         replies = await asyncio.wait_for(asyncio.gather(*calls), 20)
         assert all(set(r) == {0, 1, 2} for r in replies)
-        logs = [g.local(ReplicatedLog).items for g in groups]  # type: ignore[attr-defined]
+        logs = [g.local(ReplicatedLog).items for g in groups]
         assert logs[0] == logs[1] == logs[2] and len(logs[0]) == 40
         assert all(g.view.view_id == 0 for g in groups), "nobody was removed"
     finally:

@@ -92,7 +92,7 @@ def joiner(fields: dict[str, Any], q: Any, big_size: int) -> None:
 
     async def go() -> None:
         async with da.Group(da.Config(**fields), actors=[ReplicatedLog]) as g:
-            mine = g.local(ReplicatedLog).items  # type: ignore[attr-defined]
+            mine = g.local(ReplicatedLog).items
             at_join = len(mine)
             log = g.subgroup(ReplicatedLog)
             r1 = await log.append(b"hello from the joiner")

@@ -52,7 +52,7 @@ async def test_a_transport_added_by_one_registry_entry_carries_a_group() -> None
         try:
             replies = await gs[0].subgroup(_Log).put(b"x")
             assert sorted(replies) == [0, 1, 2]
-            assert all(g.local(_Log).items == [b"x"] for g in gs)  # type: ignore[attr-defined]
+            assert all(g.local(_Log).items == [b"x"] for g in gs)
         finally:
             for g in gs:
                 await g.leave()
