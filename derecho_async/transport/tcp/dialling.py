@@ -74,15 +74,16 @@ class DiallingSide(TcpCore):
         last = "no attempt made"
         while True:
             try:
-                peer, conn = await self._dial_unknown(addr)
+                conn = await self._dial(None, addr)
             except Refused as exc:
                 why = f"{exc} (at {addr[0]}:{addr[1]})"
                 log.error("member %d: %s", self.member_id, why)
-                raise (AuthenticationError(why) if isinstance(exc, AuthError) or exc.auth
-                       else JoinRefused(why)) from None
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, HandshakeError) as exc:
+                raise _refusal(exc, why) from None
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, HandshakeError,
+                    Duplicate) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             else:
+                peer = conn.peer
                 if self._closed:
                     conn.writer.close()
                     self._check_usable()
@@ -99,36 +100,6 @@ class DiallingSide(TcpCore):
                 raise ConnectionError(
                     f"the contact {addr[0]}:{addr[1]} is unreachable: {last}")
             await asyncio.sleep(min(next(delays, self.retry_delays[-1]), left))
-
-    async def _dial_unknown(self, addr: Address) -> tuple[int, Conn]:
-        """One dial of ``addr`` expecting any member: (its id, the stream)."""
-        host, port = addr
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
-                host, port, ssl=self._ssl_client, server_hostname=host if self._ssl_client else None
-            ),
-            self.handshake_timeout,
-        )
-        ok = False
-        try:
-            async with asyncio.timeout(self.handshake_timeout):
-                s_id, _s_addr, verdict, why = await client_handshake(
-                    reader, writer, secret=self._secret, my_id=self.member_id,
-                    my_addr=self.address, expect=None, group=self._group)
-            if self._cert_ids:
-                named = certified_member(writer.get_extra_info("peercert"), self._group)
-                if named != s_id:
-                    raise AuthError(f"authentication failed: the certificate at {host}:{port} "
-                                    f"names member {named}, not member {s_id}")
-            if verdict == "dup":
-                raise HandshakeError("the contact keeps its own stream to us: dial again")
-            if verdict != "accept":
-                raise Refused(f"member {s_id} refused the stream: {why}")
-            ok = True
-            return s_id, Conn(s_id, self.member_id, reader, writer)
-        finally:
-            if not ok:
-                writer.close()
 
     def _ensure_dialler(self, link: Link) -> None:
         if self._closed:
@@ -154,8 +125,7 @@ class DiallingSide(TcpCore):
                 conn = await self._dial(link.peer, addr)
             except Refused as exc:
                 why = f"{exc} (at {addr[0]}:{addr[1]})"
-                self._link_failed(link, why, refused=AuthenticationError(why)
-                                  if isinstance(exc, AuthError) or exc.auth else JoinRefused(why))
+                self._link_failed(link, why, refused=_refusal(exc, why))
                 return
             except Duplicate:
                 link.handshaking = False
@@ -183,7 +153,9 @@ class DiallingSide(TcpCore):
             link, f"member {link.peer} unreachable after {attempts} dial attempts: {last}"
         )
 
-    async def _dial(self, peer: int, addr: Address) -> Conn:
+    async def _dial(self, peer: int | None, addr: Address) -> Conn:
+        """One dial of ``addr``, expecting member ``peer`` (None: whoever proves the secret
+        there); the stream, whose ``peer`` is the member that answered."""
         host, port = addr
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(
@@ -193,9 +165,10 @@ class DiallingSide(TcpCore):
         )
         ok = False
         try:
-            if self._cert_ids:
+            named = None
+            if self._cert_ids:  # (before our proof: never to a member we did not dial)
                 named = certified_member(writer.get_extra_info("peercert"), self._group)
-                if named != peer:
+                if peer is not None and named != peer:
                     raise AuthError(
                         f"authentication failed: the certificate at {host}:{port} names member"
                         f" {named}, not member {peer}"
@@ -210,12 +183,15 @@ class DiallingSide(TcpCore):
                     expect=peer,
                     group=self._group,
                 )
+            if self._cert_ids and named != s_id:
+                raise AuthError(f"authentication failed: the certificate at {host}:{port} "
+                                f"names member {named}, not member {s_id}")
             if verdict == "dup":
                 raise Duplicate()
             if verdict != "accept":  # (a refused proof raised AuthError in client_handshake)
                 raise Refused(f"member {s_id} refused the stream: {why}")
             ok = True
-            return Conn(peer, self.member_id, reader, writer)
+            return Conn(s_id, self.member_id, reader, writer)
         finally:
             if not ok:
                 writer.close()
@@ -276,3 +252,8 @@ class DiallingSide(TcpCore):
             self._report_refusal(link.peer, refused)
         else:
             self._report_failure(link.peer, reason)
+
+
+def _refusal(exc: Refused, why: str) -> DerechoError:
+    """The error a refusal means to the user: another secret or group, or a refused stream."""
+    return AuthenticationError(why) if isinstance(exc, AuthError) or exc.auth else JoinRefused(why)
