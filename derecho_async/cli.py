@@ -591,9 +591,10 @@ def _count(text: str) -> int:
 def _version_line() -> str:
     """What ``derecho-async --version`` prints: the version, the active hot path (``native``
     or ``pure``) and the Python running it."""
-    from derecho_async import __version__, hotpath
+    import derecho_async
+    from derecho_async import hotpath
 
-    return (f"derecho-async {__version__} (hot path: {hotpath.IMPLEMENTATION}, "
+    return (f"derecho-async {derecho_async.__version__} (hot path: {hotpath.IMPLEMENTATION}, "
             f"Python {platform.python_version()})")
 
 
