@@ -130,6 +130,8 @@ class Report:
         self.command = command
         self.parts: list[str] = []
         self.failed = False
+        #: the figures the goals table (table_goals) judges, by name, as the tables measure them
+        self.figures: dict[str, float] = {}
 
     def emit(self, text: str = "") -> None:
         print(text, flush=True)
@@ -318,6 +320,17 @@ def table_throughput(rep: Report, scale: Scale, only: set[str]) -> None:
         return statistics.median(got) if got else None
 
     zmq_rate, sync_base = median(zmq_key), median(sync_key)
+    for name, label in (
+        ("oneway_3_d32", f"ordered one-way (.cast), shm, 3 senders, depth {DEPTH}"),
+        ("oneway_3_d64", f"ordered one-way (.cast), shm, 3 senders, depth {WINDOW_DEPTH} "
+                         "(a full window)"),
+        ("replied_3_d32", f"ordered, shm, 3 senders, depth {DEPTH}"),
+    ):
+        rate = median(("derecho_async", label))
+        if rate is not None:
+            rep.figures[name] = rate
+    if zmq_rate is not None:
+        rep.figures["pyzmq"] = zmq_rate
     for key in order:
         vals = rates[key]
         rate = median(key)
@@ -364,6 +377,8 @@ def table_latency(rep: Report, scale: Scale, out: str) -> None:
             continue
         lat: list[float] = res[0]["latencies_us"]
         pct = [bm.percentile(lat, q) for q in (0.5, 0.99, 0.999)]
+        kind = "oneway" if "one-way" in conf else "replied"
+        rep.figures[f"{kind}_p50"], rep.figures[f"{kind}_p99"] = pct[0], pct[1]
         rows.append(
             ["derecho_async", conf, str(len(lat)), *(num(p) for p in pct), num(sum(lat) / len(lat))]
         )
@@ -524,23 +539,31 @@ def fmt_size(s: int) -> str:
 
 
 def table_scaling(rep: Report, scale: Scale) -> None:
-    rows = [["members", "msgs/s", "MB/s", "vs 2 members"]]
+    rows = [["members", "msgs/s", "MB/s", "vs 2 members", "one-way msgs/s", "one-way vs 3"]]
     base: float | None = None
+    oneway: dict[int, float] = {}
     for n in SCALING:
-        plan = [plan_stream(list(range(n)), scale.scaling, 1024, DEPTH)]
-        (got,) = run_group(rep, f"derecho {n} members", n, "shm", plan, scale)
+        plan = [plan_stream(list(range(n)), scale.scaling, 1024, DEPTH),
+                plan_stream(list(range(n)), scale.scaling, 1024, DEPTH, one_way=True)]
+        got, got_oneway = run_group(rep, f"derecho {n} members", n, "shm", plan, scale)
+        if got_oneway is not None:
+            oneway[n] = min_rate(got_oneway)
+        one = [num(oneway[n]) if n in oneway else "failed",
+               ratio(oneway.get(n), oneway.get(3)) if 3 in oneway else "-"]
         if got is None:
-            rows.append([str(n), "failed", "-", "-"])
+            rows.append([str(n), "failed", "-", "-", *one])
             continue
         rate = min_rate(got)
         base = rate if base is None else base
-        rows.append([str(n), num(rate), num(min_rate(got, "mb_per_s")), ratio(rate, base)])
+        rows.append([str(n), num(rate), num(min_rate(got, "mb_per_s")), ratio(rate, base), *one])
+    if 3 in oneway and 8 in oneway:
+        rep.figures["scaling_8_vs_3"] = oneway[8] / oneway[3]
     rep.table(
         "4. Scaling: ordered, shm, 1 KB, all members send",
         rows,
-        f"{scale.scaling} calls per sender, depth {DEPTH}; delivered msgs/s at the slowest "
-        f"member (every member delivers every message). {os.cpu_count()} cores are shared by "
-        "all members.",
+        f"{scale.scaling} calls per sender, depth {DEPTH}, replied and then one-way in the same "
+        "group; delivered msgs/s at the slowest member (every member delivers every message). "
+        f"{os.cpu_count()} cores are shared by all members.",
     )
 
 
@@ -580,11 +603,81 @@ def table_idle(rep: Report, scale: Scale) -> None:
         else:
             dt, shares = got
             rows.append([transport, "3", f"{dt:.1f}", ", ".join(f"{s:.2f}" for s in shares)])
+            rep.figures["idle_pct"] = max(rep.figures.get("idle_pct", 0.0), *shares)
     rep.table(
         "5. Idle CPU: a formed group, nothing sent, heartbeat 50 ms",
         rows,
         "User + system CPU time from /proc/<pid>/stat over the window (benchmarks/idle_cpu.py's "
         "measurement), after 1 s of settling.",
+    )
+
+
+# ------------------------------------------------------------------------------------- goals
+
+# The speed goals (issue 30): (measure, machine it is set for, figure names, how the figure is
+# shown, goal, floor, True when lower is better). A latency row judges p50 and p99 together.
+_Goal = tuple[str, str, tuple[str, ...], str, tuple[float, ...], tuple[float, ...], bool]
+GOALS: tuple[_Goal, ...] = (
+    ("one-way ordered 1 KB call, 3 members, shm, closed loop: p50 / p99", "16 cores",
+     ("oneway_p50", "oneway_p99"), "µs", (20, 100), (60, 200), True),
+    ("replied ordered call, same: p50 / p99", "16 cores",
+     ("replied_p50", "replied_p99"), "µs", (40, 150), (100, 300), True),
+    ("one-way 1 KB throughput, 3 senders (depth 32), vs pyzmq PUB/SUB", "16 cores",
+     ("oneway_3_d32",), "x pyzmq", (1.0,), (0.5,), False),
+    ("same with 8 members, vs the 3-member rate (table 4, one-way)", "16 cores",
+     ("scaling_8_vs_3",), "x", (0.7,), (0.5,), False),
+    ("one-way, 3 senders, depth 64, vs pyzmq", "2 cores",
+     ("oneway_3_d64",), "x pyzmq", (1.2,), (0.6,), False),
+    ("replied, 3 senders, depth 32, vs pyzmq", "2 cores",
+     ("replied_3_d32",), "x pyzmq", (0.6,), (0.3,), False),
+    ("idle 3-member group, CPU per member (table 5, busiest member)", "any",
+     ("idle_pct",), "% of a core", (1.0,), (2.0,), True),
+)
+
+
+def _goal_values(figures: dict[str, float], names: tuple[str, ...], unit: str) -> list[float]:
+    """The figures of a goal row in its unit (throughputs as ratios to pyzmq), [] if missing."""
+    if any(n not in figures for n in names):
+        return []
+    values = [figures[n] for n in names]
+    if unit == "x pyzmq":
+        if "pyzmq" not in figures:
+            return []
+        values = [v / figures["pyzmq"] for v in values]
+    return values
+
+
+def _meets(values: list[float], limits: tuple[float, ...], lower: bool) -> bool:
+    return all(v <= x if lower else v >= x for v, x in zip(values, limits, strict=True))
+
+
+def table_goals(rep: Report) -> None:
+    """Every row of the speed goals with what this run measured and whether it meets the goal
+    or the floor. Rows are set for a machine (16 or 2 cores); each row says so, and the table
+    says this machine's core count."""
+    rows = [["measure", "set for", "goal", "floor", "measured", "status"]]
+
+    def show(values: tuple[float, ...] | list[float], unit: str) -> str:
+        fmt = "{:.2f}" if unit.startswith("x") or unit.startswith("%") else "{:.0f}"
+        return " / ".join(fmt.format(v) for v in values) + f" {unit}"
+
+    for measure, machine, names, unit, goal, floor, lower in GOALS:
+        values = _goal_values(rep.figures, names, unit)
+        if not values:
+            rows.append([measure, machine, show(goal, unit), show(floor, unit), "-",
+                         "not measured (tables 1, 2, 4, 5 with pyzmq)"])
+            continue
+
+        status = ("goal met" if _meets(values, goal, lower) else
+                  "floor met" if _meets(values, floor, lower) else "below floor")
+        rows.append([measure, machine, show(goal, unit), show(floor, unit), show(values, unit),
+                     status])
+    rep.table(
+        "Speed goals (issue 30)",
+        rows,
+        f"This machine has {os.cpu_count()} cores: the rows set for another machine are shown "
+        "for reference. Figures from this run's tables 1, 2, 4 and 5; ratios against this "
+        "run's pyzmq.",
     )
 
 
@@ -742,6 +835,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_clients.table_clients(rep, args.quick)
     if "8" in tables and "derecho" in only:
         bench_shards.table_shards(rep, args.quick)
+    if rep.figures:
+        table_goals(rep)
     rep.emit(f"total time: {time.monotonic() - started:.0f} s")
     results = args.results or (None if args.quick else os.path.join(args.out, "results.md"))
     if results:

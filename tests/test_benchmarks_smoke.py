@@ -81,9 +81,18 @@ def test_compare_quick_derecho_only(tmp_path: Path) -> None:
         assert large and all(_number(c) > 0 for r in large for c in r[1:])
     scaling = table("4. Scaling")
     assert [r[0] for r in scaling] == ["2", "3", "5", "8"]
-    assert all(_number(r[1]) > 0 for r in scaling)
+    assert all(_number(r[1]) > 0 and _number(r[4]) > 0 for r in scaling)  # replied, one-way
     idle = table("5. Idle")
     assert all(_number(s) >= 0 for r in idle for s in r[3].split(","))
+    # every row of issue 30's goals, judged where this run measured it (no pyzmq here)
+    goals = table("Speed goals")
+    assert len(goals) == 7 and "This machine has" in proc.stdout
+    for row in goals:
+        if "pyzmq" in row[0]:
+            assert row[5].startswith("not measured"), row
+        else:
+            assert row[5] in ("goal met", "floor met", "below floor"), row
+            assert all(_number(v.split()[0]) > 0 for v in row[4].split(" / ")), row
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "latency_hist.png").stat().st_size > 0
 
