@@ -294,3 +294,48 @@ def test_bad_settings_are_refused_with_the_key(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, str(SERVER), f"--config={path}"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "'window'" in out.stderr
+
+
+def test_a_replica_refused_for_good_exits_with_code_2(tmp_path: Path) -> None:
+    # Replica 1 has another secret than replica 0: its join is refused at once, and since a
+    # restart would not help it exits with 2 (bad settings), not 3 (member gone: restart me).
+    import os
+    import subprocess
+    import sys
+
+    from derecho_async.config.strength import new_secret
+    from derecho_async.launch import free_ports
+    from tests.inference_cluster import SERVER
+
+    launch = load_example("launch")
+    group = _group()
+    ports = free_ports(2)
+    peers = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+    procs = []
+    try:
+        for member, secret in ((0, new_secret()), (1, new_secret())):
+            path = tmp_path / f"r{member}.toml"
+            path.write_text(launch.replica_toml(
+                group=group, member=member, initial=1, transport="tcp",
+                peers=peers if member == 1 else {0: peers[0]}, http_port=0, device="cpu",
+                init_seed=1, layers=LAYERS, ready_file=str(tmp_path / f"ready{member}.json"),
+                suspect_after_ms=1000.0))
+            env = dict(os.environ, DERECHO_ASYNC_SECRET=secret)
+            log = open(tmp_path / f"r{member}.log", "wb")  # noqa: SIM115 (the child keeps it)
+            procs.append(subprocess.Popen([sys.executable, str(SERVER), f"--config={path}"],
+                                          env=env, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+            if member == 0:
+                deadline = time.monotonic() + 30
+                while not (tmp_path / "ready0.json").exists():
+                    assert procs[0].poll() is None and time.monotonic() < deadline
+                    time.sleep(0.05)
+        code = procs[1].wait(30)
+        text = (tmp_path / "r1.log").read_text()
+        assert code == 2, text
+        assert "AuthenticationError" in text
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(10)

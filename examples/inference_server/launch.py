@@ -65,6 +65,8 @@ def describe_exit(code: int) -> str:
         return f"killed by signal {-code}"
     if code == 3:
         return "exit code 3: its member was out of the group"
+    if code == 2:
+        return "exit code 2: bad settings, or its join was refused for good"
     return f"exit code {code}"
 
 

@@ -61,6 +61,8 @@ Array = npt.NDArray[np.float32]
 
 EXIT_GONE = 3
 """The exit code of a replica whose member is out of the group (a supervisor restarts it)."""
+EXIT_SETTINGS = 2
+"""The exit code of bad settings, or of a join refused for good (restarting will not help)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,7 +440,9 @@ async def serve(config: da.Config, settings: ServerSettings,
         except da.DerechoError as exc:
             log.error("could not join: %s: %s", type(exc).__name__, exc)
             replica.gone(f"could not join: {type(exc).__name__}: {exc}")
-            return EXIT_GONE
+            # a refusal or a bad setting will not pass by itself: no point restarting
+            permanent = (da.AuthenticationError, da.JoinRefused, da.ConfigError)
+            return EXIT_SETTINGS if isinstance(exc, permanent) else EXIT_GONE
         replica.attach(group)
         assert replica.batcher is not None and replica.model is not None
         tasks = [asyncio.ensure_future(replica.batcher.run()),
@@ -490,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = ServerSettings.load(args.config)
     except (da.ConfigError, ValueError, OSError, tomllib.TOMLDecodeError) as exc:
         print(f"server.py: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_SETTINGS
     logging.basicConfig(
         level=logging.INFO,
         format=f"%(asctime)s replica {config.member_id} %(levelname)s %(name)s: %(message)s",
