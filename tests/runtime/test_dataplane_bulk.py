@@ -405,3 +405,45 @@ async def test_joiners_one_after_another_get_their_state_over_shm_and_the_pool_e
     finally:
         for g in reversed(groups):
             await g.leave()
+
+
+async def test_a_chunk_landing_again_after_it_was_stored_is_only_acknowledged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A chunk re-sent under a new view may land after the joiner stored its first copy and
+    the sponsor freed every copy's region on the acknowledgement, so the second copy's bytes
+    can be another chunk's by then. The joiner must take it as the duplicate its key says it
+    is (acknowledge it again), not read it: it once failed the join as "a malformed state
+    chunk" (seen in the pure-twin run of the two-joins test above)."""
+    from derecho_async.runtime.dataplane import OutOfBand
+    from derecho_async.runtime.statexfer.joiner import Incoming, Joiner
+    from derecho_async.runtime.statexfer.wire import chunk_msg_no
+
+    injected: list[int] = []
+    stored = Joiner._stored
+
+    def stored_then_landed_again(self: Joiner, inc: Incoming, index: int,
+                                 fut: asyncio.Future[bool]) -> None:
+        stored(self, inc, index, fut)
+        if not injected and inc.chunk_state[index] == 2:
+            injected.append(index)  # its region now holds anything: here, 3 stray bytes
+            key = (0, inc.sponsor, chunk_msg_no(inc.xfer_id, index))
+            self.landed(key, OutOfBand(b"\x93\x01\x02\x03", (np.zeros(3, np.uint8),)))
+
+    monkeypatch.setattr(Joiner, "_stored", stored_then_landed_again)
+    name = f"bulkdup{os.getpid()}x{next(_ids)}"
+
+    def config(member: int) -> da.Config:
+        return da.Config(group=name, member_id=member, initial_members=1, transport="shm",
+                         state_chunk_kb=64, heartbeat_ms=50, suspect_after_ms=5000)
+
+    founder = await da.Group.join(config(0), actors=[Blob], timeout=20)
+    groups = [founder]
+    try:
+        await founder.subgroup(Blob).fill(1 << 20)
+        groups.append(await da.Group.join(config(1), actors=[Blob], timeout=30))
+        assert injected
+        assert groups[1].local(Blob).data == founder.local(Blob).data
+    finally:
+        for g in reversed(groups):
+            await g.leave()
