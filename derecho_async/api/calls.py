@@ -189,7 +189,7 @@ class CallTable:
 
     __slots__ = ("_assignment", "_early_replies", "_loop", "_max_call", "_max_queued",
                  "_max_queued_bytes", "_repliers", "_runners", "_stamp", "_state", "casts",
-                 "parked", "parked_bytes", "paused", "pending", "sent")
+                 "parked", "parked_bytes", "paused", "pending")
 
     def __init__(self, state: Membership, assignment: Callable[[], ShardAssignment],
                  runners: Sequence[SerialRunner],
@@ -205,7 +205,6 @@ class CallTable:
         self.pending: dict[int, PendingCall] = {}
         # One-way calls of mine not delivered yet: msg_no -> future of their version.
         self.casts: dict[int, asyncio.Future[tuple[int, int]]] = {}
-        self.sent = 0  # ordered calls (one-way and relayed included) handed to the core
         self._early_replies: dict[int, dict[int, object]] = {}
         # Members per shard in the current view (whose replies an ordered call awaits).
         self._repliers: dict[tuple[str, int], frozenset[int]] = {}
@@ -249,18 +248,15 @@ class CallTable:
                              f"max_call_mb={state.config.max_call_mb} ({self._max_call} bytes)")
         return driver, (call if oob is None else oob), size
 
-    def send(self, driver: Driver, subgroup: str, payload: bytes | OutOfBand,
+    @staticmethod
+    def send(driver: Driver, subgroup: str, payload: bytes | OutOfBand,
              size: int) -> int | None:
         """Queue an encoded call in the core: its msg_no, None when this member cannot send."""
         core = driver.core
         assert core is not None
         if type(payload) is bytes:
-            msg_no = core.submit(subgroup, payload)
-        else:  # arrays travel on the data plane
-            msg_no = core.submit(subgroup, payload, nbytes=size)
-        if msg_no is not None:
-            self.sent += 1
-        return msg_no
+            return core.submit(subgroup, payload)
+        return core.submit(subgroup, payload, nbytes=size)  # arrays travel on the data plane
 
     async def ordered_call(
         self, spec: ActorSpec, wire_name: str, args: tuple[object, ...],

@@ -562,7 +562,7 @@ class Group:
         view = self.view
         return {
             "delivered": driver.delivered,
-            "sent": calls.sent,
+            "sent": 0 if driver.core is None else driver.core.submitted,
             "views": len(self.history),
             "view_id": view.view_id,
             "members": len(view.members),

@@ -378,6 +378,11 @@ class Member:
         )
 
     @property
+    def submitted(self) -> int:
+        """Messages this member queued with :meth:`submit` so far (its message numbers)."""
+        return self._msg_no
+
+    @property
     def wedged(self) -> bool:
         """True while a view change is under way here (this member stopped its shards)."""
         return self.view_change.wedged
