@@ -570,14 +570,14 @@ def table_scaling(rep: Report, scale: Scale) -> None:
 def table_idle(rep: Report, scale: Scale) -> None:
     from idle_cpu import cpu_seconds
 
-    from derecho_async.cli import _Run
+    from derecho_async.localrun import LocalRun
 
     rows = [["transport", "members", "window s", "CPU % of a core, per member"]]
     for transport in ("shm", "tcp"):
 
         def measure(transport: str = transport) -> tuple[float, list[float]]:
             members = 3
-            run = _Run(members, transport, 0, 16, 1, 0, 50.0, 500.0, linger=scale.idle_s + 30)
+            run = LocalRun(members, transport, 0, 16, 1, 0, 50.0, 500.0, linger=scale.idle_s + 30)
             try:
                 deadline = time.monotonic() + 30
                 while len(run.views) < members and time.monotonic() < deadline:

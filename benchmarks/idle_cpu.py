@@ -12,7 +12,8 @@ import argparse
 import os
 import time
 
-from derecho_async.cli import _Run, _table
+from derecho_async.cli import _table
+from derecho_async.localrun import LocalRun
 
 
 def cpu_seconds(pid: int) -> float:
@@ -29,7 +30,7 @@ def main() -> None:
     parser.add_argument("--transport", choices=["shm", "tcp"], default="shm")
     parser.add_argument("--heartbeat-ms", type=float, default=50.0)
     args = parser.parse_args()
-    run = _Run(
+    run = LocalRun(
         args.members,
         args.transport,
         0,

@@ -22,7 +22,7 @@ from derecho_async.config import Config
 from derecho_async.config.strength import new_secret
 from derecho_async.logsetup import log_to_stderr
 
-__all__ = ["free_ports", "launch_local", "run_member"]
+__all__ = ["free_ports", "launch_local", "local_network", "run_member"]
 
 Main = Callable[[Config], Coroutine[Any, Any, Any]]
 
@@ -40,6 +40,13 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def local_network(n: int) -> dict[str, Any]:
+    """The fields that let ``n`` local members of a networked transport find each other: free
+    loopback ports as ``peers`` (each member listens at its own entry) and a fresh ``secret``."""
+    return {"peers": {i: f"127.0.0.1:{p}" for i, p in enumerate(free_ports(n))},
+            "secret": new_secret()}
 
 
 def run_member(main: Main, fields: dict[str, Any], use_uvloop: bool = True) -> None:
@@ -78,10 +85,10 @@ def launch_local(
     from derecho_async.transport import registry
 
     if registry.kind(str(fields["transport"])).networked:
-        if "peers" not in fields:
-            fields["peers"] = {i: f"127.0.0.1:{p}" for i, p in enumerate(free_ports(n))}
-        if "secret" not in fields and "tls_cert" not in fields:
-            fields["secret"] = new_secret()
+        net = local_network(n)
+        fields.setdefault("peers", net["peers"])
+        if "tls_cert" not in fields:
+            fields.setdefault("secret", net["secret"])
     use_uvloop = bool(fields.pop("uvloop", True))
     Config(member_id=0, **fields)  # validate once, in the parent, with a clear error
     ctx = multiprocessing.get_context("spawn")

@@ -1,15 +1,15 @@
-"""Helpers for tests that drive real member processes through the CLI's ``_Run``."""
+"""Helpers for tests that drive real member processes through the CLI's ``LocalRun``."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
-from derecho_async.cli import _Run
+from derecho_async.localrun import LocalRun
 from derecho_async.transport.shm import ShmTransport
 
 
-def wait_for(run: _Run, cond: Callable[[], object], timeout: float) -> None:
+def wait_for(run: LocalRun, cond: Callable[[], object], timeout: float) -> None:
     """Poll ``run`` until ``cond()`` holds; fail with the run's progress after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -22,7 +22,7 @@ def wait_for(run: _Run, cond: Callable[[], object], timeout: float) -> None:
     )
 
 
-def assert_survivors_consistent(run: _Run, survivors: set[int], victim: int, count: int) -> None:
+def assert_survivors_consistent(run: LocalRun, survivors: set[int], victim: int, count: int) -> None:
     """After a member was killed: the survivors' logs are identical, in a view of their own, with
     every one of their ``count`` appends once and at most ``count`` of the victim's; no ring is
     left behind."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from derecho_async.cli import _Run
+from derecho_async.localrun import LocalRun
 from derecho_async.transport.shm.pool import pool_segments
 from tests.runtime.run_support import assert_survivors_consistent, wait_for
 
@@ -26,7 +26,7 @@ def test_sigkill_of_a_sender_and_relay_mid_transfer(
     # finish (its done marker delivered) within one 50 ms progress report of the trigger.
     count = 32
     size = (3 << 20) // 2  # 1.5 MiB: two blocks on the chain
-    run = _Run(
+    run = LocalRun(
         members,
         transport,
         count,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from derecho_async.cli import _Run
+from derecho_async.localrun import LocalRun
 from tests.runtime.run_support import assert_survivors_consistent, wait_for
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def test_sigkill_mid_run_survivors_agree_and_lose_nothing(
     # Enough appends that the kill lands mid-run: progress is reported every 50 ms, and on a
     # quick machine 1000 one-way appends per member were all delivered within the first report.
     count = 20000 if one_way else 4000
-    run = _Run(
+    run = LocalRun(
         members,
         transport,
         count,
@@ -59,7 +59,7 @@ def test_sigkill_mid_run_survivors_agree_and_lose_nothing(
 
 
 def test_uvloop_and_stock_asyncio_members_interoperate() -> None:
-    run = _Run(3, "shm", 50, 64, 4, 3, heartbeat_ms=25, suspect_after_ms=1000, use_uvloop=False)
+    run = LocalRun(3, "shm", 50, 64, 4, 3, heartbeat_ms=25, suspect_after_ms=1000, use_uvloop=False)
     try:
         wait_for(run, lambda: len(run.reports) == 3, 60)
     finally:
@@ -95,7 +95,7 @@ def _joiner(fields: dict[str, object], q: Queue[object]) -> None:
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_new_process_joins_a_running_group_and_receives_the_state(transport: str) -> None:
-    run = _Run(
+    run = LocalRun(
         3,
         transport,
         100,

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from derecho_async.cli import _Run, main
+from derecho_async.cli import main
+from derecho_async.localrun import LocalRun
 from derecho_async.transport.shm import ShmTransport
 from derecho_async.transport.shm.pool import MIN_CAPACITY, create_pool_segment, pool_segments
 from derecho_async.transport.shm.ring import create_ring, ring_path, ring_segments
@@ -38,7 +39,7 @@ def test_survivors_remove_every_segment_of_two_killed_members() -> None:
     # fails before issue 26: the rings between the two dead members (4 MiB each) stayed, and so
     # did the dead members' rings to the survivors until those closed
     count = 4000
-    run = _Run(5, "shm", count, 200, 8, 5, heartbeat_ms=25, suspect_after_ms=1000,
+    run = LocalRun(5, "shm", count, 200, 8, 5, heartbeat_ms=25, suspect_after_ms=1000,
                use_uvloop=True, linger=600.0)
     dead, survivors = {3, 4}, {0, 1, 2}
     try:
@@ -74,7 +75,7 @@ def test_status_tells_a_killed_group_is_dead_and_clean_removes_it(
 ) -> None:
     # fails before issue 26: status could not tell dead owners and had no --clean
     count = 4000 if size < BIG else 64
-    run = _Run(3, "shm", count, size, 8 if size < BIG else 2, 3, heartbeat_ms=25,
+    run = LocalRun(3, "shm", count, size, 8 if size < BIG else 2, 3, heartbeat_ms=25,
                suspect_after_ms=1000, use_uvloop=True, linger=600.0)
     group = run.group
     try:
@@ -112,7 +113,7 @@ def test_status_tells_a_killed_group_is_dead_and_clean_removes_it(
 def test_status_clean_never_touches_a_live_group(capsys: pytest.CaptureFixture[str]) -> None:
     # fails before issue 26: there was no --clean (and nothing could remove the dead group)
     count = 3000
-    run = _Run(3, "shm", count, 200, 8, 3, heartbeat_ms=25, suspect_after_ms=1000,
+    run = LocalRun(3, "shm", count, 200, 8, 3, heartbeat_ms=25, suspect_after_ms=1000,
                use_uvloop=True, linger=600.0)
     live = run.group
     dead = f"litter-{os.getpid()}"  # what a group of two killed members left: rings, a pool
@@ -152,9 +153,9 @@ def test_status_json_clean_spares_a_live_group_and_removes_a_killed_ones(
 ) -> None:
     # fails before issue 29: status had no --json
     count = 3000
-    live = _Run(2, "shm", count, 200, 8, 2, heartbeat_ms=25, suspect_after_ms=1000,
+    live = LocalRun(2, "shm", count, 200, 8, 2, heartbeat_ms=25, suspect_after_ms=1000,
                 use_uvloop=True, linger=600.0)
-    dead = _Run(2, "shm", count, 200, 8, 2, heartbeat_ms=25, suspect_after_ms=1000,
+    dead = LocalRun(2, "shm", count, 200, 8, 2, heartbeat_ms=25, suspect_after_ms=1000,
                 use_uvloop=True, linger=600.0)
     try:
         wait_for(live, lambda: len(live.progress) == 2 and min(live.progress.values()) >= 50, 60)

@@ -1,6 +1,6 @@
 """Attacks on a running 3-member tcp group of real processes (issue 26, finding 3).
 
-One group (``_Run``: three member processes appending as fast as they can) serves the module.
+One group (``LocalRun``: three member processes appending as fast as they can) serves the module.
 Each test measures the group's delivered rate at the attacked member (member 0, the contact)
 for a while, then attacks it from this process over real sockets and measures again, reading
 the member's RSS (``/proc/<pid>/status``) and, for floods, its open descriptors as it goes (the
@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from derecho_async.cli import _Run
 from derecho_async.launch import free_ports
+from derecho_async.localrun import LocalRun
 from derecho_async.transport.tcp import framing, handshake
 from tests.runtime.run_support import wait_for
 
@@ -50,7 +50,7 @@ Attack = Callable[[threading.Event, "Stats"], Coroutine[Any, Any, None]]
 class Group:
     """The module's running group and what the tests read of it."""
 
-    run: _Run
+    run: LocalRun
     port: int
     secret: bytes
 
@@ -103,11 +103,11 @@ class Window:
 @contextlib.contextmanager
 def serving(
     member_fields: Callable[[str, int], Mapping[str, Any]] | None = None,
-) -> Iterator[tuple[_Run, int]]:
+) -> Iterator[tuple[LocalRun, int]]:
     """The group a module attacks: three member processes appending as fast as they can, at
     the common descriptor limit, all delivering; yields the run and member 0's port, and stops
-    the members after. ``member_fields`` adds each member's settings (``_Run``'s)."""
-    run = _Run(
+    the members after. ``member_fields`` adds each member's settings (``LocalRun``'s)."""
+    run = LocalRun(
         3, "tcp", 10**8, 64, 8, 3, heartbeat_ms=25, suspect_after_ms=1000, linger=600.0,
         member_fields=member_fields,
     )

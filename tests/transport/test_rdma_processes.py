@@ -238,11 +238,11 @@ def test_a_process_joins_a_running_rdma_group_and_gets_state_and_ordered_traffic
     authenticated channel when a link is first used in the new view)."""
     import rdma_group
 
-    from derecho_async.cli import _Run
+    from derecho_async.localrun import LocalRun
 
     # The founders stay until released: a slow machine (CI runs this in a VM) must not see them
     # leave before the joiner has made its calls (they lingered 40 s once, and that was too short).
-    run = _Run(3, "rdma", 60, 64, 8, 3, heartbeat_ms=25, suspect_after_ms=3000, linger=600.0)
+    run = LocalRun(3, "rdma", 60, 64, 8, 3, heartbeat_ms=25, suspect_after_ms=3000, linger=600.0)
     got: list[tuple[object, ...]] = []
     try:
         deadline = time.monotonic() + 180
