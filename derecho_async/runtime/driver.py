@@ -48,7 +48,7 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from derecho_async.config import Config
@@ -72,7 +72,8 @@ from derecho_async.core import (
     encode_message,
 )
 from derecho_async.core.effects import Event
-from derecho_async.errors import DerechoError, GroupClosed, JoinRefused, ProtocolViolation
+from derecho_async.errors import DerechoError, ProtocolViolation
+from derecho_async.runtime.addresses import Addresses
 from derecho_async.runtime.dataplane import HostStagingPlane
 from derecho_async.runtime.plane import Plane
 from derecho_async.transport import registry
@@ -85,7 +86,6 @@ if TYPE_CHECKING:
     from derecho_async.runtime.gpu.nccl import NcclPlane
     from derecho_async.runtime.statexfer import StateTransfer
 
-_HEARD_ADDRESSES = 256  # addresses of members not in the view yet, kept at most
 _STATE_TAG = 1 << 62  # statexfer.STATE_TAG: data keys of state chunks (never a core msg_no)
 
 __all__ = ["Driver", "Host"]
@@ -171,8 +171,7 @@ class Driver:
         #: what the transport last reported failing (a join that times out says it)
         self.last_failure: str | None = None
         self.delivered = 0  # messages delivered here (every subgroup and sender)
-        #: listen addresses heard of members not in this member's view yet (MEMBER_ADDR)
-        self._heard_addresses: dict[int, tuple[str, int]] = {}
+        self.addresses = Addresses(self.member_id, transport)  # contact, MEMBER_ADDR
         self.steps = 0
         self.dataplane = HostStagingPlane(
             transport.send,
@@ -252,7 +251,8 @@ class Driver:
         self.transport.on_refused = self._refused
         await self.transport.start(self)
         # a member given a `contact` address joins through whoever answers there
-        via = None if self.config.contact is None else await self._reach_contact()
+        via = (None if self.config.contact is None
+               else await self.addresses.reach_contact(self.config))
         is_contact = self.member_id == self.contact and via is None
         if is_contact and self.config.initial_members == 1 and not self.hold_bootstrap:
             self.form_view(0, [])
@@ -265,22 +265,6 @@ class Driver:
         self._tick_due = self._loop.time() + self.tick_s
         self._tick_handle = self._loop.call_later(self.tick_s, self._on_tick)
         self.kick()
-
-    async def _reach_contact(self) -> int:
-        """The id of the member at the ``contact`` address (retried for ``join_timeout_s``)."""
-        assert self.config.contact is not None
-        try:
-            member = await self.transport.identify(self.config.contact,
-                                                   self.config.join_timeout_s)
-        except ConnectionError as exc:
-            raise GroupClosed(f"member {self.member_id} was not admitted to group "
-                              f"{self.config.group!r}: {exc}") from None
-        if member == self.member_id:
-            raise JoinRefused(f"the contact {self.config.contact} answers as member {member}: "
-                              "this member's own id")
-        log.info("member %d: the contact %s is member %d", self.member_id,
-                 self.config.contact, member)
-        return member
 
     def _start_gpu_plane(self) -> None:
         mode = self.config.gpu_plane
@@ -378,7 +362,7 @@ class Driver:
             if kind == env.CORE:
                 self._on_core_message(sender, msg[1])
             elif kind == env.MEMBER_ADDR:
-                self._addresses_heard(msg[1])
+                self.addresses.heard(self.core, msg[1])
             else:
                 receive = self.receivers.get(kind)
                 if receive is None:
@@ -403,40 +387,6 @@ class Driver:
             log.warning("member %d: dropped a message from %d: %s", self.member_id, sender, exc)
             return
         self.kick()
-
-    def _share_addresses(self, members: Sequence[int], to: Sequence[int] | None = None) -> None:
-        """Tell ``to`` (default: every member of ``members`` this one can reach) the listen
-        addresses this member knows of ``members``: at a view with joiners, and to a joiner
-        that asked a member that is not the leader. A joiner may know one member (``contact``,
-        a partial ``peers``); that member knows the joiner from its handshake and the rest."""
-        known = self.transport.known_addresses()
-        table = [[m, *known[m]] for m in members if m in known]
-        if not table:
-            return
-        msg = env.encode(env.MEMBER_ADDR, table)
-        for m in members if to is None else to:
-            if m != self.member_id and m in known:
-                self.transport.send(m, msg)
-
-    def _addresses_heard(self, table: list[list[Any]]) -> None:
-        """Addresses another member knows (validated by ``env.decode``): of the current view's
-        members at once, others when a view names them; known addresses stay."""
-        core = self.core
-        if core is not None and core.state is MemberState.JOINING:  # may name the leader
-            for m, host, port in table:
-                if m != self.member_id:
-                    self.transport.learn_address(m, (host, port))
-            core.add_contacts([m for m, _, _ in table])
-            return
-        members = () if core is None or core.view is None else core.view.members
-        for m, host, port in table:
-            if m == self.member_id:
-                continue
-            if m in members:
-                self.transport.learn_address(m, (host, port))
-            elif m in self._heard_addresses or len(self._heard_addresses) < _HEARD_ADDRESSES:
-                # (sent at a view this member has not installed yet: kept for it, bounded)
-                self._heard_addresses[m] = (host, port)
 
     def _refused(self, member: int, error: DerechoError) -> None:
         """``member`` refused this member for good (another secret or group, an id in use): a
@@ -612,12 +562,7 @@ class Driver:
                     for m in event.view.members:
                         if m != self.member_id:
                             self.transport.add_peer(m, self.config.peers.get(m))
-                    for m in event.view.members:
-                        heard = self._heard_addresses.pop(m, None)
-                        if heard is not None:
-                            self.transport.learn_address(m, heard)
-                    if event.joined:
-                        self._share_addresses(event.view.members)
+                    self.addresses.on_view(event.view.members, event.joined)
                     if self.first_view is not None and not self.first_view.done():
                         self.first_view.set_result(event.view)
                 elif isinstance(event, Suspected):
@@ -689,7 +634,7 @@ class Driver:
             self.transport.add_peer(sender, self.config.peers.get(sender))
             view = self.core.view if self.core.state is MemberState.ACTIVE else None
             if view is not None and sender not in view.members:
-                self._share_addresses(view.members, to=(sender,))  # (the leader may be another)
+                self.addresses.share(view.members, to=(sender,))  # (the leader may be another)
         self.core.receive_message(sender, message)
 
     def join_through(self, member: int, others: tuple[int, ...] = ()) -> None:
