@@ -39,6 +39,7 @@ objects (§8.3):
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import warnings
 from types import ModuleType
@@ -103,6 +104,18 @@ def _chosen() -> ModuleType:
 def _fell_back(why: str) -> None:
     global FALLBACK
     FALLBACK = why
+
+
+_fallback_noted = False
+
+
+def note_fallback(logger: logging.Logger) -> None:
+    """Log :data:`FALLBACK` at WARNING, once per process (a group calls it as it starts: by
+    then the application has configured logging)."""
+    global _fallback_noted
+    if FALLBACK is not None and not _fallback_noted:
+        _fallback_noted = True
+        logger.warning("%s", FALLBACK)
 
 
 # For type checkers the names come from the extension's stub, _native.pyi, which types both

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import errno
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -88,18 +87,6 @@ class FromConfig(enum.Enum):
 
 
 FROM_CONFIG: Final = FromConfig.FROM_CONFIG
-_fallback_noted = False
-
-
-def _note_fallback() -> None:
-    """Log once per process that the pure-Python hot path runs unasked (see hotpath)."""
-    global _fallback_noted
-    if hotpath.FALLBACK is not None and not _fallback_noted:
-        _fallback_noted = True
-        log.warning("%s", hotpath.FALLBACK)
-
-
-_BIND_ERRNOS: Final = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
 
 
 def _make_transport(config: Config) -> Transport:
@@ -246,7 +233,7 @@ class Group:
         if self._started:
             raise UsageError("this Group was already started")
         self._started = True
-        _note_fallback()
+        hotpath.note_fallback(log)
         last_view = None
         if self._durable is not None:  # the actors resume from this member's files
             await self._durable.open()
@@ -266,16 +253,8 @@ class Group:
                                    self._rejoin, {n: self._once[n] for n in plain})
         try:
             await driver.start()
-        except BaseException as exc:
+        except BaseException:
             await driver.close()  # release what the transport holds (names, sockets)
-            if (
-                isinstance(exc, OSError)
-                and exc.errno in _BIND_ERRNOS
-                and self._transport is None
-                and registry.kind(self.config.transport).networked
-            ):
-                raise ConfigError("listen", "an address this member can listen on",
-                                  f"{self.config.listen} ({exc.strerror})") from None
             raise
         if self._restart is not None:
             self._restart.start()
@@ -312,7 +291,7 @@ class Group:
                 await self.leave()
                 raise ConfigError("client_listen", "an address this member can listen on",
                                   f"{self.config.client_listen} ({exc})") from None
-            self._announce(self.view.members)
+            self._relay.announce(self.view.members)
 
     async def leave(self) -> None:
         """Leave the group: the others install a view without this member. Idempotent.
@@ -351,16 +330,6 @@ class Group:
         if driver is not None and self._state.exiting is None:
             self._state.exiting = GroupClosed(reason)
             driver.leave(reason)
-
-    def _announce(self, members: Sequence[int]) -> None:
-        """Tell ``members`` where this member serves clients (they tell their clients)."""
-        relay, driver = self._relay, self._driver
-        if not relay.listening or driver is None or driver.closed:
-            return
-        msg = env.encode(env.CLIENT_ADDR, *relay.address)
-        for m in members:
-            if m != self.member_id:
-                driver.transport.send(m, msg)
 
     async def _abandon(self, driver: Driver) -> None:
         """A start that failed: release the transport and close the files."""
@@ -688,7 +657,7 @@ class Group:
         self._notifier.on_view(ev.view)
         self._relay.on_view(ev.view)
         self._forwarder.on_view(ev.view)
-        self._announce(ev.joined)
+        self._relay.announce(ev.joined)
         if self._observer is not None:
             self._observer.view_installed(state.me, ev)
         self._p2p.serve_early_soon()

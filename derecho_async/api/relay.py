@@ -23,7 +23,7 @@ import asyncio
 import functools
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from derecho_async import wire
@@ -46,6 +46,7 @@ from derecho_async.transport.tcp.handshake import (
     check_address,
     server_handshake,
 )
+from derecho_async.wire import envelope as env
 
 if TYPE_CHECKING:
     from derecho_async.api.actor import Actor, ActorSpec
@@ -164,6 +165,16 @@ class Relay:
         frame = self.view_frame(view)
         for conn in self._conns:
             conn.send(cw.VIEW, *frame)
+
+    def announce(self, members: Sequence[int]) -> None:
+        """Tell ``members`` where this member serves clients (they tell their clients)."""
+        driver = self._state.driver
+        if not self.listening or driver is None or driver.closed:
+            return
+        msg = env.encode(env.CLIENT_ADDR, *self.address)
+        for m in members:
+            if m != self._me:
+                driver.transport.send(m, msg)
 
     def heard(self, member: int, host: str, port: int) -> None:
         """``member`` serves clients at ``host:port`` (its CLIENT_ADDR message)."""

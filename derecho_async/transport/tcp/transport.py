@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import ssl
 from collections.abc import Mapping, Sequence
@@ -183,8 +184,11 @@ class TcpTransport(DiallingSide, AcceptingSide):
         host, port = self._listen
         try:
             self._listeners = await listen_sockets(loop, host or None, port)
-        except BaseException:
+        except BaseException as exc:
             self._closed = True
+            if isinstance(exc, OSError) and exc.errno in _BIND_ERRNOS:
+                raise ConfigError("listen", "an address this member can listen on",
+                                  f"{host}:{port} ({exc.strerror})") from None
             raise
         sockname = self._listeners[0].getsockname()
         self._address = (host if host in WILDCARDS else str(sockname[0]), int(sockname[1]))
@@ -537,6 +541,11 @@ class TcpTransport(DiallingSide, AcceptingSide):
                 conn.writer.writelines(close_frames(reason))
             self._detach(conn)
         self._report_failure(sender, reason)
+
+
+_BIND_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
+"""What binding the listen address fails with when the address is wrong (in use, not this
+host's, a privileged port): a ConfigError naming ``listen``, not a retryable failure."""
 
 
 def from_config(config: Config) -> TcpTransport:
