@@ -8,10 +8,10 @@ import asyncio
 import contextlib
 import importlib.util
 import json
-import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -102,17 +102,19 @@ class Cluster:
         return "\n".join(parts)
 
     def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)  # the replica leaves the group and exits
-        deadline = time.monotonic() + 10
-        for p in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(max(0.1, deadline - time.monotonic()))
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        load_example("launch").stop_replicas(self.procs.values())
         ShmTransport.cleanup_group(self.group)
+
+    @contextlib.contextmanager
+    def stopped_after(self) -> Iterator[None]:
+        """Stop the replicas on the way out; on a failure, print their logs first."""
+        try:
+            yield
+        except BaseException:
+            print(self.logs())
+            raise
+        finally:
+            self.stop()
 
 
 async def get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:

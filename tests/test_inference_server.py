@@ -69,7 +69,7 @@ async def test_replicas_apply_concurrent_updates_in_one_order_and_joiner_catches
 ) -> None:
     group = _group()
     cluster = Cluster(tmp_path, group, initial=3, init_seed=INIT_SEED, layers=LAYERS)
-    try:
+    with cluster.stopped_after():
         async with asyncio.timeout(60), aiohttp.ClientSession() as session:
             for r in range(3):
                 cluster.start(r)
@@ -121,11 +121,6 @@ async def test_replicas_apply_concurrent_updates_in_one_order_and_joiner_catches
             status = await get_json(session, cluster.url(1) + "/cluster")
             assert sorted(status) == ["0", "1", "2", "3"]
             assert len({(s["version"], s["digest"]) for s in status.values()}) == 1
-    except BaseException:
-        print(cluster.logs())
-        raise
-    finally:
-        cluster.stop()
     assert ShmTransport.segments(group) == []
 
 
@@ -141,7 +136,7 @@ async def test_infer_requests_are_batched_and_metrics_are_exported(tmp_path: Pat
     group = _group()
     cluster = Cluster(tmp_path, group, initial=1, init_seed=INIT_SEED, layers=LAYERS,
                       extra="batch_wait_ms = 20.0\n")
-    try:
+    with cluster.stopped_after():
         async with asyncio.timeout(30), aiohttp.ClientSession() as session:
             cluster.start(0)
             await cluster.wait_ready(session, 0)
@@ -171,17 +166,12 @@ async def test_infer_requests_are_batched_and_metrics_are_exported(tmp_path: Pat
             assert _metric(text, "derecho_async_members") == 1
             assert _metric(text, "derecho_async_in_flight_calls") == 0
             assert _metric(text, "inference_serving") == 1
-    except BaseException:
-        print(cluster.logs())
-        raise
-    finally:
-        cluster.stop()
 
 
 async def test_a_replica_is_live_but_not_ready_until_it_joined(tmp_path: Path) -> None:
     group = _group()
     cluster = Cluster(tmp_path, group, initial=2, init_seed=INIT_SEED, layers=LAYERS)
-    try:
+    with cluster.stopped_after():
         async with asyncio.timeout(40), aiohttp.ClientSession() as session:
             cluster.start(1)  # waits for member 0, the contact
             ready = tmp_path / "ready1.json"
@@ -205,11 +195,6 @@ async def test_a_replica_is_live_but_not_ready_until_it_joined(tmp_path: Path) -
             cluster.start(0)
             await cluster.wait_ready(session, 0)
             await cluster.wait_ready(session, 1)
-    except BaseException:
-        print(cluster.logs())
-        raise
-    finally:
-        cluster.stop()
 
 
 async def test_the_survivor_goes_unhealthy_and_exits_when_its_peer_is_killed(
@@ -220,7 +205,7 @@ async def test_the_survivor_goes_unhealthy_and_exits_when_its_peer_is_killed(
     group = _group()
     cluster = Cluster(tmp_path, group, initial=2, init_seed=INIT_SEED, layers=LAYERS,
                       suspect_after_ms=500.0, extra="exit_grace_s = 1.5\n")
-    try:
+    with cluster.stopped_after():
         async with asyncio.timeout(40), aiohttp.ClientSession() as session:
             for r in range(2):
                 cluster.start(r)
@@ -245,17 +230,12 @@ async def test_the_survivor_goes_unhealthy_and_exits_when_its_peer_is_killed(
                 assert r.status == 503
             code = await asyncio.to_thread(cluster.procs[0].wait, 15)
             assert code == 3, cluster.logs()
-    except BaseException:
-        print(cluster.logs())
-        raise
-    finally:
-        cluster.stop()
 
 
 async def test_bad_requests_are_rejected_without_touching_the_group(tmp_path: Path) -> None:
     group = _group()
     cluster = Cluster(tmp_path, group, initial=1, init_seed=INIT_SEED, layers=LAYERS)
-    try:
+    with cluster.stopped_after():
         async with asyncio.timeout(30), aiohttp.ClientSession() as session:
             cluster.start(0)
             await cluster.wait_ready(session, 0)
@@ -274,8 +254,6 @@ async def test_bad_requests_are_rejected_without_touching_the_group(tmp_path: Pa
             async with session.post(url + "/update", data=b"{not json") as r:
                 assert r.status == 400
             assert (await get_json(session, url + "/health"))["version"] == 0
-    finally:
-        cluster.stop()
     assert ShmTransport.segments(group) == []
 
 

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,22 @@ def describe_exit(code: int) -> str:
     if code == 2:
         return "exit code 2: bad settings, or its join was refused for good"
     return f"exit code {code}"
+
+
+def stop_replicas(procs: Iterable[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
+    """SIGTERM every replica still running (it leaves the group and exits); SIGKILL those not
+    gone after ``grace_s``."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(max(0.1, deadline - time.monotonic()))
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 class Replicas:
@@ -135,16 +152,7 @@ class Replicas:
 
     def stop(self) -> None:
         self.stopping = True
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for p in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(max(0.1, deadline - time.monotonic()))
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        stop_replicas(self.procs.values())
         if self.args.transport == "shm":
             from derecho_async.transport.shm import ShmTransport
 

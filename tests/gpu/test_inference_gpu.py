@@ -27,7 +27,7 @@ async def test_device_deltas_on_the_gpu_plane_keep_replicas_identical(tmp_path: 
     model = load_example("model")
     group = f"infer-gpu-{secrets.token_hex(4)}"
     cluster = Cluster(tmp_path, group, initial=2, device="gpu", init_seed=5, layers=LAYERS)
-    try:
+    with cluster.stopped_after():
         async with asyncio.timeout(120), aiohttp.ClientSession() as session:
             for r in range(2):
                 cluster.start(r)
@@ -56,8 +56,3 @@ async def test_device_deltas_on_the_gpu_plane_keep_replicas_identical(tmp_path: 
                                rtol=1e-3, atol=1e-4)
             print(f"gpu inference example: {UPDATES} device deltas per replica, digest "
                   f"{healths[0]['digest'][:16]}, y[0][:4] {outs[0]['y'][0][:4]}")
-    except BaseException:
-        print(cluster.logs())
-        raise
-    finally:
-        cluster.stop()

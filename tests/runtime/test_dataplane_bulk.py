@@ -374,28 +374,32 @@ class Blob(da.Actor):
         self.data = state
 
 
+def _chunked_config(group: str, member: int) -> da.Config:
+    """A member of a shm group whose state travels in 64 KiB chunks."""
+    return da.Config(group=group, member_id=member, initial_members=1, transport="shm",
+                     state_chunk_kb=64, heartbeat_ms=50, suspect_after_ms=5000)
+
+
 async def test_joiners_one_after_another_get_their_state_over_shm_and_the_pool_empties() -> None:
     """Two joins in quick succession: the second's view change comes while the first's chunks
     stream, so they are re-sent under the new view; every copy's region is freed once its chunk
     is acknowledged, and none is reused while a joiner may still read it."""
     name = f"bulkjoin{os.getpid()}x{next(_ids)}"
 
-    def config(member: int) -> da.Config:
-        return da.Config(group=name, member_id=member, initial_members=1, transport="shm",
-                         state_chunk_kb=64, heartbeat_ms=50, suspect_after_ms=5000)
-
-    founder = await da.Group.join(config(0), actors=[Blob], timeout=20)
+    founder = await da.Group.join(_chunked_config(name, 0), actors=[Blob], timeout=20)
     groups = [founder]
     try:
         await founder.subgroup(Blob).fill(24 << 20)
-        first = asyncio.ensure_future(da.Group.join(config(1), actors=[Blob], timeout=30))
+        first = asyncio.ensure_future(
+            da.Group.join(_chunked_config(name, 1), actors=[Blob], timeout=30))
         xfer = founder._xfer
         assert xfer is not None
         for _ in range(2000):  # the first transfer is streaming: now the second joiner comes
             if any(o.phase == "stream" and o.acked > 2 for o in xfer.sponsor.transfers.values()):
                 break
             await asyncio.sleep(0.001)
-        second = asyncio.ensure_future(da.Group.join(config(2), actors=[Blob], timeout=30))
+        second = asyncio.ensure_future(
+            da.Group.join(_chunked_config(name, 2), actors=[Blob], timeout=30))
         groups += await asyncio.gather(first, second)
         want = founder.local(Blob).data
         assert all(g.local(Blob).data == want for g in groups)
@@ -433,15 +437,11 @@ async def test_a_chunk_landing_again_after_it_was_stored_is_only_acknowledged(
     monkeypatch.setattr(Joiner, "_stored", stored_then_landed_again)
     name = f"bulkdup{os.getpid()}x{next(_ids)}"
 
-    def config(member: int) -> da.Config:
-        return da.Config(group=name, member_id=member, initial_members=1, transport="shm",
-                         state_chunk_kb=64, heartbeat_ms=50, suspect_after_ms=5000)
-
-    founder = await da.Group.join(config(0), actors=[Blob], timeout=20)
+    founder = await da.Group.join(_chunked_config(name, 0), actors=[Blob], timeout=20)
     groups = [founder]
     try:
         await founder.subgroup(Blob).fill(1 << 20)
-        groups.append(await da.Group.join(config(1), actors=[Blob], timeout=30))
+        groups.append(await da.Group.join(_chunked_config(name, 1), actors=[Blob], timeout=30))
         assert injected
         assert groups[1].local(Blob).data == founder.local(Blob).data
     finally:
