@@ -38,9 +38,9 @@ __all__ = ["KEYS", "LOG_LEVELS", "QUEUE_FULL_ACTIONS", "RULES", "Config"]
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 """The values of :attr:`Config.log_level` (given in any case, stored upper-case)."""
 QUEUE_FULL_ACTIONS: Final = ("wait", "error")
+"""The values of :attr:`Config.when_queue_full`."""
 DEFAULT_LISTEN: Final = "127.0.0.1:0"
 """``listen``'s default; a member that ``peers`` names listens at its entry there instead."""
-"""The values of :attr:`Config.when_queue_full`."""
 
 _DAY_S: Final = 86400.0
 _SECONDS: Final = Number(0.0, _DAY_S, "seconds", low_open=True)
