@@ -256,4 +256,4 @@ class DiallingSide(TcpCore):
 
 def _refusal(exc: Refused, why: str) -> DerechoError:
     """The error a refusal means to the user: another secret or group, or a refused stream."""
-    return AuthenticationError(why) if isinstance(exc, AuthError) or exc.auth else JoinRefused(why)
+    return AuthenticationError(why) if exc.auth else JoinRefused(why)

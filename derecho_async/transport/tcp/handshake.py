@@ -91,6 +91,9 @@ class Refused(HandshakeError):
 class AuthError(Refused):
     """The peer did not prove the shared secret, or refused our proof (not retried)."""
 
+    def __init__(self, message: str) -> None:
+        super().__init__(message, auth=True)
+
 
 def check_address(addr: object, what: str) -> Address:
     """A (host, port) pair from a pair or a ``"host:port"`` / ``"[v6]:port"`` string."""
