@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from bench_files import publish
+
 import derecho_async as da
 from derecho_async.launch import run_member
 
@@ -85,7 +87,7 @@ async def _calls(call: Callable[[bytes], Any], count: int, depth: int) -> tuple[
 async def _member(config: da.Config) -> None:
     out = Path(os.environ["DA_BENCH_CLIENTS"])
     async with da.Group(config, actors=[Sink]) as group:
-        (out / f"member-{config.member_id}").write_text(str(group.client_address))
+        publish(out / f"member-{config.member_id}", str(group.client_address))
         sink = group.local(Sink)
         handle = group.subgroup(Sink)
         while True:
@@ -98,7 +100,7 @@ async def _member(config: da.Config) -> None:
                 break
             if config.member_id == 0:
                 rate, lat = await _calls(handle.put, count, depth)
-                (out / f"own-{phase}.json").write_text(json.dumps([rate, lat]))
+                publish(out / f"own-{phase}.json", json.dumps([rate, lat]))
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from bench_files import publish
+
 import derecho_async as da
 from derecho_async.launch import run_member
 
@@ -81,7 +83,7 @@ async def _member(config: da.Config) -> None:
         while sink.calls < total:
             await asyncio.sleep(0.001)
         elapsed = time.perf_counter() - start
-        (out / f"done-{me}").write_text(json.dumps({"shard": shard, "s": elapsed}))
+        publish(out / f"done-{me}", json.dumps({"shard": shard, "s": elapsed}))
         while not (out / "stop").exists():
             await asyncio.sleep(0.01)
 
