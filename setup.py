@@ -18,6 +18,7 @@ setup(
                 "native/dispatch.c",
                 "native/bytescopy.c",
                 "native/logframe.c",
+                "native/beacon.c",
             ],
             depends=["native/native.h"],
             optional=True,

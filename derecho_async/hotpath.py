@@ -13,8 +13,9 @@ the same functions with the same results and error messages. This module binds e
 :data:`IMPLEMENTATION` says which one is active (``"native"`` or ``"pure"``); :data:`REQUESTED_PURE`
 whether the pure twin was asked for. The functions are pure computation over the buffers they
 are given (no I/O, no clock), so the deterministic core may use them; all but
-:func:`dispatch_calls`, the group's loop over delivered calls, which runs the handlers it is given
-(the runtime's, never the core's). :func:`bytes_copy` makes a bytes object of a large received
+:func:`dispatch_calls`, the group's loop over delivered calls, which runs the handlers it is given,
+and the ``beacon_*`` functions, which run the liveness thread (both the runtime's, never the
+core's). :func:`bytes_copy` makes a bytes object of a large received
 buffer; the native one copies with the GIL released, so a worker thread may run it while the
 event loop goes on. See docs/DESIGN.md §8.
 
@@ -49,6 +50,12 @@ from typing import TYPE_CHECKING
 __all__ = [
     "IMPLEMENTATION",
     "REQUESTED_PURE",
+    "beacon_add",
+    "beacon_count",
+    "beacon_remove",
+    "beacon_start",
+    "beacon_stop",
+    "beacon_touch",
     "bytes_copy",
     "decode_plain_call",
     "deliver_messages",

@@ -52,6 +52,21 @@ static PyMethodDef native_methods[] = {
     {"frame_log_runs", (PyCFunction)(void (*)(void))native_frame_log_runs, METH_FASTCALL,
      "frame_log_runs(runs, batch, after, max_record_bytes, prefix) -> bytes | None: runs of "
      "delivered calls framed as one batch of log records (None: a payload is not bytes)."},
+    {"beacon_start", (PyCFunction)(void (*)(void))native_beacon_start, METH_FASTCALL,
+     "beacon_start(period_s, hold_s) -> beacon: start a liveness thread that, every period_s, "
+     "stores a growing count into its target words while the loop touched it within hold_s "
+     "(0: always)."},
+    {"beacon_add", (PyCFunction)(void (*)(void))native_beacon_add, METH_FASTCALL,
+     "beacon_add(beacon, key, (buf, offset)): count into the u64 at offset of the writable "
+     "buf too (pinned until removed), replacing the target of the same key."},
+    {"beacon_remove", (PyCFunction)(void (*)(void))native_beacon_remove, METH_FASTCALL,
+     "beacon_remove(beacon, key) -> bool: stop counting into key's word and unpin its buffer."},
+    {"beacon_touch", native_beacon_touch, METH_O,
+     "beacon_touch(beacon): the loop runs (the hold limit counts from now)."},
+    {"beacon_count", native_beacon_count, METH_O,
+     "beacon_count(beacon) -> int: the count last stored."},
+    {"beacon_stop", native_beacon_stop, METH_O,
+     "beacon_stop(beacon): end the thread and unpin every buffer (idempotent)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -2,8 +2,8 @@
 
 Theory of operation: one module per C file of ``native/``, under the same concern names
 (``words``, ``ordering``, ``slotring``, ``shmring``, ``plaincall``, ``dispatch``,
-``bytescopy``); this package is the twin of the extension module as a whole, as ``module.c`` is
-there, and gathers their functions. :mod:`derecho_async.hotpath` chooses between the two; the
+``bytescopy``, ``logframe``, ``beacon``); this package is the twin of the extension module as a
+whole, as ``module.c`` is there, and gathers their functions. :mod:`derecho_async.hotpath` chooses between the two; the
 test suite runs both and checks them against each other (``tests/hotpath/``). Every
 offset, length and count read from a buffer that a peer writes is checked before it is used,
 exactly as the C code does (docs/DESIGN.md §8).
@@ -11,6 +11,14 @@ exactly as the C code does (docs/DESIGN.md §8).
 
 from __future__ import annotations
 
+from derecho_async._hotpath_pure.beacon import (
+    beacon_add,
+    beacon_count,
+    beacon_remove,
+    beacon_start,
+    beacon_stop,
+    beacon_touch,
+)
 from derecho_async._hotpath_pure.bytescopy import bytes_copy
 from derecho_async._hotpath_pure.dispatch import dispatch_calls
 from derecho_async._hotpath_pure.logframe import frame_log_records, frame_log_runs
@@ -57,6 +65,12 @@ __all__ = [
     "PlainCall",
     "RingRecord",
     "SlotRecord",
+    "beacon_add",
+    "beacon_count",
+    "beacon_remove",
+    "beacon_start",
+    "beacon_stop",
+    "beacon_touch",
     "bytes_copy",
     "decode_plain_call",
     "deliver_messages",

@@ -480,12 +480,19 @@ class Driver:
             core = self.core
             where = ("before joining" if core is None or core.state is not MemberState.ACTIVE
                      else f"in view {core.view.view_id}")
-            log.warning("member %d: the event loop was held for %.0f ms %s (peers suspect a "
-                        "member after %d ms)", self.member_id, (late + self.tick_s) * 1000,
-                        where, self.config.suspect_after_ms)
+            if self.transport.beacon_on:
+                rule = (f"its beacon keeps it in the group until the loop is held for "
+                        f"{self.config.max_loop_hold_ms:.0f} ms")
+            else:
+                rule = f"peers suspect a member after {self.config.suspect_after_ms:.0f} ms"
+            log.warning("member %d: the event loop was held for %.0f ms %s (%s)",
+                        self.member_id, (late + self.tick_s) * 1000, where, rule)
         self._tick_due = now + self.tick_s
         self._tick_handle = loop.call_later(self.tick_s, self._on_tick)
+        alive = self.transport.beacon_tick()
         if self.core is not None:
+            for member in alive:
+                self.core.heard_from(member)
             self.core.tick()
         self._step()
 

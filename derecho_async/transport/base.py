@@ -340,6 +340,18 @@ class Transport(abc.ABC):
         is known (it admits nobody; a view still must name the member)."""
         return None  # (transports that address members by id alone learn nothing)
 
+    @property
+    def beacon_on(self) -> bool:
+        """Whether a beacon thread beats for this process (:meth:`beacon_tick`)."""
+        return False
+
+    def beacon_tick(self) -> Sequence[int]:
+        """Called at every heartbeat tick of the loop: the loop runs. Returns the peers whose
+        beacon moved since the last call (their process runs, whatever their event loop does:
+        see ``max_loop_hold_ms``). Transports without a beacon (tcp, rdma) return none, and
+        the core's heartbeats alone tell liveness."""
+        return ()
+
     async def identify(self, address: object, timeout: float) -> int:
         """Reach the member at ``address`` (id unknown: the ``contact`` key) and return its id;
         networked transports only."""

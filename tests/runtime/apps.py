@@ -235,3 +235,49 @@ async def big_state_join(config: da.Config) -> None:
         await asyncio.sleep(0.5)
     finally:
         await group.leave()
+
+
+async def one_holds_its_loop(config: da.Config) -> None:
+    """Member 2 holds its event loop (``DA_TEST_HOLD``: ``sleep`` a synchronous sleep,
+    ``gil`` one C call that keeps the GIL, ``stop`` SIGSTOP of its whole process) for
+    ``DA_TEST_HOLD_MS``; then every member that is still in the group makes one append. Each
+    member writes the views it saw and whether its append completed to ``DA_TEST_OUT``."""
+    import json
+    import os
+    import random
+    import signal
+    import subprocess
+    import time
+
+    how = os.environ["DA_TEST_HOLD"]
+    hold_s = float(os.environ["DA_TEST_HOLD_MS"]) / 1000.0
+    views: list[list[int]] = []
+    appended: bool | str = False
+    async with da.Group(config, actors=[ReplicatedLog]) as group:
+        log = group.subgroup(ReplicatedLog)
+        await log.append(b"before-%d" % config.member_id)
+        await asyncio.sleep(0.3)  # every member is past its first append
+        if config.member_id == 2:
+            if how == "sleep":
+                time.sleep(hold_s)
+            elif how == "gil":
+                data = [random.random() for _ in range(200_000)]
+                end = time.monotonic() + hold_s
+                while time.monotonic() < end:
+                    sorted(data)  # C code that keeps the GIL for its whole run
+            else:  # the process stops, threads and all; a helper wakes it
+                subprocess.Popen(["sh", "-c", f"sleep {hold_s}; kill -CONT {os.getpid()}"])
+                os.kill(os.getpid(), signal.SIGSTOP)
+        else:
+            await asyncio.sleep(hold_s + 0.5)
+        views.append(list(group.view.members))
+        if config.member_id in group.view.members and not group.closed.done():
+            try:
+                await asyncio.wait_for(log.append(b"after-%d" % config.member_id), 10)
+                appended = True
+            except (TimeoutError, da.DerechoError) as exc:
+                appended = repr(exc)
+        views.append(list(group.view.members))
+        with open(os.path.join(os.environ["DA_TEST_OUT"], f"m{config.member_id}.json"), "w") as f:
+            json.dump({"views": views, "appended": appended}, f)
+        await asyncio.sleep(0.5)  # the others finish their appends before anyone leaves

@@ -38,6 +38,7 @@ class InLink:
     ring: Ring
     inc: int
     tail: int = 0
+    alive: int = 0  # the producer's W_PALIVE count last seen
     parts: list[bytes] | None = None  # fragments of the message being reassembled
     total: int = 0
     got: int = 0

@@ -4,7 +4,8 @@ Theory of operation (DESIGN.md §5.2): one single-producer/single-consumer ring 
 of members, file ``/dev/shm/derecho_async.<group>.<sender>.<receiver>`` (:mod:`.files`), created
 by the sender. A 4 KiB header of u64 words, each on its own cache line (magic, version, sender,
 receiver, capacity, producer incarnation; producer-owned ``head``, ``blocked``, ``closed``;
-consumer-owned ``tail``, ``sleeping``, consumer incarnation, ``closed``), then ``capacity`` data
+consumer-owned ``tail``, ``sleeping``, consumer incarnation, ``closed``; the producer's
+``alive`` count, which its beacon thread moves while the process runs), then ``capacity`` data
 bytes used circularly. ``head`` and ``tail`` are monotone byte counters; words are single
 aligned 8-byte loads and stores. Records are 8-byte aligned: a 32-byte header (type, flags=0, a,
 b, length) and the payload; PUSH: a=view_id, b=table offset; MSG: a=total message length,
@@ -44,6 +45,7 @@ __all__ = [
     "W_CSLEEP",
     "W_HEAD",
     "W_MAGIC",
+    "W_PALIVE",
     "W_PBLOCKED",
     "W_PCLOSED",
     "W_PINC",
@@ -68,6 +70,7 @@ HDR = 4096  # header bytes before the data area
 W_MAGIC, W_VERSION, W_SENDER, W_RECEIVER, W_CAPACITY, W_PINC = 0, 1, 2, 3, 4, 5
 W_HEAD, W_PBLOCKED, W_PCLOSED = 8, 16, 24
 W_TAIL, W_CSLEEP, W_CINC, W_CCLOSED = 32, 40, 48, 56
+W_PALIVE = 64  # producer-owned, written by its beacon thread (hotpath.beacon_add)
 
 REC_HEADER = 32  # a record's header: u32 type, u32 flags, u64 a, u64 b, u64 length
 R_PUSH, R_MSG = 1, 2

@@ -69,6 +69,7 @@ from derecho_async.transport.shm.ring import (
     W_CINC,
     W_CSLEEP,
     W_HEAD,
+    W_PALIVE,
     W_PBLOCKED,
     W_PCLOSED,
     W_PINC,
@@ -106,7 +107,7 @@ class ShmTransport(Transport):
 
     def __init__(
         self, group: str, member_id: int, *, ring_bytes: int = 4 << 20, max_message: int = 1 << 30,
-        spin_us: float = 0.0,
+        spin_us: float = 0.0, beacon_s: float = 0.0, hold_s: float = 0.0,
     ) -> None:
         super().__init__(member_id)
         if isinstance(spin_us, bool) or not isinstance(spin_us, (int, float)) or not (
@@ -139,6 +140,14 @@ class ShmTransport(Transport):
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._sweep_interval = self._SWEEP_MIN
         self._departed = Departures(member_id)  # left a view, alive when last probed
+        if isinstance(beacon_s, bool) or not isinstance(beacon_s, (int, float)) or not (
+            beacon_s == 0 or 0.001 <= beacon_s <= 3600
+        ):
+            raise ConfigError("beacon_s", "0 or seconds from 0.001 to 3600", beacon_s)
+        self._beacon_s = float(beacon_s)
+        self._hold_s = float(hold_s)
+        #: the liveness thread (hotpath.beacon_start) counting into my rings' W_PALIVE words
+        self._beacon: object | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, handler: TransportHandler) -> None:
@@ -152,6 +161,8 @@ class ShmTransport(Transport):
             self._begin_start(handler)  # raises the right error
         self._bell = bell = Doorbell(self.group, self.member_id, self._inc)
         loop = self._begin_start(handler)
+        if self._beacon_s:
+            self._beacon = hotpath.beacon_start(self._beacon_s, self._hold_s)
         keep, notify = cleanup.clean_at_start(bell)
         for peer in notify:
             self._doorbell(peer, D_RESTART, count_refusal=False)
@@ -215,6 +226,9 @@ class ShmTransport(Transport):
             self._sweep_handle = None
         if self._bell is not None and self._loop is not None:
             self._loop.remove_reader(self._bell.fileno())
+        if self._beacon is not None:
+            hotpath.beacon_stop(self._beacon)
+            self._beacon = None
         for link in list(self._out.values()):
             link.ring.words[W_PCLOSED] = 1
             fence()
@@ -299,6 +313,8 @@ class ShmTransport(Transport):
             return None
         link = OutLink(peer, ring)
         self._out[peer] = link
+        if self._beacon is not None:
+            hotpath.beacon_add(self._beacon, id(link), (ring.mm, W_PALIVE * 8))
         return link
 
     def _enqueue(self, peer: int, recs: Sequence[Record]) -> None:
@@ -512,8 +528,27 @@ class ShmTransport(Transport):
             self._drop_in(old, unlink=False)
         w[W_CINC] = self._inc
         w[W_CSLEEP] = 1 if self._sleeping else 0
-        self._in[sender] = InLink(sender, ring, pinc, tail=w[W_TAIL])
+        self._in[sender] = InLink(sender, ring, pinc, tail=w[W_TAIL], alive=w[W_PALIVE])
         self._schedule_poll()
+
+    @property
+    def beacon_on(self) -> bool:
+        """Whether my beacon thread runs (from start to close, unless ``beacon_s`` is 0)."""
+        return self._beacon is not None
+
+    def beacon_tick(self) -> list[int]:
+        """The loop runs (my beacon keeps counting for ``hold_s`` from now); the senders whose
+        beacon count moved in their ring to me since the last call (their process runs,
+        whatever their event loop does)."""
+        if self._beacon is not None:
+            hotpath.beacon_touch(self._beacon)
+        moved = []
+        for inl in self._in.values():
+            count = inl.ring.words[W_PALIVE]
+            if count != inl.alive:
+                inl.alive = count
+                moved.append(inl.peer)
+        return moved
 
     def _schedule_poll(self) -> None:
         if not self._poll_scheduled and self._loop is not None and not self._closed:
@@ -638,6 +673,8 @@ class ShmTransport(Transport):
         link.waiters.clear()
         if unlink and read_word(link.ring.path, W_PINC) == self._inc:
             unlink_file(link.ring.path)
+        if self._beacon is not None:
+            hotpath.beacon_remove(self._beacon, id(link))
         link.ring.close()
 
     def _fail_out(self, link: OutLink, reason: str) -> None:
@@ -692,9 +729,14 @@ class ShmTransport(Transport):
 
 def from_config(config: Config) -> ShmTransport:
     """The shm transport of the member ``config`` describes (see ``transport.registry``): it
-    spins ``spin_us`` before sleeping, by default only where there are 8 cores or more."""
+    spins ``spin_us`` before sleeping, by default only where there are 8 cores or more; its
+    beacon counts every ``heartbeat_ms`` while the loop ran within ``max_loop_hold_ms`` (none
+    when that is 0)."""
     spin = config.spin_us
     if spin is None:
         spin = 200.0 if (os.cpu_count() or 1) >= 8 else 0.0
+    hold = config.max_loop_hold_ms / 1000.0
     return ShmTransport(config.group, config.member_id, spin_us=spin,
-                        max_message=GROUP_MESSAGE_LIMIT)
+                        max_message=GROUP_MESSAGE_LIMIT,
+                        beacon_s=max(config.heartbeat_ms / 1000.0, 0.001) if hold else 0.0,
+                        hold_s=hold)
