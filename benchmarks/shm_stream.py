@@ -1,7 +1,7 @@
 """One 3-member ordered throughput run (1 KB, depth 32), for profiling and quick A/B checks.
 
 Usage: python benchmarks/shm_stream.py [--count N] [--transport shm|tcp] [--one-sender] [--one-way]
-    [--max-payload BYTES] [--depth CALLS] [--spin-us US]
+    [--max-payload BYTES] [--depth CALLS] [--spin-us US] [--send-batch N]
 
 Prints the delivered msgs/s at the slowest member and the CPU time all members spent per
 delivered message (user + system, from the phase start to its last delivery), which is steadier
@@ -42,9 +42,13 @@ def main() -> None:
                         help="Config.spin_us of the members (default: the automatic choice, "
                              "which spins on 8 cores or more; 0 makes the CPU figure the work "
                              "alone)")
+    parser.add_argument("--send-batch", type=int, default=None,
+                        help="Config.send_batch of the members (default: automatic)")
     args = parser.parse_args()
     if args.spin_us is not None:
         bm.CONFIG_OVERRIDES["spin_us"] = args.spin_us
+    if args.send_batch is not None:
+        bm.CONFIG_OVERRIDES["send_batch"] = args.send_batch
     senders = [0] if args.one_sender else [0, 1, 2]
     plan = [c.warmup(3, c.FULL), c.plan_stream(senders, args.count, 1024, args.depth, one_way=args.one_way)]
     with contextlib.ExitStack() as stack:
