@@ -59,6 +59,15 @@ static PyMethodDef native_methods[] = {
     {"beacon_add", (PyCFunction)(void (*)(void))native_beacon_add, METH_FASTCALL,
      "beacon_add(beacon, key, (buf, offset)): count into the u64 at offset of the writable "
      "buf too (pinned until removed), replacing the target of the same key."},
+    {"beacon_add_peer", (PyCFunction)(void (*)(void))native_beacon_add_peer, METH_FASTCALL,
+     "beacon_add_peer(beacon, key, host, port): send each count to the UDP address (a numeric "
+     "IPv4 or IPv6 host) too, replacing the target of the same key."},
+    {"beacon_udp", (PyCFunction)(void (*)(void))native_beacon_udp, METH_FASTCALL,
+     "beacon_udp(beacon, fd, sender, epoch, key): send the peers' datagrams on the UDP socket "
+     "fd: magic, 0, sender, epoch, count (u64 each after the u32s) and their SipHash-2-4 under "
+     "the 16-byte key."},
+    {"siphash24", (PyCFunction)(void (*)(void))native_siphash24, METH_FASTCALL,
+     "siphash24(key, data) -> int: SipHash-2-4 of data under the 16-byte key."},
     {"beacon_remove", (PyCFunction)(void (*)(void))native_beacon_remove, METH_FASTCALL,
      "beacon_remove(beacon, key) -> bool: stop counting into key's word and unpin its buffer."},
     {"beacon_touch", native_beacon_touch, METH_O,

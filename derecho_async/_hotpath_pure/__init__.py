@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from derecho_async._hotpath_pure.beacon import (
     beacon_add,
+    beacon_add_peer,
     beacon_count,
     beacon_remove,
     beacon_start,
     beacon_stop,
     beacon_touch,
+    beacon_udp,
+    siphash24,
 )
 from derecho_async._hotpath_pure.bytescopy import bytes_copy
 from derecho_async._hotpath_pure.dispatch import dispatch_calls
@@ -66,11 +69,13 @@ __all__ = [
     "RingRecord",
     "SlotRecord",
     "beacon_add",
+    "beacon_add_peer",
     "beacon_count",
     "beacon_remove",
     "beacon_start",
     "beacon_stop",
     "beacon_touch",
+    "beacon_udp",
     "bytes_copy",
     "decode_plain_call",
     "deliver_messages",
@@ -85,6 +90,7 @@ __all__ = [
     "ring_put",
     "ring_scan",
     "scan_slots",
+    "siphash24",
     "store_u64",
     "turns_needed",
     "write_messages",

@@ -115,9 +115,9 @@ class Config:
         "silence after which a member is suspected and removed"))
     max_loop_hold_ms: float = field(default=60_000.0, metadata=key(
         Number(0.0, 3_600_000.0, "milliseconds"),
-        "shm: how long a handler may hold a member's event loop before peers suspect it (a "
-        "thread beats for the process meanwhile; 0: none, suspect_after_ms applies); tcp and "
-        "rdma: suspect_after_ms"))
+        "how long a handler may hold a member's event loop before peers suspect it (a native "
+        "thread beats for the process meanwhile: shared memory, or UDP beside the tcp port; "
+        "0: no thread, suspect_after_ms applies)"))
     # -- ordered multicast
     window: int = field(default=64, metadata=key(
         Int(1, 65536),

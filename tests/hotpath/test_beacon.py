@@ -12,9 +12,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from derecho_async import _hotpath_pure as pure
-from tests.hotpath.twins import native, needs_native, outcome
+from tests.hotpath.twins import SETTINGS, native, needs_native, outcome, same
 
 TWINS = [pytest.param(pure, id="pure"),
          pytest.param(native, id="native", marks=needs_native)]
@@ -148,3 +150,67 @@ def test_a_stopped_beacon_takes_no_target(twin: ModuleType) -> None:
     twin.beacon_stop(beacon)
     assert outcome(twin.beacon_add, beacon, 1, (bytearray(8), 0)) == (
         "ValueError", "the beacon is stopped")
+
+
+@needs_native
+@pytest.mark.parametrize("call", [
+    ("beacon_add_peer", "127.0.0.1", 0),
+    ("beacon_add_peer", "127.0.0.1", 70000),
+    ("beacon_add_peer", "localhost", 9),
+    ("beacon_add_peer", "::1x", 9),
+    ("beacon_add_peer", b"127.0.0.1", 9),
+    ("beacon_udp", -1, 1, 1, bytes(16)),
+    ("beacon_udp", None, 1, 1, bytes(16)),
+])
+def test_bad_peers_get_the_same_errors(call: tuple[Any, ...]) -> None:
+    assert native is not None
+    name, *args = call
+    outcomes = []
+    for twin in (pure, native):
+        beacon = twin.beacon_start(0.01, 0)
+        try:
+            if name == "beacon_add_peer":
+                outcomes.append(outcome(twin.beacon_add_peer, beacon, 1, *args))
+            else:
+                outcomes.append(outcome(twin.beacon_udp, beacon, *args))
+        finally:
+            twin.beacon_stop(beacon)
+    assert outcomes[0][0] != "ok", outcomes
+    assert outcomes[0] == outcomes[1]
+
+
+@needs_native
+@SETTINGS
+@given(key=st.binary(min_size=14, max_size=18), data=st.binary(max_size=80))
+def test_siphash_of_the_twins_agrees(key: bytes, data: bytes) -> None:
+    same("siphash24", key, data)
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_udp_beacon_sends_signed_datagrams(twin: ModuleType) -> None:
+    import socket
+
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    rx.settimeout(2)
+    key = bytes(range(16))
+    beacon = twin.beacon_start(0.005, 0)
+    try:
+        twin.beacon_udp(beacon, tx, 7, 123, key)
+        twin.beacon_add_peer(beacon, 1, "127.0.0.1", rx.getsockname()[1])
+        counts = []
+        for _ in range(3):
+            d = rx.recv(100)
+            assert len(d) == 40
+            assert d[:8] == (0x31624144).to_bytes(8, "little")
+            assert int.from_bytes(d[8:16], "little") == 7
+            assert int.from_bytes(d[16:24], "little") == 123
+            assert int.from_bytes(d[32:], "little") == pure.siphash24(key, d[:32])
+            counts.append(int.from_bytes(d[24:32], "little"))
+        assert counts == sorted(counts) and len(set(counts)) == 3
+        assert twin.beacon_remove(beacon, 1) is True
+    finally:
+        twin.beacon_stop(beacon)
+        tx.close()
+        rx.close()

@@ -113,7 +113,7 @@ async def test_another_protocol_version_is_told_which_one_without_a_proof() -> N
         msgs = _messages(await _stranger(t.address[1], proto="derecho_async/tcp/1", prove=False))
     finally:
         await t.close()
-    assert msgs == [{"why": "expected protocol derecho_async/tcp/2"}]
+    assert msgs == [{"why": "expected protocol derecho_async/tcp/3"}]
 
 
 async def _fake_acceptor(mode: str, seen: list[int]) -> tuple[asyncio.Server, int]:

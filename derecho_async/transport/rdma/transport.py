@@ -41,7 +41,7 @@ from derecho_async.transport.rdma.codec import (
 )
 from derecho_async.transport.rdma.connections import Connections
 from derecho_async.transport.rdma.endpoint import Device
-from derecho_async.transport.tcp import TcpTransport, security
+from derecho_async.transport.tcp import TcpTransport, beacon_settings, security
 
 if TYPE_CHECKING:
     from derecho_async.config import Config
@@ -126,6 +126,8 @@ class RdmaTransport(Transport):
         bulk_block: int = 1 << 20,
         bulk_slots: int = 8,
         bulk_max_message: int = 1 << 30,
+        beacon_s: float = 0.0,
+        hold_s: float = 0.0,
     ) -> None:
         super().__init__(member_id)
         if device is not None and (not isinstance(device, str) or not device):
@@ -192,6 +194,8 @@ class RdmaTransport(Transport):
             cert_ids=cert_ids,
             admission=admission,
             max_frame=max_frame,
+            beacon_s=beacon_s,
+            hold_s=hold_s,
         )
         self._tcp.on_refused = self._channel_refused  # (its failure comes on_failure)
         self.busy_poll = bool(busy_poll)
@@ -390,6 +394,15 @@ class RdmaTransport(Transport):
             self._conns.fail(link.ep, reason, report=False)
         self._report_failure(sender, reason)
 
+    @property
+    def beacon_on(self) -> bool:
+        """Whether the tcp channel's beacon thread runs (see TcpTransport)."""
+        return self._tcp.beacon_on
+
+    def beacon_tick(self) -> Sequence[int]:
+        """The peers whose beacon datagrams arrived (the tcp channel's beacon)."""
+        return self._tcp.beacon_tick()
+
     def known_addresses(self) -> dict[int, tuple[str, int]]:
         """The tcp channel's addresses (see TcpTransport)."""
         return self._tcp.known_addresses()
@@ -418,6 +431,7 @@ def from_config(config: Config) -> RdmaTransport:
     tcp channel is secured as the tcp transport's streams are (:func:`.tcp.transport.security`)."""
     from derecho_async.config import parse_hostport
 
+    beacon_s, hold_s = beacon_settings(config)
     return RdmaTransport(
         config.member_id,
         parse_hostport(config.listen, "listen"),
@@ -428,5 +442,7 @@ def from_config(config: Config) -> RdmaTransport:
         gid_index=config.rdma_gid_index,
         max_frame=GROUP_MESSAGE_LIMIT,  # large messages take tcp while a link is not paired
         admission=True,
+        beacon_s=beacon_s,
+        hold_s=hold_s,
         **security(config),
     )

@@ -215,6 +215,7 @@ class DiallingSide(TcpCore):
                 )
             assert self._loop is not None
             self._loop.call_soon(self._report_failure, link.peer, reason)
+        self._announce_beacon(conn)
         if link.queue:
             conn.writer.writelines(link.queue)
             link.queue.clear()

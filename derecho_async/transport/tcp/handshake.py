@@ -58,7 +58,7 @@ __all__ = [
     "write_hs",
 ]
 
-PROTOCOL = "derecho_async/tcp/2"
+PROTOCOL = "derecho_async/tcp/3"
 AUTH_FAILED = "authentication failed"
 """The acceptor's reason for a failed proof (the same for every stranger)."""
 _HS_LEN = struct.Struct("<I")

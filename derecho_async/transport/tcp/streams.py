@@ -156,6 +156,9 @@ class TcpCore(Transport):
     def _lost(self, conn: Conn, reason: str, *, hostile: bool = True) -> None:
         raise NotImplementedError
 
+    def _announce_beacon(self, conn: Conn) -> None:
+        raise NotImplementedError
+
     # -- provided by DiallingSide --------------------------------------------------------------
     def _install(self, link: Link, conn: Conn) -> None:
         raise NotImplementedError

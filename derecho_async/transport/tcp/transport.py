@@ -51,12 +51,15 @@ from derecho_async.transport.base import (
     log,
 )
 from derecho_async.transport.tcp.accepting import AcceptingSide
+from derecho_async.transport.tcp.beacon import UdpBeacon
 from derecho_async.transport.tcp.dialling import DiallingSide
 from derecho_async.transport.tcp.framing import (
+    F_BEACON,
     F_BYE,
     F_MSG,
     F_PUSH,
     FRAME,
+    beacon_frame,
     bye_frame,
     check_header,
     close_frames,
@@ -128,6 +131,8 @@ class TcpTransport(DiallingSide, AcceptingSide):
         max_frame: int = 64 << 20,
         limits: TcpLimits | None = None,
         admission: bool = False,
+        beacon_s: float = 0.0,
+        hold_s: float = 0.0,
     ) -> None:
         super().__init__(member_id)
         try:
@@ -175,6 +180,8 @@ class TcpTransport(DiallingSide, AcceptingSide):
         self._listeners = []
         self._address = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: liveness datagrams from a native thread (none when ``beacon_s`` is 0)
+        self._beacon = UdpBeacon(member_id, beacon_s, hold_s) if beacon_s else None
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, handler: TransportHandler) -> None:
@@ -194,12 +201,23 @@ class TcpTransport(DiallingSide, AcceptingSide):
         self._address = (host if host in WILDCARDS else str(sockname[0]), int(sockname[1]))
         for lsock in self._listeners:
             self._spawn(self._accept_loop(lsock))
+        if self._beacon is not None:
+            first = self._listeners[0]
+            try:
+                self._beacon.start(loop, first.family, str(first.getsockname()[0]),
+                                   self._address[1])
+            except OSError as exc:  # heartbeats alone then tell liveness, as without one
+                log.warning("member %d: no beacon (cannot bind a UDP socket: %s)",
+                            self.member_id, exc)
+                self._beacon = None
 
     async def close(self) -> None:
         """Say goodbye on every stream, close them and the listener; idempotent."""
         if self._closed:
             return
         self._closed = True
+        if self._beacon is not None:
+            self._beacon.close()
         conns = []
         for link in self._links.values():
             link.queue.clear()
@@ -432,6 +450,11 @@ class TcpTransport(DiallingSide, AcceptingSide):
                     self._gate.push_arrived(view_id, conn.peer, offset, payload)
                 elif typ == F_MSG:
                     self._deliver_message(conn.peer, payload)
+                elif typ == F_BEACON:
+                    problem = self._beacon_announced(conn, payload)
+                    if problem is not None:
+                        self._violate(conn, problem)
+                        return
                 elif typ == F_BYE:
                     log.info("member %d: member %d said goodbye", self.member_id, conn.peer)
                     self._detach(conn)
@@ -442,6 +465,29 @@ class TcpTransport(DiallingSide, AcceptingSide):
                     return
         except (ConnectionError, OSError) as exc:
             self._lost(conn, f"connection lost: {type(exc).__name__}: {exc}")
+
+    # -- beacon --------------------------------------------------------------------------------
+    @property
+    def beacon_on(self) -> bool:
+        """Whether my beacon thread runs (from start to close, unless ``beacon_s`` is 0)."""
+        return self._beacon is not None
+
+    def beacon_tick(self) -> Sequence[int]:
+        """The loop runs; the peers whose beacon datagrams arrived since the last call."""
+        return () if self._beacon is None else self._beacon.tick()
+
+    def _announce_beacon(self, conn: Conn) -> None:
+        """Tell the peer of a new stream where my beacons come from and how they are signed
+        (first on the stream, before anything queued)."""
+        if self._beacon is not None:
+            conn.writer.writelines(beacon_frame(self._beacon.announcement()))
+
+    def _beacon_announced(self, conn: Conn, payload: bytes) -> str | None:
+        if self._beacon is None:
+            return None
+        peername = conn.writer.get_extra_info("peername")
+        host = str(peername[0]) if isinstance(peername, tuple) else ""
+        return self._beacon.announced(conn.peer, host, payload)
 
     def _before_admission(self, conn: Conn, typ: int, view_id: int, length: int) -> str | None:
         """What is wrong with a frame from a peer not admitted yet (None: nothing); charges its
@@ -481,6 +527,8 @@ class TcpTransport(DiallingSide, AcceptingSide):
         ):
             # a peer that never was admitted leaves nothing behind (strangers come in any number)
             del self._links[conn.peer]
+            if self._beacon is not None:
+                self._beacon.forget(conn.peer)
         return current
 
     def _retire(self, conn: Conn) -> None:
@@ -553,6 +601,7 @@ def from_config(config: Config) -> TcpTransport:
     with mutual TLS and ids bound to certificates where ``tls_cert`` is set."""
     from derecho_async.config import parse_hostport
 
+    beacon_s, hold_s = beacon_settings(config)
     return TcpTransport(
         config.member_id,
         parse_hostport(config.listen, "listen"),
@@ -560,8 +609,22 @@ def from_config(config: Config) -> TcpTransport:
         peers={m: parse_hostport(a, "peers") for m, a in config.peers.items()},
         max_frame=GROUP_MESSAGE_LIMIT,
         admission=True,
+        beacon_s=beacon_s,
+        hold_s=hold_s,
         **security(config),
     )
+
+
+def beacon_settings(config: Config) -> tuple[float, float]:
+    """The beacon's period and hold limit in seconds (:class:`UdpBeacon`): a datagram per peer
+    four times per ``suspect_after_ms`` (at most every ``heartbeat_ms``) while the loop ran
+    within ``max_loop_hold_ms``; (0, 0), no beacon, when that is 0 (the rdma transport's
+    channel takes the same)."""
+    hold = config.max_loop_hold_ms / 1000.0
+    if not hold:
+        return 0.0, 0.0
+    period = max(config.heartbeat_ms, config.suspect_after_ms / 4) / 1000.0
+    return max(period, 0.001), hold
 
 
 def security(config: Config) -> dict[str, Any]:
