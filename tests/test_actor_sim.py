@@ -202,3 +202,29 @@ def test_a_restarted_contact_whose_last_view_left_finds_the_group_through_its_pe
     assert run.knobs["durable"] and run.fates[1] == run.fates[2] == "left"
     check_actor_run(run)
     assert isinstance(run.rejoins.get(0), list)
+
+
+def test_a_stalled_member_whose_beacon_reaches_its_peers_stays_and_is_checked() -> None:
+    """Stalls of several suspicion timeouts, with beacons: the member stays in every view (check
+    (l)); the same stalls without beacons lose it, which check (l) catches."""
+    kept = 0
+    for seed in range(6):
+        run = run_actor_schedule(seed, stalls=True)
+        check_actor_run(run)
+        kept += len(run.stalls)
+    assert kept >= 3, "some stalls no other fault touched"
+    caught = 0
+    for seed in range(6):
+        run = run_actor_schedule(seed, stalls=True, beacons=False)
+        run.knobs["beacons"] = True  # judged as if beacons had run
+        try:
+            check_actor_run(run)
+        except InvariantViolation as exc:
+            assert "check (l)" in str(exc)
+            caught += 1
+    assert caught >= 2
+
+
+def test_about_half_the_sweep_stalls_members() -> None:
+    stalls = sum(run_actor_schedule(seed, steps=1).knobs["stalls"] for seed in range(40))
+    assert 10 <= stalls <= 30

@@ -37,6 +37,9 @@
 #       at once) run once: only their first delivery in the group's order runs anywhere (a
 #       later copy is not a call of (a)), a copy's replies are the first run's outcomes, and
 #       every such call ends acknowledged while the group has survivors.
+#   (l) stalling schedules with beacons: a member stalled for several suspicion timeouts (its
+#       links held, its beacon reaching its peers) is still in every live member's view when
+#       the stall ends, unless another fault touched it.
 """The actor-level contract checker over an :class:`~.actorsim.ActorRun`."""
 
 from __future__ import annotations
@@ -410,6 +413,13 @@ def check_actor_run(run: ActorRun) -> None:
     if run.knobs.get("durable"):
         _check_rejoins(run, fail)
         _check_restart(run, fail)
+
+    # -- (l) a stalled member whose beacon reached its peers was not removed -------------------
+    if run.knobs.get("beacons", True):
+        for stalled, until, missing in run.stalls:
+            if missing:
+                raise fail("l", f"member {stalled}, stalled until {until:.3f} s with its beacon "
+                                f"reaching its peers, was not in the view of members {missing}")
 
     # -- handler outcomes the group reported (where it does) ---------------------------------------
     for m, items in obs.finished.items():

@@ -30,6 +30,13 @@
 # call succeeded, every crashed member restarts from its disk (crashed too) while the group
 # runs, and a second barrier shows whether each caught up (check (i)). Member 0's application
 # subscribes to the actor's deliveries and to its views from its first view on (check (j)).
+#
+# Stalling schedules (about half; knob ``stalls``, drawn from their own generator so the others
+# stay as they were) also stall a member now and then for several suspicion timeouts: the
+# network holds its links both ways while its beacon (knob ``beacons``, on by default) still
+# reaches its peers, as when a handler holds its event loop. At the end of each stall that no
+# other fault touched (no partition, no leave, the member not crashed), the schedule records
+# whether every live member still has it in its view (check (l)).
 """Seeded schedules of real Groups hosting a test actor, for the actor-level checker."""
 
 from __future__ import annotations
@@ -141,6 +148,9 @@ class ActorRun:
     #: member 0's subscription to SimLog (versions it yielded, and why it ended if dropped) and
     #: its views() iteration (view ids), from its first view on
     subscribed: list[tuple[int, int]] = field(default_factory=list)
+    #: stalling schedules: for each stall no other fault touched, (member, virtual time it
+    #: ended, the live members whose view did not hold it then, itself if it was removed)
+    stalls: list[tuple[int, float, list[int]]] = field(default_factory=list)
     subscription_end: str | None = None
     views_seen: list[int] = field(default_factory=list)
 
@@ -171,6 +181,7 @@ class ActorRun:
             sorted(self.rejoins.items()),
             self.subscribed,
             self.views_seen,
+            self.stalls,
             self.virtual_s,
         ):
             h.update(repr(part).encode())
@@ -190,6 +201,7 @@ def _plain(value: object) -> object:
 
 HEARTBEAT_MS = 20.0
 SUSPECT_MS = 200.0
+BEACON_HOLD_S = 30.0  # the simulated max_loop_hold_ms: longer than any stall
 GROUP = "actorsim"
 
 
@@ -232,12 +244,13 @@ def run_actor_schedule(seed: int, **knobs: Any) -> ActorRun:
     True), ``max_virtual_s`` (60), ``log_level`` of the groups (CRITICAL), ``skew_member`` (a
     member whose replica hashes some calls wrongly: a divergence the checker must catch), and
     any drawn knob (``window``, ``max_queued_calls``, ``p_slow``, ``p_raise``, ``durable``,
-    ``snapshot_every``, ``clients``...). Nothing is checked here: see
+    ``snapshot_every``, ``clients``, ``stalls``, ``beacons``...). Nothing is checked here: see
     :func:`derecho_async.testing.actorcheck.check_actor_run`.
     """
     rng = random.Random(seed)
     disk_rng = random.Random(f"durable-{seed}")  # (the schedules without disks stay as they were)
     client_rng = random.Random(f"clients-{seed}")  # (and those without clients)
+    stall_rng = random.Random(f"stalls-{seed}")  # (and those without stalls)
     drawn: dict[str, Any] = {
         "members": rng.randint(2, 5),
         "steps": rng.randint(20, 60),
@@ -257,6 +270,9 @@ def run_actor_schedule(seed: int, **knobs: Any) -> ActorRun:
         "snapshot_every": disk_rng.choice([3, 10, 10000]),
         "disk_seed": disk_rng.randrange(1 << 30),
         "clients": client_rng.random() < 0.5,
+        "stalls": stall_rng.random() < 0.5,
+        "beacons": True,
+        "stall_seed": stall_rng.randrange(1 << 30),
     }
     for k in knobs:
         if k not in drawn:
@@ -275,12 +291,16 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
     loop = asyncio.get_running_loop()
     n = int(knobs["members"])
     ids = n + 8  # joiners take the next ids
+    stalls = bool(knobs["stalls"])
     net = SimNetwork(
         rng,
         max_delay_s=float(knobs["max_delay_s"]),
         split_probability=float(knobs["split_probability"]),
         trace=bool(knobs["trace"]),
+        # (no beacon unless stalls: the other schedules replay as they did)
+        beacon_hold_s=BEACON_HOLD_S if stalls and knobs["beacons"] else None,
     )
+    stall_rng = random.Random(int(knobs["stall_seed"]))
     obs = run.observer
 
     def on_loop_error(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -440,6 +460,23 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
 
     partitioned_until: float | None = None
     slow_links: list[tuple[int, int]] = []
+    stalled: tuple[int, float] | None = None  # member, until
+    stall_touched = False  # another fault touched the stall under way
+
+    def end_stall() -> None:
+        nonlocal stalled
+        assert stalled is not None
+        member = stalled[0]
+        net.unstall(member)
+        say(f"unstall {member}")
+        if not stall_touched:
+            refresh()
+            # the live members whose view lost it (itself too, if it was removed)
+            missing = [m for m in sorted(live | {member})
+                       if m not in live or member not in groups[m].view.members]
+            run.stalls.append((member, loop.time(), missing))
+        stalled = None
+
     steps = int(knobs["steps"])
     p_fault = 0.12 if knobs["faults"] else 0.0
     for _ in range(steps):
@@ -449,6 +486,14 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
             net.heal()
             partitioned_until = None
             say("heal")
+        if stalled is not None and loop.time() >= stalled[1]:
+            end_stall()
+        if stalls and stalled is None and live and stall_rng.random() < 0.08:
+            member = stall_rng.choice(sorted(live))
+            stalled = (member, loop.time() + stall_rng.choice([2, 3, 5]) * SUSPECT_MS / 1000)
+            stall_touched = partitioned_until is not None
+            net.stall(member)
+            say(f"stall {member}")
         if not live:
             break
         r = rng.random()
@@ -466,6 +511,9 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
                 member = rng.choice(alive)
                 live.discard(member)
                 run.fates[member] = "left"
+                # (anyone's leave: it waits a while for the stalled member, then goes anyway,
+                # and in a small group the stalled one is left a minority)
+                stall_touched |= stalled is not None
                 say(f"leave {member}")
                 tasks.append(asyncio.ensure_future(leave(member)))
             elif kind in ("crash", "crash_burst") and len(alive) >= 3 and calm:
@@ -476,6 +524,7 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
                     await asyncio.sleep(rng.choice([0.0, 0.0002, 0.001]))
                 live.discard(member)
                 run.fates[member] = "crashed"
+                stall_touched |= stalled is not None and stalled[0] == member
                 say(f"crash {member}")
                 crash_group(net, groups[member])
             elif kind == "partition" and len(alive) >= 3 and calm:
@@ -483,6 +532,7 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
                 cut = rng.randint(1, (len(alive) - 1) // 2)
                 minority, majority = sorted(alive[:cut]), sorted(alive[cut:])
                 net.partition(majority, minority)
+                stall_touched |= stalled is not None
                 partitioned_until = loop.time() + rng.choice([0.01, 0.05, 0.5])
                 say(f"partition {majority} | {minority}")
             elif kind == "slow_link" and len(alive) >= 2:
@@ -501,6 +551,8 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
                 draw_client_call()
 
     # the end: heal everything, let every call finish, then a barrier call from a live member
+    if stalled is not None:
+        end_stall()
     if partitioned_until is not None:
         net.heal()
         say("heal")

@@ -19,7 +19,15 @@
 #   possibly ending in a word-aligned part of a push;
 # * ``partition(*sides)`` holds (does not drop) everything on links between sides until
 #   ``heal()``; then it lands in link order;
-# * per-link extra delay and jitter (``set_link``).
+# * per-link extra delay and jitter (``set_link``);
+# * ``stall(member)`` holds everything on the links to and from ``member`` until
+#   ``unstall(member)`` (or ``heal()``), while its beacon still reaches its peers: a member whose
+#   event loop a handler holds, as its peers see it.
+# A network made with ``beacon_hold_s`` gives its endpoints a beacon (the native liveness thread
+# of the real transports): ``beacon_tick`` at a member returns every other live, started
+# endpoint on its side of any partition, in the same view, whose own loop ticked within
+# ``beacon_hold_s`` (stalled or not); without it endpoints have none and heartbeats alone tell
+# liveness.
 # Traffic for an id with no started endpoint is held on its link until one starts; traffic for an
 # id whose endpoint crashed or closed is dropped silently (logged at debug). No failure is ever
 # reported to a handler: detecting dead peers is the protocol's job. The only randomness is the
@@ -119,6 +127,7 @@ class SimNetwork:
         split_probability: float = 0.0,
         max_piece_gap_s: float | None = None,
         trace: bool = False,
+        beacon_hold_s: float | None = None,
     ) -> None:
         if not 0.0 <= min_delay_s <= max_delay_s:
             raise UsageError(
@@ -144,7 +153,9 @@ class SimNetwork:
         self._crashed: set[int] = set()
         self._links: dict[tuple[int, int], _Link] = {}
         self._side: dict[int, int] = {}
+        self._stalled: set[int] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.beacon_hold_s = beacon_hold_s
 
     # -- endpoints -------------------------------------------------------------------------------
     def transport(self, member_id: int) -> SimTransport:
@@ -198,10 +209,40 @@ class SimNetwork:
         self._rearm_all()
 
     def heal(self) -> None:
-        """Reconnect every link; what was held lands now, in link order."""
+        """Reconnect every link (stalled members' too); what was held lands now, in link
+        order."""
         self._side = {}
+        self._stalled.clear()
         self._record("heal", -1, -1, ())
         self._rearm_all()
+
+    def stall(self, member: int) -> None:
+        """Hold everything to and from ``member`` until :meth:`unstall`; its beacon still
+        reaches its peers."""
+        self._stalled.add(check_member_id(member, "member"))
+        self._record("stall", member, -1, ())
+        self._rearm_all()
+
+    def unstall(self, member: int) -> None:
+        """End :meth:`stall`: what was held for ``member`` lands now, in link order."""
+        self._stalled.discard(member)
+        self._record("unstall", member, -1, ())
+        self._rearm_all()
+
+    def beacons_reaching(self, member: int) -> list[int]:
+        """The peers whose beacon reaches ``member`` now (none without ``beacon_hold_s``)."""
+        hold = self.beacon_hold_s
+        if hold is None or self._loop is None or member in self._crashed:
+            return []
+        me = self._endpoints.get(member)
+        if me is None:
+            return []
+        now = self._loop.time()
+        side = self._side.get(member, 0)
+        return [p for p, t in sorted(self._endpoints.items())
+                if p != member and t._started and not t._crashed
+                and self._side.get(p, 0) == side and now - t._touched <= hold
+                and t._last_view == me._last_view]
 
     def set_link(
         self, src: int, dst: int, *, extra_delay_s: float = 0.0, jitter_s: float = 0.0
@@ -318,6 +359,8 @@ class SimNetwork:
     def _can_land(self, link: _Link) -> bool:
         if self._side.get(link.src, 0) != self._side.get(link.dst, 0):
             return False
+        if link.src in self._stalled or link.dst in self._stalled:
+            return False
         target = self._endpoints.get(link.dst)
         return target is not None and target._started
 
@@ -426,6 +469,7 @@ class SimTransport(Transport):
         self._network = network
         self._crashed = False
         self._last_view = -1
+        self._touched = 0.0  # the loop time of the last beacon_tick (the beacon's hold rule)
         network._register(self)
 
     @property
@@ -443,6 +487,18 @@ class SimTransport(Transport):
         loop = self._begin_start(handler)
         if not self._crashed:
             self._network._started(self, loop)
+
+    @property
+    def beacon_on(self) -> bool:
+        """Whether the network gives its endpoints beacons (``beacon_hold_s``)."""
+        return self._network.beacon_hold_s is not None
+
+    def beacon_tick(self) -> Sequence[int]:
+        """The loop runs; the peers whose beacon reaches this member
+        (:meth:`SimNetwork.beacons_reaching`)."""
+        if self._loop is not None:
+            self._touched = self._loop.time()
+        return self._network.beacons_reaching(self.member_id)
 
     def add_peer(self, member_id: int, address: object) -> None:
         """Nothing to learn: every endpoint of the network is reachable by id."""
