@@ -54,6 +54,7 @@ __all__ = [
     "beacon_add_peer",
     "beacon_count",
     "beacon_remove",
+    "beacon_set_view",
     "beacon_start",
     "beacon_stop",
     "beacon_touch",

@@ -2,7 +2,8 @@
  * The liveness beacon (docs/DESIGN.md §4.4): a small POSIX thread, not a Python thread, that
  * every period stores a growing count into words of shared memory that peers read (the shm
  * transport's rings, W_PALIVE) and sends it in a datagram to peers over UDP (the tcp
- * transport: beacon_udp, beacon_add_peer), each datagram signed with SipHash-2-4 under a key
+ * transport: beacon_udp, beacon_add_peer), with the sender's view (beacon_set_view: a peer
+ * counts a beacon only from a member of its own view), each datagram signed with SipHash-2-4 under a key
  * this process made (siphash24 computes it for the receiver). It never takes the GIL, so a handler that holds the event loop
  * (or the GIL) does not stop it; a process that dies or is stopped (SIGSTOP) stops it with the
  * rest of the process. The loop touches the beacon at every tick; once the loop has not touched
@@ -34,9 +35,10 @@ typedef struct {
     socklen_t addrlen;
 } beacon_target;
 
-/* The datagram: magic, zero, sender, epoch, count, then SipHash-2-4 of those 32 bytes. */
+/* The datagram: magic, zero, sender, epoch, view, count, then SipHash-2-4 of those 40 bytes. */
 #define DGRAM_MAGIC 0x31624144u     /* "DAb1" little-endian */
-#define DGRAM_BYTES 40
+#define DGRAM_SIGNED 40
+#define DGRAM_BYTES 48
 
 typedef struct {
     pthread_mutex_t lock;
@@ -52,6 +54,7 @@ typedef struct {
     Py_ssize_t n, cap;
     int fd;                     /* under lock: the UDP socket, -1 for none */
     uint64_t sender, epoch;     /* under lock: the datagram's identity */
+    uint64_t view;              /* under lock: the sender's view (beacon_set_view) */
     uint64_t k0, k1;            /* under lock: the SipHash key */
 } beacon;
 
@@ -118,8 +121,9 @@ beacon_main(void *arg)
                 put_u64(dgram, (uint64_t)DGRAM_MAGIC);
                 put_u64(dgram + 8, b->sender);
                 put_u64(dgram + 16, b->epoch);
-                put_u64(dgram + 24, b->count);
-                put_u64(dgram + 32, siphash24(b->k0, b->k1, dgram, 32));
+                put_u64(dgram + 24, b->view);
+                put_u64(dgram + 32, b->count);
+                put_u64(dgram + 40, siphash24(b->k0, b->k1, dgram, DGRAM_SIGNED));
             }
             for (Py_ssize_t i = 0; i < b->n; i++) {
                 beacon_target *t = &b->targets[i];
@@ -415,6 +419,23 @@ native_beacon_udp(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     b->k1 = get_u64((const unsigned char *)key.buf + 8);
     pthread_mutex_unlock(&b->lock);
     PyBuffer_Release(&key);
+    Py_RETURN_NONE;
+}
+
+PyObject *
+native_beacon_set_view(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "beacon_set_view(beacon, view) takes 2 arguments");
+        return NULL;
+    }
+    beacon *b = get_beacon(args[0]);
+    uint64_t view;
+    if (b == NULL || arg_u64(args[1], "view", &view) < 0)
+        return NULL;
+    pthread_mutex_lock(&b->lock);
+    b->view = view;
+    pthread_mutex_unlock(&b->lock);
     Py_RETURN_NONE;
 }
 

@@ -64,8 +64,10 @@ static PyMethodDef native_methods[] = {
      "IPv4 or IPv6 host) too, replacing the target of the same key."},
     {"beacon_udp", (PyCFunction)(void (*)(void))native_beacon_udp, METH_FASTCALL,
      "beacon_udp(beacon, fd, sender, epoch, key): send the peers' datagrams on the UDP socket "
-     "fd: magic, 0, sender, epoch, count (u64 each after the u32s) and their SipHash-2-4 under "
-     "the 16-byte key."},
+     "fd: magic, 0, sender, epoch, view, count (u64 each after the u32s) and their SipHash-2-4 "
+     "under the 16-byte key."},
+    {"beacon_set_view", (PyCFunction)(void (*)(void))native_beacon_set_view, METH_FASTCALL,
+     "beacon_set_view(beacon, view): the view id the datagrams carry from now on."},
     {"siphash24", (PyCFunction)(void (*)(void))native_siphash24, METH_FASTCALL,
      "siphash24(key, data) -> int: SipHash-2-4 of data under the 16-byte key."},
     {"beacon_remove", (PyCFunction)(void (*)(void))native_beacon_remove, METH_FASTCALL,

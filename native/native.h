@@ -10,8 +10,9 @@
  *   dispatch.c   dispatch_calls (the group's loop over delivered calls)
  *   bytescopy.c  bytes_copy
  *   logframe.c   frame_log_records, frame_log_runs (the durable log's batches)
- *   beacon.c     beacon_start, beacon_add, beacon_add_peer, beacon_udp, beacon_remove,
- *                beacon_touch, beacon_count, beacon_stop (the liveness thread), siphash24
+ *   beacon.c     beacon_start, beacon_add, beacon_add_peer, beacon_udp, beacon_set_view,
+ *                beacon_remove, beacon_touch, beacon_count, beacon_stop (the liveness
+ *                thread), siphash24
  *   module.c     the method table, the module state and multi-phase init
  *
  * The pure-Python twin, derecho_async/_hotpath_pure/, has a module per file with the same
@@ -164,6 +165,7 @@ PyObject *native_beacon_start(PyObject *self, PyObject *const *args, Py_ssize_t 
 PyObject *native_beacon_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_beacon_add_peer(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_beacon_udp(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *native_beacon_set_view(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_siphash24(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_beacon_remove(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *native_beacon_touch(PyObject *self, PyObject *obj);

@@ -24,6 +24,7 @@ __all__ = [
     "beacon_add_peer",
     "beacon_count",
     "beacon_remove",
+    "beacon_set_view",
     "beacon_start",
     "beacon_stop",
     "beacon_touch",
@@ -31,7 +32,7 @@ __all__ = [
     "siphash24",
 ]
 
-DGRAM = struct.Struct("<IIQQQQ")  # magic, zero, sender, epoch, count, SipHash of the rest
+DGRAM = struct.Struct("<IIQQQQQ")  # magic, zero, sender, epoch, view, count, SipHash of the rest
 DGRAM_MAGIC = 0x31624144  # "DAb1"
 _M64 = (1 << 64) - 1
 
@@ -92,6 +93,7 @@ class Beacon:
         self.peers: dict[int, tuple[str, int]] = {}
         self.sock: socket.socket | None = None
         self.ident = (0, 0, b"")  # sender, epoch, key
+        self.view = 0
         self.cond = threading.Condition()
         self.stopped = False
         self.thread = threading.Thread(target=self._main, name="derecho-beacon", daemon=True)
@@ -120,7 +122,7 @@ class Beacon:
 
     def _send(self) -> None:
         sender, epoch, key = self.ident
-        body = DGRAM.pack(DGRAM_MAGIC, 0, sender, epoch, self.count, 0)[:32]
+        body = DGRAM.pack(DGRAM_MAGIC, 0, sender, epoch, self.view, self.count, 0)[:40]
         dgram = body + siphash24(key, body).to_bytes(8, "little")
         assert self.sock is not None
         for addr in self.peers.values():
@@ -212,7 +214,7 @@ def _fd(obj: object) -> int:
 
 def beacon_udp(beacon: object, fd: object, sender: int, epoch: int, key: object) -> None:
     """Send the peers' datagrams on the UDP socket ``fd`` (an int or an object with
-    ``fileno()``): magic, 0, sender, epoch, count and their SipHash-2-4 under the 16-byte
+    ``fileno()``): magic, 0, sender, epoch, view, count and their SipHash-2-4 under the 16-byte
     ``key``."""
     b = _beacon(beacon)
     num = _fd(fd)
@@ -228,6 +230,15 @@ def beacon_udp(beacon: object, fd: object, sender: int, epoch: int, key: object)
         b.ident = (sender, epoch, raw)
     if old is not None:
         old.close()
+
+
+def beacon_set_view(beacon: object, view: int) -> None:
+    """The view id the datagrams carry from now on."""
+    b = _beacon(beacon)
+    if not isinstance(view, int) or not 0 <= view < 1 << 64:
+        raise ValueError("view must be an int in [0, 2**64)")
+    with b.cond:
+        b.view = view
 
 
 def beacon_remove(beacon: object, key: int) -> bool:

@@ -113,6 +113,7 @@ def test_the_native_beacon_counts_while_the_gil_is_held() -> None:
     ("beacon_touch", 3),
     ("beacon_stop", None),
     ("beacon_count", b""),
+    ("beacon_set_view", None, 1),
 ])
 def test_bad_arguments_get_the_same_errors(call: tuple[Any, ...]) -> None:
     assert native is not None
@@ -198,16 +199,18 @@ def test_a_udp_beacon_sends_signed_datagrams(twin: ModuleType) -> None:
     beacon = twin.beacon_start(0.005, 0)
     try:
         twin.beacon_udp(beacon, tx, 7, 123, key)
+        twin.beacon_set_view(beacon, 9)
         twin.beacon_add_peer(beacon, 1, "127.0.0.1", rx.getsockname()[1])
         counts = []
         for _ in range(3):
             d = rx.recv(100)
-            assert len(d) == 40
+            assert len(d) == 48
             assert d[:8] == (0x31624144).to_bytes(8, "little")
             assert int.from_bytes(d[8:16], "little") == 7
             assert int.from_bytes(d[16:24], "little") == 123
-            assert int.from_bytes(d[32:], "little") == pure.siphash24(key, d[:32])
-            counts.append(int.from_bytes(d[24:32], "little"))
+            assert int.from_bytes(d[24:32], "little") == 9
+            assert int.from_bytes(d[40:], "little") == pure.siphash24(key, d[:40])
+            counts.append(int.from_bytes(d[32:40], "little"))
         assert counts == sorted(counts) and len(set(counts)) == 3
         assert twin.beacon_remove(beacon, 1) is True
     finally:

@@ -241,7 +241,8 @@ async def one_holds_its_loop(config: da.Config) -> None:
     """Member 2 holds its event loop (``DA_TEST_HOLD``: ``sleep`` a synchronous sleep,
     ``gil`` one C call that keeps the GIL, ``stop`` SIGSTOP of its whole process) for
     ``DA_TEST_HOLD_MS``; then every member that is still in the group makes one append. Each
-    member writes the views it saw and whether its append completed to ``DA_TEST_OUT``."""
+    member writes the views it saw, whether its append completed (else the error) and how long
+    it took to ``DA_TEST_OUT``."""
     import json
     import os
     import random
@@ -271,13 +272,15 @@ async def one_holds_its_loop(config: da.Config) -> None:
         else:
             await asyncio.sleep(hold_s + 0.5)
         views.append(list(group.view.members))
+        start = time.monotonic()
         if config.member_id in group.view.members and not group.closed.done():
             try:
                 await asyncio.wait_for(log.append(b"after-%d" % config.member_id), 10)
                 appended = True
             except (TimeoutError, da.DerechoError) as exc:
                 appended = repr(exc)
+        took = time.monotonic() - start
         views.append(list(group.view.members))
         with open(os.path.join(os.environ["DA_TEST_OUT"], f"m{config.member_id}.json"), "w") as f:
-            json.dump({"views": views, "appended": appended}, f)
+            json.dump({"views": views, "appended": appended, "took": took}, f)
         await asyncio.sleep(0.5)  # the others finish their appends before anyone leaves

@@ -72,6 +72,10 @@ def test_a_loop_held_past_max_loop_hold_ms_is_suspected(
     out = _run(tmp_path, monkeypatch, "sleep", 2500, max_loop_hold_ms=800, transport=transport)
     for m in (0, 1):
         assert out[m]["views"][-1] == [0, 1], (m, out)
+    # the removed member learns it soon: its former peers' beacons, of a view without it, do
+    # not keep it waiting for them (it suspects them and wedges, as without beacons)
+    assert out[2]["appended"] is not True and "Timeout" not in out[2]["appended"], out
+    assert out[2]["took"] < 5, out
 
 
 @TRANSPORTS

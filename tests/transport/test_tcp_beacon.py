@@ -1,6 +1,6 @@
 """The tcp transport's beacon (derecho_async/transport/tcp/beacon.py) over real UDP sockets:
 datagrams signed by a peer's announced key count as signs of life; forged, replayed, foreign,
-truncated or stale ones do not, and a bad BEACON frame is refused."""
+truncated, stale or other views' ones do not, and a bad BEACON frame is refused."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from derecho_async import hotpath
-from derecho_async.transport.tcp.beacon import ANNOUNCE, DGRAM, DGRAM_MAGIC, UdpBeacon
+from derecho_async.transport.tcp.beacon import ANNOUNCE, DGRAM, DGRAM_MAGIC, SIGNED, UdpBeacon
 from derecho_async.transport.tcp.framing import F_BEACON, check_header
 
 
@@ -32,8 +32,8 @@ async def _heard(beacon: UdpBeacon, within: float) -> list[int]:
     return sorted(seen)
 
 
-def _signed(key: bytes, sender: int, epoch: int, count: int) -> bytes:
-    body = DGRAM.pack(DGRAM_MAGIC, 0, sender, epoch, count, 0)[:32]
+def _signed(key: bytes, sender: int, epoch: int, count: int, view: int = 0) -> bytes:
+    body = DGRAM.pack(DGRAM_MAGIC, 0, sender, epoch, view, count, 0)[:SIGNED]
     return body + hotpath.siphash24(key, body).to_bytes(8, "little")
 
 
@@ -68,7 +68,8 @@ async def test_forged_replayed_and_foreign_datagrams_do_not_count() -> None:
             good[:-1],  # truncated
             good + b"\0",  # too long
             bytes(8) + good[8:],  # no magic
-            good[:32] + bytes(8),  # no MAC
+            good[:SIGNED] + bytes(8),  # no MAC
+            _signed(a.key, 1, a.epoch, 14, view=3),  # another view than the receiver's
         ]
         for d in bad:
             sock.sendto(d, dest)

@@ -282,6 +282,7 @@ class RdmaTransport(Transport):
         are closed (their queue pairs destroyed, the regions granted to them deregistered)."""
         super().set_view(view_id, members, row_bytes)
         self._tcp.admit_view(view_id, members)
+        self._tcp.beacon_view(view_id)
         if view_id <= self._view_id:
             return
         old, new = self._view_members, frozenset(members)

@@ -5,7 +5,8 @@ of members, file ``/dev/shm/derecho_async.<group>.<sender>.<receiver>`` (:mod:`.
 by the sender. A 4 KiB header of u64 words, each on its own cache line (magic, version, sender,
 receiver, capacity, producer incarnation; producer-owned ``head``, ``blocked``, ``closed``;
 consumer-owned ``tail``, ``sleeping``, consumer incarnation, ``closed``; the producer's
-``alive`` count, which its beacon thread moves while the process runs), then ``capacity`` data
+``alive`` count, which its beacon thread moves while the process runs, and ``view``, the view
+the producer installed last), then ``capacity`` data
 bytes used circularly. ``head`` and ``tail`` are monotone byte counters; words are single
 aligned 8-byte loads and stores. Records are 8-byte aligned: a 32-byte header (type, flags=0, a,
 b, length) and the payload; PUSH: a=view_id, b=table offset; MSG: a=total message length,
@@ -49,6 +50,7 @@ __all__ = [
     "W_PBLOCKED",
     "W_PCLOSED",
     "W_PINC",
+    "W_PVIEW",
     "W_RECEIVER",
     "W_SENDER",
     "W_TAIL",
@@ -71,6 +73,7 @@ W_MAGIC, W_VERSION, W_SENDER, W_RECEIVER, W_CAPACITY, W_PINC = 0, 1, 2, 3, 4, 5
 W_HEAD, W_PBLOCKED, W_PCLOSED = 8, 16, 24
 W_TAIL, W_CSLEEP, W_CINC, W_CCLOSED = 32, 40, 48, 56
 W_PALIVE = 64  # producer-owned, written by its beacon thread (hotpath.beacon_add)
+W_PVIEW = 72  # producer-owned: its current view (its beacon counts only within one view)
 
 REC_HEADER = 32  # a record's header: u32 type, u32 flags, u64 a, u64 b, u64 length
 R_PUSH, R_MSG = 1, 2

@@ -73,6 +73,7 @@ from derecho_async.transport.shm.ring import (
     W_PBLOCKED,
     W_PCLOSED,
     W_PINC,
+    W_PVIEW,
     W_TAIL,
     Record,
     attach_ring,
@@ -148,6 +149,8 @@ class ShmTransport(Transport):
         self._hold_s = float(hold_s)
         #: the liveness thread (hotpath.beacon_start) counting into my rings' W_PALIVE words
         self._beacon: object | None = None
+        #: the view I installed last (my rings' W_PVIEW: peers count my beacon only within it)
+        self._view_id = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, handler: TransportHandler) -> None:
@@ -179,6 +182,10 @@ class ShmTransport(Transport):
         departed: the segments owned by or paired with each of them are removed once it is dead
         (now, or at a later sweep)."""
         super().set_view(view_id, members, row_bytes)
+        if view_id > self._view_id:
+            self._view_id = view_id
+            for link in self._out.values():
+                link.ring.words[W_PVIEW] = view_id
         if self._departed.view(members):
             self._remove_departed()
 
@@ -313,6 +320,7 @@ class ShmTransport(Transport):
             return None
         link = OutLink(peer, ring)
         self._out[peer] = link
+        ring.words[W_PVIEW] = self._view_id
         if self._beacon is not None:
             hotpath.beacon_add(self._beacon, id(link), (ring.mm, W_PALIVE * 8))
         return link
@@ -538,16 +546,19 @@ class ShmTransport(Transport):
 
     def beacon_tick(self) -> list[int]:
         """The loop runs (my beacon keeps counting for ``hold_s`` from now); the senders whose
-        beacon count moved in their ring to me since the last call (their process runs,
-        whatever their event loop does)."""
+        beacon count moved in their ring to me since the last call, in my view (their process
+        runs, whatever their event loop does; one gone on to a view without me does not count:
+        I must suspect it and wedge, as without beacons)."""
         if self._beacon is not None:
             hotpath.beacon_touch(self._beacon)
         moved = []
         for inl in self._in.values():
-            count = inl.ring.words[W_PALIVE]
+            w = inl.ring.words
+            count = w[W_PALIVE]
             if count != inl.alive:
                 inl.alive = count
-                moved.append(inl.peer)
+                if w[W_PVIEW] == self._view_id:
+                    moved.append(inl.peer)
         return moved
 
     def _schedule_poll(self) -> None:

@@ -2,13 +2,15 @@
 
 Theory of operation (DESIGN.md §4.4, §5.3): each member binds a UDP socket beside its tcp
 listener and starts a beacon thread (``hotpath.beacon_start``) that, every period, sends each
-peer a 40-byte datagram (magic, sender, epoch, count) signed with SipHash-2-4 under a key this
-process drew at random. The key, the epoch and the UDP port travel to each peer in a BEACON frame
+peer a 48-byte datagram (magic, sender, epoch, view, count) signed with SipHash-2-4 under a key
+this process drew at random. The key, the epoch and the UDP port travel to each peer in a BEACON frame
 on the authenticated stream, so only a peer's own process can sign its beacons, and the count
-must grow within one epoch, so a replayed datagram proves nothing. Datagrams are read on the
+must grow within one epoch, so a replayed datagram proves nothing. A datagram counts only if its
+view is the receiver's own: a member that was removed, its peers gone on to a view without it,
+must not be kept waiting by their beacons, but suspect them and wedge as without beacons. Datagrams are read on the
 event loop; their senders are handed to the core as signs of life at the next tick. Everything
-about a datagram is checked (length, magic, a known sender, its MAC, its epoch, a growing count)
-before it counts, and nothing is held per datagram: a stranger can make us read, not keep.
+about a datagram is checked (length, magic, a known sender, its MAC, its epoch, the view, a
+growing count) before it counts, and nothing is held per datagram: a stranger can make us read, not keep.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import time
 from derecho_async import hotpath
 from derecho_async.transport.base import log
 
-__all__ = ["ANNOUNCE", "DGRAM", "DGRAM_MAGIC", "UdpBeacon"]
+__all__ = ["ANNOUNCE", "DGRAM", "DGRAM_MAGIC", "SIGNED", "UdpBeacon"]
 
-DGRAM = struct.Struct("<IIQQQQ")  # magic, zero, sender, epoch, count, SipHash of the 32 before
+DGRAM = struct.Struct("<IIQQQQQ")  # magic, zero, sender, epoch, view, count, SipHash of the 40
+SIGNED = 40  # the bytes the MAC covers
 DGRAM_MAGIC = 0x31624144  # "DAb1"
 ANNOUNCE = struct.Struct("<QQ16s")  # udp port, epoch, key: a BEACON frame's payload
 _READS_PER_WAKEUP = 256
@@ -54,6 +57,7 @@ class UdpBeacon:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._peers: dict[int, _Peer] = {}
         self._moved: set[int] = set()
+        self.view = 0  # my view: the one datagrams carry, and the only one counted
 
     def start(self, loop: asyncio.AbstractEventLoop, family: int, host: str, port: int) -> None:
         """Bind the UDP socket to ``host`` (``port`` if free, else any) and start the thread."""
@@ -84,6 +88,16 @@ class UdpBeacon:
             self._sock.close()
             self._sock = None
         self._peers.clear()
+
+    def set_view(self, view_id: int) -> None:
+        """I installed ``view_id``: my datagrams say so, and only peers' datagrams of it
+        count."""
+        if view_id <= self.view and self.view:
+            return
+        self.view = view_id
+        self._moved.clear()  # (heard in the view before: no sign of life in this one)
+        if self._handle is not None:
+            hotpath.beacon_set_view(self._handle, view_id)
 
     def announcement(self) -> bytes:
         """The BEACON frame's payload for a peer: my UDP port, epoch and key."""
@@ -140,13 +154,13 @@ class UdpBeacon:
     def _check(self, data: bytes) -> None:
         if len(data) != DGRAM.size:
             return
-        magic, zero, sender, epoch, count, mac = DGRAM.unpack(data)
-        if magic != DGRAM_MAGIC or zero:
+        magic, zero, sender, epoch, view, count, mac = DGRAM.unpack(data)
+        if magic != DGRAM_MAGIC or zero or view != self.view:
             return
         peer = self._peers.get(sender)
         if peer is None or epoch != peer.epoch or count <= peer.count:
             return
-        if hotpath.siphash24(peer.key, data[:32]) != mac:
+        if hotpath.siphash24(peer.key, data[:SIGNED]) != mac:
             return
         peer.count = count
         self._moved.add(sender)

@@ -322,6 +322,13 @@ class TcpTransport(DiallingSide, AcceptingSide):
         """Install view ``view_id`` for validating pushes; its members are admitted."""
         super().set_view(view_id, members, row_bytes)
         self.admit_view(view_id, members)
+        self.beacon_view(view_id)
+
+    def beacon_view(self, view_id: int) -> None:
+        """This member installed ``view_id``: its beacons carry it, and only peers' beacons of
+        it count (the rdma transport calls this for its channel)."""
+        if self._beacon is not None:
+            self._beacon.set_view(view_id)
 
     def admit_view(self, view_id: int, members: Sequence[int]) -> None:
         """Admit the members of view ``view_id`` (``set_view`` does; a transport that uses
