@@ -112,7 +112,7 @@ class Config:
         Number(0.0, 60_000.0, "milliseconds", low_open=True), "heartbeat period"))
     suspect_after_ms: float = field(default=500.0, metadata=key(
         Number(0.0, 3_600_000.0, "milliseconds", low_open=True, above="heartbeat_ms"),
-        "silence after which a member is suspected and removed"))
+        "silence (no heartbeat, no beacon) after which a member is suspected and removed"))
     max_loop_hold_ms: float = field(default=60_000.0, metadata=key(
         Number(0.0, 3_600_000.0, "milliseconds"),
         "how long a handler may hold a member's event loop before peers suspect it (a native "
