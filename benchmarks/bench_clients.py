@@ -54,10 +54,6 @@ class Sink(da.Actor):
     def own(self, phase: int, count: int, depth: int) -> None:
         self.request = [phase, count, depth]
 
-    @da.ordered
-    def stop(self) -> None:
-        self.request = [-1, 0, 0]
-
 
 class Reporter(Protocol):
     """What table 7 needs of compare.py's Report."""
@@ -90,14 +86,13 @@ async def _member(config: da.Config) -> None:
         publish(out / f"member-{config.member_id}", str(group.client_address))
         sink = group.local(Sink)
         handle = group.subgroup(Sink)
-        while True:
+        stop = out / "stop"
+        while not stop.exists():  # the parent's word, once its client is done and closed
             await asyncio.sleep(0.005)
             req, sink.request = sink.request, None
             if req is None:
                 continue
             phase, count, depth = req
-            if phase < 0:
-                break
             if config.member_id == 0:
                 rate, lat = await _calls(handle.put, count, depth)
                 publish(out / f"own-{phase}.json", json.dumps([rate, lat]))
@@ -143,7 +138,6 @@ async def _measure(out: Path, group: str, secret: str, peers: dict[int, str], co
                 else:
                     got["client"].append((await _calls(sink.put, count, DEPTH))[0])
                     got["client_lat"] += (await _calls(sink.put, lat_count, 1))[1]
-        await sink.stop()
     return got
 
 
@@ -178,6 +172,9 @@ def table_clients(rep: Reporter, quick: bool) -> None:
             print(f"[clients] failed: {type(exc).__name__}: {exc}")
             return
         finally:
+            # The members leave only now: a stop call would let them leave while its own reply
+            # was still on its way to the client, which then found no relay for 30 s.
+            publish(Path(tmp) / "stop", "")
             for p in procs:
                 p.join(20)
                 if p.is_alive():
