@@ -13,7 +13,8 @@
  * is held until the target is removed or the beacon stops, so its mmap cannot close under the
  * thread); the thread reads the target list under the beacon's mutex, and the functions that
  * change it take the mutex while holding the GIL (the thread never waits for the GIL, so this
- * cannot deadlock). Twin: derecho_async/_hotpath_pure/beacon.py.
+ * cannot deadlock). A forked child has no thread: its copy of a beacon acts as a stopped one.
+ * Twin: derecho_async/_hotpath_pure/beacon.py.
  */
 #include "native.h"
 
@@ -23,6 +24,7 @@
 #include <pthread.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #define CAPSULE_NAME "derecho_async.beacon"
 
@@ -45,6 +47,7 @@ typedef struct {
     pthread_cond_t wake;
     pthread_t thread;
     int running;                /* the thread was started and not joined yet */
+    pid_t owner;                /* the process that started it (a fork's child has no thread) */
     int stop;                   /* under lock: the thread ends at its next wake-up */
     uint64_t period_ns;
     uint64_t hold_ns;           /* 0: count whatever the loop does */
@@ -149,6 +152,16 @@ beacon_main(void *arg)
 static void
 beacon_halt(beacon *b)
 {
+    if (b->owner != getpid()) {
+        /* A forked child: the thread is the parent's, and the mutex may have been taken at
+         * the fork. Forget both; the pinned buffers are the child's copies. */
+        b->running = 0;
+        for (Py_ssize_t i = 0; i < b->n; i++)
+            if (b->targets[i].word != NULL)
+                PyBuffer_Release(&b->targets[i].view);
+        b->n = 0;
+        return;
+    }
     if (b->running) {
         pthread_mutex_lock(&b->lock);
         b->stop = 1;
@@ -172,8 +185,10 @@ beacon_capsule_free(PyObject *capsule)
     if (b == NULL)
         return;
     beacon_halt(b);
-    pthread_cond_destroy(&b->wake);
-    pthread_mutex_destroy(&b->lock);
+    if (b->owner == getpid()) {  /* (a forked child's copies may be held: leave them be) */
+        pthread_cond_destroy(&b->wake);
+        pthread_mutex_destroy(&b->lock);
+    }
     PyMem_RawFree(b->targets);
     PyMem_RawFree(b);
 }
@@ -185,7 +200,12 @@ get_beacon(PyObject *obj)
         PyErr_SetString(PyExc_TypeError, "expected a beacon from beacon_start");
         return NULL;
     }
-    return (beacon *)PyCapsule_GetPointer(obj, CAPSULE_NAME);
+    beacon *b = (beacon *)PyCapsule_GetPointer(obj, CAPSULE_NAME);
+    if (b != NULL && b->owner != getpid() && b->running) {
+        /* a forked child: stop it (without the parent's thread) and refuse the call */
+        beacon_halt(b);
+    }
+    return b;
 }
 
 /* seconds argument: a finite number in [lo, 3600] (lo_text: lo as the pure twin's %g writes it) */
@@ -242,6 +262,7 @@ native_beacon_start(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     b->running = 1;
+    b->owner = getpid();
     return capsule;
 }
 
@@ -411,6 +432,10 @@ native_beacon_udp(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "key must be 16 bytes");
         return NULL;
     }
+    if (!b->running) {  /* stopped, or a forked child's copy */
+        PyBuffer_Release(&key);
+        Py_RETURN_NONE;
+    }
     pthread_mutex_lock(&b->lock);
     b->fd = fd;
     b->sender = sender;
@@ -433,6 +458,8 @@ native_beacon_set_view(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     uint64_t view;
     if (b == NULL || arg_u64(args[1], "view", &view) < 0)
         return NULL;
+    if (!b->running)  /* stopped, or a forked child's copy */
+        Py_RETURN_NONE;
     pthread_mutex_lock(&b->lock);
     b->view = view;
     pthread_mutex_unlock(&b->lock);
@@ -479,6 +506,8 @@ native_beacon_remove(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     beacon_target gone;
     int found = 0;
+    if (!b->running)  /* stopped (nothing left to remove), or a forked child's copy */
+        Py_RETURN_FALSE;
     pthread_mutex_lock(&b->lock);
     for (Py_ssize_t i = 0; i < b->n; i++) {
         if (b->targets[i].key == key) {
@@ -512,9 +541,12 @@ native_beacon_count(PyObject *self, PyObject *obj)
     beacon *b = get_beacon(obj);
     if (b == NULL)
         return NULL;
-    pthread_mutex_lock(&b->lock);
     uint64_t count = b->count;
-    pthread_mutex_unlock(&b->lock);
+    if (b->running) {
+        pthread_mutex_lock(&b->lock);
+        count = b->count;
+        pthread_mutex_unlock(&b->lock);
+    }
     return PyLong_FromUnsignedLongLong(count);
 }
 

@@ -2,13 +2,16 @@
 
 The same functions, arguments, checks and error messages. Unlike the C thread it needs the GIL:
 it still counts while a handler runs Python (the interpreter hands the GIL over every few
-milliseconds), but not while one C call holds the GIL throughout.
+milliseconds), but not while one C call holds the GIL throughout. A forked child has no thread:
+its copy of a beacon acts as a stopped one, without touching the lock the parent's thread may
+have held at the fork.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import socket
 import struct
 import threading
@@ -96,6 +99,7 @@ class Beacon:
         self.view = 0
         self.cond = threading.Condition()
         self.stopped = False
+        self.owner = os.getpid()
         self.thread = threading.Thread(target=self._main, name="derecho-beacon", daemon=True)
         self.thread.start()
 
@@ -143,6 +147,12 @@ def _seconds(value: object, name: str, lo: float) -> float:
 def _beacon(obj: object) -> Beacon:
     if not isinstance(obj, Beacon):
         raise TypeError("expected a beacon from beacon_start")
+    if obj.owner != os.getpid() and not obj.stopped:  # a forked child's copy: stopped
+        obj.stopped = True
+        obj.cond = threading.Condition()  # (the parent's thread may have held the old one)
+        obj.targets.clear()
+        obj.peers.clear()
+        obj.sock = None
     return obj
 
 
@@ -224,6 +234,8 @@ def beacon_udp(beacon: object, fd: object, sender: int, epoch: int, key: object)
     raw = bytes(memoryview(key).cast("B"))  # type: ignore[arg-type]
     if len(raw) != 16:
         raise ValueError("key must be 16 bytes")
+    if b.stopped:
+        return
     sock = socket.socket(fileno=socket.dup(num))
     with b.cond:
         old, b.sock = b.sock, sock
@@ -237,6 +249,8 @@ def beacon_set_view(beacon: object, view: int) -> None:
     b = _beacon(beacon)
     if not isinstance(view, int) or not 0 <= view < 1 << 64:
         raise ValueError("view must be an int in [0, 2**64)")
+    if b.stopped:
+        return
     with b.cond:
         b.view = view
 

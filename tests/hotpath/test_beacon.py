@@ -217,3 +217,39 @@ def test_a_udp_beacon_sends_signed_datagrams(twin: ModuleType) -> None:
         twin.beacon_stop(beacon)
         tx.close()
         rx.close()
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_a_forked_childs_copy_is_stopped_and_the_parents_runs_on(twin: ModuleType) -> None:
+    import os
+
+    a = mmap.mmap(-1, 4096)
+    beacon = twin.beacon_start(0.001, 0)
+    try:
+        twin.beacon_add(beacon, 1, (a, 0))
+        _until(lambda: _word(a, 0) >= 3)
+        pid = os.fork()
+        if pid == 0:  # the child: no thread; every call acts as on a stopped beacon
+            code = 0
+            try:
+                if outcome(twin.beacon_add, beacon, 2, (bytearray(8), 0)) != (
+                        "ValueError", "the beacon is stopped"):
+                    code = 3
+                elif twin.beacon_remove(beacon, 1) is not False:
+                    code = 4
+                else:
+                    twin.beacon_set_view(beacon, 5)
+                    twin.beacon_touch(beacon)
+                    twin.beacon_count(beacon)
+                    twin.beacon_stop(beacon)
+                    del beacon
+            except BaseException:
+                code = 5
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        seen = _word(a, 0)
+        _until(lambda: _word(a, 0) > seen + 3)  # the parent's thread counts on
+    finally:
+        twin.beacon_stop(beacon)
+        a.close()
