@@ -3,14 +3,15 @@
 Theory of operation (DESIGN.md §4.4, §5.3): each member binds a UDP socket beside its tcp
 listener and starts a beacon thread (``hotpath.beacon_start``) that, every period, sends each
 peer a 48-byte datagram (magic, sender, epoch, view, count) signed with SipHash-2-4 under a key
-this process drew at random. The key, the epoch and the UDP port travel to each peer in a BEACON frame
-on the authenticated stream, so only a peer's own process can sign its beacons, and the count
-must grow within one epoch, so a replayed datagram proves nothing. A datagram counts only if its
-view is the receiver's own: a member that was removed, its peers gone on to a view without it,
-must not be kept waiting by their beacons, but suspect them and wedge as without beacons. Datagrams are read on the
-event loop; their senders are handed to the core as signs of life at the next tick. Everything
-about a datagram is checked (length, magic, a known sender, its MAC, its epoch, the view, a
-growing count) before it counts, and nothing is held per datagram: a stranger can make us read, not keep.
+this process drew at random. The key, the epoch and the UDP port travel to each peer in a
+BEACON frame on the authenticated stream, so only a peer's own process can sign its beacons,
+and the count must grow within one epoch, so a replayed datagram proves nothing. A datagram
+counts only if its view is the receiver's own: a member that was removed (its peers gone on to
+a view without it) must suspect them and wedge as without beacons, not wait on them. Datagrams
+are read on the event loop; their senders are handed to the core as signs of life at the next
+tick. Everything about a datagram is checked (length, magic, the view, a known sender, its
+epoch, a growing count, its MAC) before it counts, and nothing is held per datagram: a stranger
+can make us read, not keep.
 """
 
 from __future__ import annotations
