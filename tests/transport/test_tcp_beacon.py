@@ -16,10 +16,9 @@ from derecho_async.transport.tcp.framing import F_BEACON, check_header
 
 
 async def _pair(period: float = 0.01) -> tuple[UdpBeacon, UdpBeacon]:
-    loop = asyncio.get_running_loop()
     a, b = UdpBeacon(1, period, 0), UdpBeacon(2, period, 0)
-    a.start(loop, socket.AF_INET, "127.0.0.1", 0)
-    b.start(loop, socket.AF_INET, "127.0.0.1", 0)
+    a.start(socket.AF_INET, "127.0.0.1", 0)
+    b.start(socket.AF_INET, "127.0.0.1", 0)
     return a, b
 
 
@@ -86,10 +85,9 @@ async def test_forged_replayed_and_foreign_datagrams_do_not_count() -> None:
 
 
 async def test_the_thread_stops_beating_once_the_loop_is_held_past_its_limit() -> None:
-    loop = asyncio.get_running_loop()
     a, b = UdpBeacon(1, 0.01, 0.1), UdpBeacon(2, 0.01, 0)
-    a.start(loop, socket.AF_INET, "127.0.0.1", 0)
-    b.start(loop, socket.AF_INET, "127.0.0.1", 0)
+    a.start(socket.AF_INET, "127.0.0.1", 0)
+    b.start(socket.AF_INET, "127.0.0.1", 0)
     try:
         b.announced(1, "127.0.0.1", a.announcement())
         a.announced(2, "127.0.0.1", b.announcement())

@@ -8,15 +8,14 @@ BEACON frame on the authenticated stream, so only a peer's own process can sign 
 and the count must grow within one epoch, so a replayed datagram proves nothing. A datagram
 counts only if its view is the receiver's own: a member that was removed (its peers gone on to
 a view without it) must suspect them and wedge as without beacons, not wait on them. Datagrams
-are read on the event loop; their senders are handed to the core as signs of life at the next
-tick. Everything about a datagram is checked (length, magic, the view, a known sender, its
+wait in the socket's buffer and are read at each tick (no wake-up of their own: an idle group
+pays nothing for them); their senders are handed to the core as signs of life. Everything about a datagram is checked (length, magic, the view, a known sender, its
 epoch, a growing count, its MAC) before it counts, and nothing is held per datagram: a stranger
-can make us read, not keep.
+can make us read (at most 256 a tick), not keep.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import struct
@@ -31,7 +30,7 @@ DGRAM = struct.Struct("<IIQQQQQ")  # magic, zero, sender, epoch, view, count, Si
 SIGNED = 40  # the bytes the MAC covers
 DGRAM_MAGIC = 0x31624144  # "DAb1"
 ANNOUNCE = struct.Struct("<QQ16s")  # udp port, epoch, key: a BEACON frame's payload
-_READS_PER_WAKEUP = 256
+_READS_PER_TICK = 256
 
 
 class _Peer:
@@ -55,12 +54,11 @@ class UdpBeacon:
         self.port = 0
         self._sock: socket.socket | None = None
         self._handle: object | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._peers: dict[int, _Peer] = {}
         self._moved: set[int] = set()
         self.view = 0  # my view: the one datagrams carry, and the only one counted
 
-    def start(self, loop: asyncio.AbstractEventLoop, family: int, host: str, port: int) -> None:
+    def start(self, family: int, host: str, port: int) -> None:
         """Bind the UDP socket to ``host`` (``port`` if free, else any) and start the thread."""
         sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
@@ -75,8 +73,7 @@ class UdpBeacon:
         except BaseException:
             sock.close()
             raise
-        self._sock, self._handle, self._loop = sock, handle, loop
-        loop.add_reader(sock.fileno(), self._on_readable)
+        self._sock, self._handle = sock, handle
 
     def close(self) -> None:
         """Stop the thread, then close the socket (the thread sends on its descriptor)."""
@@ -84,8 +81,6 @@ class UdpBeacon:
             hotpath.beacon_stop(self._handle)
             self._handle = None
         if self._sock is not None:
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
         self._peers.clear()
@@ -135,15 +130,19 @@ class UdpBeacon:
         beacon arrived since the last call."""
         if self._handle is not None:
             hotpath.beacon_touch(self._handle)
+        self._read()
         moved = sorted(self._moved)
         self._moved.clear()
         return moved
 
-    def _on_readable(self) -> None:
+    def _read(self) -> None:
+        """Check the datagrams waiting in the socket (a bounded number per tick: the rest wait
+        for the next, or the kernel drops them when its buffer is full, and a later beacon of
+        the same peer says the same)."""
         sock = self._sock
         if sock is None:
             return
-        for _ in range(_READS_PER_WAKEUP):
+        for _ in range(_READS_PER_TICK):
             try:
                 data = sock.recv(DGRAM.size + 1)
             except (BlockingIOError, InterruptedError):

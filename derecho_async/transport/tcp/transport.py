@@ -204,8 +204,7 @@ class TcpTransport(DiallingSide, AcceptingSide):
         if self._beacon is not None:
             first = self._listeners[0]
             try:
-                self._beacon.start(loop, first.family, str(first.getsockname()[0]),
-                                   self._address[1])
+                self._beacon.start(first.family, str(first.getsockname()[0]), self._address[1])
             except OSError as exc:  # heartbeats alone then tell liveness, as without one
                 log.warning("member %d: no beacon (cannot bind a UDP socket: %s)",
                             self.member_id, exc)
