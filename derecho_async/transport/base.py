@@ -348,8 +348,8 @@ class Transport(abc.ABC):
     def beacon_tick(self) -> Sequence[int]:
         """Called at every heartbeat tick of the loop: the loop runs. Returns the peers whose
         beacon moved since the last call (their process runs, whatever their event loop does:
-        see ``max_loop_hold_ms``). Transports without a beacon (tcp, rdma) return none, and
-        the core's heartbeats alone tell liveness."""
+        see ``max_loop_hold_ms``). A transport without one (loopback, or any with
+        ``max_loop_hold_ms`` 0) returns none, and the core's heartbeats alone tell liveness."""
         return ()
 
     async def identify(self, address: object, timeout: float) -> int:
