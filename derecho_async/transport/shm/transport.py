@@ -39,6 +39,7 @@ from derecho_async.transport.base import (
     log,
 )
 from derecho_async.transport.shm import cleanup
+from derecho_async.transport.shm.beacon import RingBeacon
 from derecho_async.transport.shm.cleanup import Departures
 from derecho_async.transport.shm.doorbell import (
     ABSENT,
@@ -73,7 +74,6 @@ from derecho_async.transport.shm.ring import (
     W_PBLOCKED,
     W_PCLOSED,
     W_PINC,
-    W_PVIEW,
     W_TAIL,
     Record,
     attach_ring,
@@ -141,16 +141,7 @@ class ShmTransport(Transport):
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._sweep_interval = self._SWEEP_MIN
         self._departed = Departures(member_id)  # left a view, alive when last probed
-        if isinstance(beacon_s, bool) or not isinstance(beacon_s, (int, float)) or not (
-            beacon_s == 0 or 0.001 <= beacon_s <= 3600
-        ):
-            raise ConfigError("beacon_s", "0 or seconds from 0.001 to 3600", beacon_s)
-        self._beacon_s = float(beacon_s)
-        self._hold_s = float(hold_s)
-        #: the liveness thread (hotpath.beacon_start) counting into my rings' W_PALIVE words
-        self._beacon: object | None = None
-        #: the view I installed last (my rings' W_PVIEW: peers count my beacon only within it)
-        self._view_id = 0
+        self._beacon = RingBeacon(beacon_s, hold_s)  # liveness off the loop (.beacon)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, handler: TransportHandler) -> None:
@@ -164,8 +155,7 @@ class ShmTransport(Transport):
             self._begin_start(handler)  # raises the right error
         self._bell = bell = Doorbell(self.group, self.member_id, self._inc)
         loop = self._begin_start(handler)
-        if self._beacon_s:
-            self._beacon = hotpath.beacon_start(self._beacon_s, self._hold_s)
+        self._beacon.start()
         keep, notify = cleanup.clean_at_start(bell)
         for peer in notify:
             self._doorbell(peer, D_RESTART, count_refusal=False)
@@ -182,10 +172,7 @@ class ShmTransport(Transport):
         departed: the segments owned by or paired with each of them are removed once it is dead
         (now, or at a later sweep)."""
         super().set_view(view_id, members, row_bytes)
-        if view_id > self._view_id:
-            self._view_id = view_id
-            for link in self._out.values():
-                link.ring.words[W_PVIEW] = view_id
+        self._beacon.set_view(view_id, self._out.values())
         if self._departed.view(members):
             self._remove_departed()
 
@@ -233,9 +220,7 @@ class ShmTransport(Transport):
             self._sweep_handle = None
         if self._bell is not None and self._loop is not None:
             self._loop.remove_reader(self._bell.fileno())
-        if self._beacon is not None:
-            hotpath.beacon_stop(self._beacon)
-            self._beacon = None
+        self._beacon.stop()
         for link in list(self._out.values()):
             link.ring.words[W_PCLOSED] = 1
             fence()
@@ -320,9 +305,7 @@ class ShmTransport(Transport):
             return None
         link = OutLink(peer, ring)
         self._out[peer] = link
-        ring.words[W_PVIEW] = self._view_id
-        if self._beacon is not None:
-            hotpath.beacon_add(self._beacon, id(link), (ring.mm, W_PALIVE * 8))
+        self._beacon.produce(link)
         return link
 
     def _enqueue(self, peer: int, recs: Sequence[Record]) -> None:
@@ -542,24 +525,12 @@ class ShmTransport(Transport):
     @property
     def beacon_on(self) -> bool:
         """Whether my beacon thread runs (from start to close, unless ``beacon_s`` is 0)."""
-        return self._beacon is not None
+        return self._beacon.on
 
     def beacon_tick(self) -> list[int]:
-        """The loop runs (my beacon keeps counting for ``hold_s`` from now); the senders whose
-        beacon count moved in their ring to me since the last call, in my view (their process
-        runs, whatever their event loop does; one gone on to a view without me does not count:
-        I must suspect it and wedge, as without beacons)."""
-        if self._beacon is not None:
-            hotpath.beacon_touch(self._beacon)
-        moved = []
-        for inl in self._in.values():
-            w = inl.ring.words
-            count = w[W_PALIVE]
-            if count != inl.alive:
-                inl.alive = count
-                if w[W_PVIEW] == self._view_id:
-                    moved.append(inl.peer)
-        return moved
+        """The loop runs; the senders whose beacon moved in their ring to me, in my view (one
+        gone on to a view without me does not count: I must suspect it and wedge)."""
+        return self._beacon.tick(self._in.values())
 
     def _schedule_poll(self) -> None:
         if not self._poll_scheduled and self._loop is not None and not self._closed:
@@ -684,8 +655,7 @@ class ShmTransport(Transport):
         link.waiters.clear()
         if unlink and read_word(link.ring.path, W_PINC) == self._inc:
             unlink_file(link.ring.path)
-        if self._beacon is not None:
-            hotpath.beacon_remove(self._beacon, id(link))
+        self._beacon.drop(link)
         link.ring.close()
 
     def _fail_out(self, link: OutLink, reason: str) -> None:
