@@ -31,12 +31,9 @@
 # runs, and a second barrier shows whether each caught up (check (i)). Member 0's application
 # subscribes to the actor's deliveries and to its views from its first view on (check (j)).
 #
-# Stalling schedules (about half; knob ``stalls``, drawn from their own generator so the others
-# stay as they were) also stall a member now and then for several suspicion timeouts: the
-# network holds its links both ways while its beacon (knob ``beacons``, on by default) still
-# reaches its peers, as when a handler holds its event loop. At the end of each stall that no
-# other fault touched (no partition, no leave, the member not crashed), the schedule records
-# whether every live member still has it in its view (check (l)).
+# Stalling schedules (about half; knob ``stalls``) also stall a member now and then, its beacon
+# (knob ``beacons``) still reaching its peers, as when a handler holds its event loop (stalls.py;
+# check (l)).
 """Seeded schedules of real Groups hosting a test actor, for the actor-level checker."""
 
 from __future__ import annotations
@@ -69,6 +66,7 @@ from derecho_async.testing.simlog import (
     numpy_available,
 )
 from derecho_async.testing.simnet import SimNetwork, TraceEvent, crash_group
+from derecho_async.testing.stalls import Stalls
 from derecho_async.testing.vloop import run_virtual
 
 __all__ = [
@@ -460,22 +458,10 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
 
     partitioned_until: float | None = None
     slow_links: list[tuple[int, int]] = []
-    stalled: tuple[int, float] | None = None  # member, until
-    stall_touched = False  # another fault touched the stall under way
+    stalled = Stalls(net, stall_rng, stalls, SUSPECT_MS / 1000, say, run.stalls)
 
-    def end_stall() -> None:
-        nonlocal stalled
-        assert stalled is not None
-        member = stalled[0]
-        net.unstall(member)
-        say(f"unstall {member}")
-        if not stall_touched:
-            refresh()
-            # the live members whose view lost it (itself too, if it was removed)
-            missing = [m for m in sorted(live | {member})
-                       if m not in live or member not in groups[m].view.members]
-            run.stalls.append((member, loop.time(), missing))
-        stalled = None
+    def view_of(member: int) -> tuple[int, ...]:
+        return groups[member].view.members
 
     steps = int(knobs["steps"])
     p_fault = 0.12 if knobs["faults"] else 0.0
@@ -486,14 +472,7 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
             net.heal()
             partitioned_until = None
             say("heal")
-        if stalled is not None and loop.time() >= stalled[1]:
-            end_stall()
-        if stalls and stalled is None and live and stall_rng.random() < 0.08:
-            member = stall_rng.choice(sorted(live))
-            stalled = (member, loop.time() + stall_rng.choice([2, 3, 5]) * SUSPECT_MS / 1000)
-            stall_touched = partitioned_until is not None
-            net.stall(member)
-            say(f"stall {member}")
+        stalled.step(loop.time(), live, partitioned_until is not None, view_of, refresh)
         if not live:
             break
         r = rng.random()
@@ -513,7 +492,7 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
                 run.fates[member] = "left"
                 # (anyone's leave: it waits a while for the stalled member, then goes anyway,
                 # and in a small group the stalled one is left a minority)
-                stall_touched |= stalled is not None
+                stalled.touch()
                 say(f"leave {member}")
                 tasks.append(asyncio.ensure_future(leave(member)))
             elif kind in ("crash", "crash_burst") and len(alive) >= 3 and calm:
@@ -524,7 +503,7 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
                     await asyncio.sleep(rng.choice([0.0, 0.0002, 0.001]))
                 live.discard(member)
                 run.fates[member] = "crashed"
-                stall_touched |= stalled is not None and stalled[0] == member
+                stalled.touch(member)
                 say(f"crash {member}")
                 crash_group(net, groups[member])
             elif kind == "partition" and len(alive) >= 3 and calm:
@@ -532,7 +511,7 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
                 cut = rng.randint(1, (len(alive) - 1) // 2)
                 minority, majority = sorted(alive[:cut]), sorted(alive[cut:])
                 net.partition(majority, minority)
-                stall_touched |= stalled is not None
+                stalled.touch()
                 partitioned_until = loop.time() + rng.choice([0.01, 0.05, 0.5])
                 say(f"partition {majority} | {minority}")
             elif kind == "slow_link" and len(alive) >= 2:
@@ -551,8 +530,7 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
                 draw_client_call()
 
     # the end: heal everything, let every call finish, then a barrier call from a live member
-    if stalled is not None:
-        end_stall()
+    stalled.end(loop.time(), live, view_of, refresh)
     if partitioned_until is not None:
         net.heal()
         say("heal")
