@@ -19,7 +19,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import secrets
 import statistics
 import tempfile
 import time
@@ -30,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 from bench_files import publish
 
 import derecho_async as da
+from derecho_async.config.strength import new_secret
 from derecho_async.launch import run_member
 
 __all__ = ["table_clients"]
@@ -144,12 +144,12 @@ async def _measure(out: Path, group: str, secret: str, peers: dict[int, str], co
 def table_clients(rep: Reporter, quick: bool) -> None:
     """Run and print table 7."""
     count, lat_count, repeats = (2000, 300, 1) if quick else (20000, 2000, 3)
-    secret = secrets.token_urlsafe(32)
+    secret = new_secret()  # the clients' (`client_secret`)
     group = f"bench-clients-{os.getpid()}"
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["DA_BENCH_CLIENTS"] = tmp
-        fields = dict(group=group, initial_members=3, transport="shm", secret=secret,
+        fields = dict(group=group, initial_members=3, transport="shm", client_secret=secret,
                       client_listen="127.0.0.1:0", max_client_calls=DEPTH * 2)
         procs = [ctx.Process(target=run_member, args=(_member, {**fields, "member_id": m}))
                  for m in range(3)]

@@ -22,6 +22,7 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from derecho_async.config.strength import new_secret
@@ -394,21 +395,30 @@ def cmd_secret(args: argparse.Namespace) -> int:
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
-    from derecho_async.certs import issue, parse_members
+    from derecho_async.certs import CA_CERT, CA_KEY, issue, issue_clients, parse_members
     from derecho_async.errors import UsageError
 
+    if args.members is None and args.clients is None:
+        print("derecho-async certs: name --members, --clients or both", file=sys.stderr)
+        return 2
     try:
-        made = issue(
+        made = ([] if args.members is None else issue(
             args.dir, args.group, parse_members(args.members), days=args.days,
-            overwrite=args.force,
-        )
+            overwrite=args.force))
+        names = [] if args.clients is None else [n.strip() for n in args.clients.split(",")]
+        clients = issue_clients(args.dir, args.group, names, days=args.days,
+                                overwrite=args.force) if names else []
     except UsageError as exc:
         print(f"derecho-async certs: {exc}", file=sys.stderr)
         return 2
-    print(f"CA: {made[0].ca} (keep {made[0].ca.with_name('ca.key')} private: it makes members)")
+    ca = Path(args.dir) / CA_CERT
+    print(f"CA: {ca} (keep {ca.with_name(CA_KEY)} private: it makes members and clients)")
     for m in made:
         print(f"member {m.member_id}: tls_cert = \"{m.cert}\", tls_key = \"{m.key}\","
               f" tls_ca = \"{m.ca}\"")
+    for c in clients:
+        print(f"client {c.name}: ctx = ssl.create_default_context(cafile=\"{c.ca}\");"
+              f" ctx.load_cert_chain(\"{c.cert}\", \"{c.key}\"); Client.connect(..., tls=ctx)")
     return 0
 
 
@@ -487,8 +497,10 @@ Print a fresh shared secret (256 random bits as URL-safe text) for the
 
 _CERTS = """\
 Make a group CA (once; reused when it exists) and a certificate and key for
-each member, for the TLS mode (the tls_cert, tls_key and tls_ca keys). Needs
-the cryptography package (the tls extra).
+each member, for the TLS mode (the tls_cert, tls_key and tls_ca keys), and for
+external clients (--clients: a member's client port requires one in the TLS
+mode; a member port refuses it). Needs the cryptography package (the tls
+extra).
 """
 
 
@@ -563,8 +575,11 @@ def main(argv: list[str] | None = None) -> int:
         "certs", help="make a group CA and member certificates for the TLS mode",
         description=_CERTS, formatter_class=fmt)
     certs.add_argument("--group", required=True, help="the group's name (`group` key)")
-    certs.add_argument("--members", required=True, metavar="IDS",
+    certs.add_argument("--members", metavar="IDS",
                        help="member ids: 0-2, 0,1,5 or 7 (a joiner's id later)")
+    certs.add_argument("--clients", metavar="NAMES",
+                       help="external clients' names, comma-separated (1-64 of A-Za-z0-9_.-"
+                       " each): certificates a member's client port takes in the TLS mode")
     certs.add_argument("--dir", default="certs",
                        help="where the CA and the members' files are (the CA is made if "
                        "absent, else reused)")

@@ -3,7 +3,7 @@
 Run: python examples/kv_client.py
 
 Three member processes over shared memory host KV and serve clients on loopback tcp
-(``client_listen``). This process connects as a ``da.Client`` with the group's secret, writes
+(``client_listen``). This process connects as a ``da.Client`` with the clients' secret, writes
 and reads keys, follows the deliveries, then SIGKILLs the member relaying its calls: the next
 calls go on through another member, and every call is applied exactly once. A last ordered
 call tells the members to leave.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-import secrets
 import signal
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import derecho_async as da
+from derecho_async.config.strength import new_secret
 from derecho_async.launch import run_member
 
 MEMBERS = 3
@@ -100,12 +100,13 @@ async def client(group: str, secret: str, addresses: dict[int, str],
 
 
 def main() -> None:
-    secret = secrets.token_urlsafe(32)
+    secret = new_secret()  # what clients prove (`client_secret`); shm members need none
     group = f"kvclient-{os.getpid()}"
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["KV_CLIENT_DIR"] = tmp
-        fields = dict(group=group, initial_members=MEMBERS, transport="shm", secret=secret,
-                      client_listen="127.0.0.1:0", heartbeat_ms=20, suspect_after_ms=500)
+        fields = dict(group=group, initial_members=MEMBERS, transport="shm",
+                      client_secret=secret, client_listen="127.0.0.1:0", heartbeat_ms=20,
+                      suspect_after_ms=500)
         ctx = multiprocessing.get_context("spawn")
         procs = {m: ctx.Process(target=run_member, args=(member, {**fields, "member_id": m}))
                  for m in range(MEMBERS)}

@@ -47,9 +47,10 @@ from derecho_async.errors import (
     UsageError,
 )
 from derecho_async.transport.tcp.handshake import (
+    CLIENT,
     Address,
-    AuthError,
     HandshakeError,
+    Refused,
     check_address,
     client_handshake,
 )
@@ -142,19 +143,25 @@ class Client:
         """Connect to a member of ``group`` among ``peers`` (member id -> the ``host:port``
         of its ``client_listen``) and return once one accepted this client.
 
-        ``secret``: the group's; ``tls``: a client-side context to speak TLS with members
-        that serve clients over it; ``timeout``: seconds without any reachable member after
+        ``secret``: the group's ``client_secret`` (not the members' own ``secret``: a member
+        port refuses clients); ``tls``: a client-side context to speak TLS with members that
+        serve clients over it, holding a client certificate of the group's CA (``derecho-async
+        certs --clients``; then ``secret`` is needed only where the members set
+        ``client_secret``); ``timeout``: seconds without any reachable member after
         which the client closes (its calls then fail with :class:`GroupClosed`);
         ``client_id``: 16 bytes naming this client (default: random). Members apply each
         ordered call once per client id and call number, and a client numbers its calls per
         actor from 0: give an id only to resume exactly where a client of that id stopped.
-        :class:`AuthenticationError` at once if a member refuses the secret."""
+        :class:`AuthenticationError` at once if a member refuses the secret, the certificate
+        or the group name; :class:`UsageError` at once if an address is not a client port."""
         if not peers:
             raise UsageError("Client.connect needs peers: member id -> 'host:port'")
         checked = {int(m): check_address(a, f"peers[{m}]") for m, a in peers.items()}
-        if secret is None:
-            raise UsageError("Client.connect needs the group's secret")
-        key = secret.encode() if isinstance(secret, str) else bytes(secret)
+        if secret is None and tls is None:
+            raise UsageError("Client.connect needs the group's client_secret (or tls= with a "
+                             "client certificate)")
+        key = (b"" if secret is None else secret.encode() if isinstance(secret, str)
+               else bytes(secret))
         if timeout <= 0:
             raise UsageError(f"timeout must be positive, got {timeout!r}")
         client = cls(group, checked, key, tls, timeout)
@@ -165,8 +172,18 @@ class Client:
         client._task = asyncio.get_running_loop().create_task(client._run())
         ready: asyncio.Future[object] = asyncio.ensure_future(client._ready.wait())
         closed: asyncio.Future[object] = client._closed  # type: ignore[assignment]
-        await asyncio.wait([ready, closed], return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait([ready, closed], timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # (cancelled: nothing of this client may outlive the call)
+            ready.cancel()
+            await asyncio.shield(client.close())
+            raise
         ready.cancel()
+        if not client._closed.done() and not client._ready.is_set():
+            client._shut(GroupClosed(
+                f"no member of group {group!r} took this client within {timeout} s (tried "
+                f"{sorted(checked)}; last: {client._last_error or 'no answer yet'})"))
         if client._closed.done():
             await client.close()
             client._closed.result()  # raises why
@@ -331,7 +348,7 @@ class Client:
             for member in self._order():
                 try:
                     reader, writer = await self._dial(member)
-                except AuthenticationError as exc:
+                except (AuthenticationError, UsageError) as exc:  # refused for good
                     self._shut(exc)
                     return
                 except (OSError, HandshakeError, TimeoutError, asyncio.IncompleteReadError,
@@ -340,8 +357,8 @@ class Client:
                     self._last_error = f"member {member}: {exc or type(exc).__name__}"
                     continue
                 pause = _RETRY_S
-                await self._serve(member, reader, writer)
-                lost_at = asyncio.get_running_loop().time()
+                if await self._serve(member, reader, writer):  # (a relay took this client)
+                    lost_at = asyncio.get_running_loop().time()
                 if self._closed.done():
                     return
             if asyncio.get_running_loop().time() - lost_at > self._timeout:
@@ -354,26 +371,42 @@ class Client:
 
     async def _dial(self, member: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         host, port = self._peers[member]
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=self._tls, limit=1 << 16), 5.0)
+        where = f"member {member} at {host}:{port}"
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=self._tls, limit=1 << 16), 5.0)
+        except ssl.SSLError as exc:
+            _refused_certificate(where, exc)
+            raise
         try:
             _sid, _addr, verdict, why = await asyncio.wait_for(client_handshake(
                 reader, writer, secret=self._secret, my_id=random.getrandbits(62),
-                my_addr=("client", 0), expect=None, group=self.group), 10.0)
+                my_addr=("client", 0), expect=None, group=self.group, role=CLIENT), 10.0)
+            if verdict == "busy":  # (at its max_clients: another member may take it)
+                raise HandshakeError(f"{where} is busy: {why}")
             if verdict != "accept":
-                raise HandshakeError(f"member {member} refused this client: {why}")
+                raise AuthenticationError(f"{where} refused this client: {why}")
             cw.write_frame(writer, cw.HELLO, self.client_id)
-        except AuthError as exc:
+        except ssl.SSLError as exc:  # (TLS 1.3: a refused certificate shows at the first read)
             writer.close()
-            raise AuthenticationError(str(exc)) from None
+            _refused_certificate(where, exc)
+            raise
+        except Refused as exc:
+            writer.close()
+            if exc.wrong_port:
+                raise UsageError(f"{where} is not a client port (give the client the "
+                                 f"addresses members serve clients on, their client_listen): "
+                                 f"{exc}") from None
+            raise AuthenticationError(f"{where}: {exc}") from None
         except BaseException:
             writer.close()
             raise
         return reader, writer
 
     async def _serve(self, member: int, reader: asyncio.StreamReader,
-                     writer: asyncio.StreamWriter) -> None:
-        """Use ``member`` as the relay until its connection ends."""
+                     writer: asyncio.StreamWriter) -> bool:
+        """Use ``member`` as the relay until its connection ends; whether it took this client
+        (told it a view)."""
         if self.relay is not None and self.relay != member:
             self._failovers += 1
             log.info("client: relay %d gone; member %d relays now", self.relay, member)
@@ -383,10 +416,12 @@ class Client:
             cw.write_frame(writer, *call.frame)  # type: ignore[arg-type]
         for sub in self._subs.values():
             cw.write_frame(writer, cw.SUB, *sub.frame())
+        took = False
         try:
             while True:
                 frame = await cw.read_frame(reader, _MAX_FRAME)
                 self._on_frame(member, frame)
+                took = took or self._ready.is_set()
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         except ProtocolViolation as exc:
@@ -395,6 +430,7 @@ class Client:
             self._writer = None
             self._ready.clear()
             writer.close()
+        return took
 
     def _on_frame(self, member: int, frame: list[Any]) -> None:
         kind = frame[0]
@@ -484,6 +520,19 @@ class Client:
             queue.put_nowait(None)
         if self._writer is not None:
             self._writer.close()
+
+
+def _refused_certificate(where: str, exc: ssl.SSLError) -> None:
+    """Raise :class:`AuthenticationError` where a TLS error means a certificate was refused,
+    either way (no retry can mend that); return for any other TLS error."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        raise AuthenticationError(f"{where}: its certificate did not verify against the "
+                                  f"client's TLS context: {exc.verify_message}") from None
+    if "CERTIFICATE" in str(getattr(exc, "reason", "")) or "UNKNOWN_CA" in str(
+            getattr(exc, "reason", "")):
+        raise AuthenticationError(f"{where} refused this client's certificate ({exc.reason}): "
+                                  "present a client certificate of the group's CA (`derecho-"
+                                  "async certs --clients`)") from None
 
 
 def _on_host(value: Any) -> Any:

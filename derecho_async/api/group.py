@@ -287,10 +287,9 @@ class Group:
         if self.config.client_listen is not None:
             try:
                 await self._relay.start()
-            except OSError as exc:
+            except ConfigError:
                 await self.leave()
-                raise ConfigError("client_listen", "an address this member can listen on",
-                                  f"{self.config.client_listen} ({exc})") from None
+                raise
             self._relay.announce(self.view.members)
 
     async def leave(self) -> None:

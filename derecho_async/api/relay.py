@@ -1,20 +1,26 @@
 """A member's service to external clients: it relays their calls and streams what they follow.
 
 Theory of operation (docs/DESIGN.md §7.16): a member with ``client_listen`` set listens there
-once it is in its first view. A client proves the group's secret with the members' handshake,
-says its id (HELLO) and hears the view and every member's client address (VIEW, again at each
-view). Its ordered calls are checked here (known actor and method, arguments that decode) and
-rejected at once otherwise; a good one is multicast as this member's own call, tagged with the
-client's id and sequence number (``wire.client_call``), so every member applies it once however
-many relays sent it (:mod:`.once`). Its outcome goes back as DONE; a call this member could not
-see through (it left, was removed, wedged, or its queue was full) as FAIL with ``retry`` set:
-the client sends it again through another member. p2p calls are made from here (``-1``: served
-here); subscriptions are this member's own ``subscribe()``, streamed.
+once it is in its first view. A client proves the clients' secret (``client_secret``; in the TLS
+mode it also presents a client certificate of the group's CA) with the members' handshake in the
+client role, which only this port takes (a member port refuses it, and this port refuses a
+member), says its id (HELLO) and hears the view and every member's client address (VIEW, again
+at each view). Its ordered calls are checked here (known actor and method, arguments that
+decode) and rejected at once otherwise; a good one is multicast as this member's own call,
+tagged with the client's id and sequence number (``wire.client_call``), so every member applies
+it once however many relays sent it (:mod:`.once`). Its outcome goes back as DONE; a call this
+member could not see through (it left, was removed, wedged, or its queue was full) as FAIL with
+``retry`` set: the client sends it again through another member. p2p calls are made from here
+(``-1``: served here); subscriptions are this member's own ``subscribe()``, streamed.
 
-Bounds: 64 connections not yet proven (more are closed at once), ``max_clients`` connections; ``max_client_calls`` calls and p2p calls in flight per
-connection (past it this member stops reading from it: tcp holds the client back); frames of
-at most ``max_call_mb``; 16 subscriptions per connection, each dropped with a reason when its
-client reads too slowly (``subscribe``'s backlog bound).
+Bounds: what a stranger may cost follows the member port's rules (an
+:class:`~derecho_async.transport.tcp.entrance.Entrance` with :data:`CLIENT_LIMITS`: TLS, the
+handshake and the HELLO within 3 s, connections not yet proven capped per address and in all,
+descriptors kept in reserve for the members' own links, refusals logged a few at a time then
+as one summary per interval); ``max_clients`` connections; ``max_client_calls`` calls and p2p
+calls in flight per connection (past it this member stops reading from it: tcp holds the
+client back); frames of at most ``max_call_mb``; 16 subscriptions per connection, each dropped
+with a reason when its client reads too slowly (``subscribe``'s backlog bound).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from derecho_async import wire
@@ -32,6 +39,7 @@ from derecho_async.api.calls import CAST, HandlerError, Replies
 from derecho_async.api.delivery import encode_outcome
 from derecho_async.api.forward import Forwarder
 from derecho_async.errors import (
+    ConfigError,
     DerechoError,
     GroupClosed,
     MemberFailed,
@@ -41,11 +49,17 @@ from derecho_async.errors import (
     SubscriptionDropped,
     UsageError,
 )
+from derecho_async.transport.tcp.entrance import Entrance
 from derecho_async.transport.tcp.handshake import (
+    CLIENT,
+    AuthError,
     HandshakeError,
     check_address,
     server_handshake,
 )
+from derecho_async.transport.tcp.identity import certified_client, client_context
+from derecho_async.transport.tcp.limits import RefusalLog, TcpLimits
+from derecho_async.transport.tcp.streams import Accepted, listen_sockets
 from derecho_async.wire import envelope as env
 
 if TYPE_CHECKING:
@@ -56,18 +70,26 @@ if TYPE_CHECKING:
     from derecho_async.api.p2pcalls import P2PServer
     from derecho_async.core import View
 
-__all__ = ["Relay"]
+__all__ = ["CLIENT_LIMITS", "Relay"]
 
 log = logging.getLogger("derecho_async.clients")
 
-_HANDSHAKE_S: Final = 10.0  # a client that has not proven itself by then is dropped
-_MAX_HANDSHAKING: Final = 64  # connections not proven yet, at most (more are closed at once)
+CLIENT_LIMITS: Final = TcpLimits(handshake_s=3.0, max_pending=128, max_pending_per_host=16,
+                                 fd_reserve=256)
+"""What connections to the client port that are not yet proven may cost (the member port's
+rules, :class:`~derecho_async.transport.tcp.limits.TcpLimits`), with twice its descriptor
+reserve: accepting clients stops while the member port still accepts members."""
+_HELLO_BYTES: Final = 4096  # the HELLO frame, at most
 _MAX_SUBSCRIPTIONS: Final = 16  # per connection
 _SUB_BACKLOG: Final = 65536  # deliveries a client's subscription may lag, at most
 _HIGH_WATER: Final = 8 << 20  # bytes queued to a client before this member waits for it
 _REASON: Final = 500  # characters of a reason sent to a client
 
 Subscribe = Callable[..., AsyncIterator["HistoryEntry"]]
+
+
+def _close_socket(sock: socket.socket, _task: object) -> None:
+    sock.close()
 
 
 def _clip(text: str) -> str:
@@ -77,8 +99,10 @@ def _clip(text: str) -> str:
 class _Connection:
     """One client's connection."""
 
-    def __init__(self, client: bytes, writer: asyncio.StreamWriter, slots: int) -> None:
+    def __init__(self, client: bytes, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter, slots: int) -> None:
         self.client = client
+        self.reader = reader
         self.writer = writer
         self.slots = asyncio.Semaphore(slots)
         self.subs: dict[int, asyncio.Task[None]] = {}
@@ -108,49 +132,76 @@ class Relay:
         self._sharded = dict(sharded or {})  # sharded actor -> its number of shards
         self._hosts = hosts or (lambda _actor, _shard: ())  # (actor, shard) -> hosts now
         self._forwarder = forwarder
-        self._secret = (config.secret or "").encode()
+        self._group = config.group
+        self._secret = (config.client_secret or "").encode()
         self._max_clients = config.max_clients
         self._slots = config.max_client_calls
         self._max_call = config.max_call_mb << 20  # a call's encoded bytes, at most
         self._max_frame = self._max_call + 4096
-        self._server: asyncio.Server | None = None
+        self._listeners: list[socket.socket] = []
+        self._tasks: set[asyncio.Task[None]] = set()  # accept loops and connections
         self._conns: set[_Connection] = set()
-        self._handshaking = 0  # connections not proven yet
         self._closed = False
         self.address: tuple[str, int] = (check_address(config.client_listen, "client_listen")
                                          if config.client_listen is not None else ("", 0))
         self.addresses: dict[int, tuple[str, int]] = {}
         """Every member's client address this member heard of (its own included)."""
         self._tls: ssl.SSLContext | None = None
-        if config.tls_cert is not None and config.tls_key is not None:
-            self._tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            self._tls.load_cert_chain(config.tls_cert, config.tls_key)
+        if (config.tls_cert is not None and config.tls_key is not None
+                and config.tls_ca is not None):
+            self._tls = client_context(config.tls_cert, config.tls_key, config.tls_ca)
+        self.refusals = RefusalLog(self._me, log, CLIENT_LIMITS)
+        """Refused and closed client connections, by reason (rate-limited logs)."""
+        self._entrance: Entrance[_Connection] = Entrance(
+            "client port", self.refusals, self._tls, self._greet, self._serve, self._spawn_task)
 
     @property
     def listening(self) -> bool:
         """Whether this member serves clients on :attr:`address`."""
-        return self._server is not None and not self._closed
+        return bool(self._listeners) and not self._closed
 
     async def start(self) -> None:
-        """Listen for clients."""
+        """Listen for clients. ``ConfigError("client_listen")`` when the address cannot be
+        bound."""
+        loop = asyncio.get_running_loop()
         host, port = self.address
-        self._server = await asyncio.start_server(self._serve, host, port, ssl=self._tls,
-                                                  limit=1 << 16)
-        sock = self._server.sockets[0].getsockname()
-        self.address = (host, int(sock[1]))
+        try:
+            self._listeners = await listen_sockets(loop, host or None, port)
+        except OSError as exc:
+            raise ConfigError("client_listen", "an address this member can listen on",
+                              f"{host}:{port} ({exc.strerror or exc})") from None
+        self.address = (host, int(self._listeners[0].getsockname()[1]))
         self.addresses[self._me] = self.address
+        self.refusals.bind(loop)
+        for lsock in self._listeners:
+            task = self._spawn_task(self._entrance.accept_loop(lsock))
+            # (the socket is closed once its accept loop ended: its fd is unregistered then)
+            task.add_done_callback(functools.partial(_close_socket, lsock))
         log.info("member %d: serving clients on %s:%d", self._me, *self.address)
 
     def close(self) -> None:
         """Stop listening and close every client's connection (they fail over)."""
+        if self._closed:
+            return
         self._closed = True
-        if self._server is not None:
-            self._server.close()
+        self._entrance.closed = True
         for conn in list(self._conns):
             for task in [*conn.subs.values(), *conn.tasks]:
                 task.cancel()
             conn.writer.close()
         self._conns.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        if not self._tasks:
+            for lsock in self._listeners:
+                lsock.close()
+        self.refusals.flush()
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     # -- the view --------------------------------------------------------------------------
     def view_frame(self, view: View) -> tuple[object, ...]:
@@ -186,31 +237,47 @@ class Relay:
                 conn.send(cw.VIEW, *frame)
 
     # -- a connection ----------------------------------------------------------------------
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn: _Connection | None = None
-        if self._handshaking >= _MAX_HANDSHAKING:  # what a stranger can make this member hold
-            writer.close()
-            return
-        try:
-            self._handshaking += 1
+    async def _greet(self, acc: Accepted, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> _Connection | None:
+        """A new connection's handshake (client role) and HELLO, within the entrance's
+        deadline: the connection to serve, or None once it was refused."""
+        proven = await server_handshake(reader, writer, secret=self._secret, my_id=self._me,
+                                        my_addr=self.address, group=self._group, role=CLIENT)
+        if self._tls is not None:  # (a member's certificate names no client: refused)
             try:
-                proven = await asyncio.wait_for(
-                    server_handshake(reader, writer, secret=self._secret, my_id=self._me,
-                                     my_addr=self.address, group=self._state.config.group),
-                    _HANDSHAKE_S)
-            finally:
-                self._handshaking -= 1
-            if self._closed or len(self._conns) >= self._max_clients:
-                proven.answer(writer, "reject", f"member {self._me} serves "
-                              f"{self._max_clients} clients already (max_clients)")
-                await writer.drain()
-                return
-            proven.answer(writer, "accept")
-            hello = await asyncio.wait_for(cw.read_frame(reader, 4096), _HANDSHAKE_S)
-            if hello[0] != cw.HELLO or len(hello[1]) != wire.CLIENT_ID_BYTES:
-                raise ProtocolViolation("the first frame is not a HELLO with a 16-byte id")
-            conn = _Connection(hello[1], writer, self._slots)
-            self._conns.add(conn)
+                certified_client(writer.get_extra_info("peercert"), self._group)
+            except AuthError as exc:
+                proven.answer(writer, "reject", str(exc))
+                raise
+        if self._closed or len(self._conns) >= self._max_clients:
+            proven.answer(writer, "busy", f"member {self._me} serves "
+                          f"{self._max_clients} clients already (max_clients)")
+            self.refusals.note("max_clients", f"client port: refused a client from {acc.host}:"
+                               f" {self._max_clients} clients already", logging.INFO)
+            await writer.drain()
+            return None
+        proven.answer(writer, "accept")
+        conn = _Connection(b"", reader, writer, self._slots)
+        self._conns.add(conn)  # (counted against max_clients from here)
+        try:
+            try:
+                hello = await cw.read_frame(reader, _HELLO_BYTES)
+            except ProtocolViolation as exc:
+                raise HandshakeError(f"a bad first frame: {exc}") from None
+            if (hello[0] != cw.HELLO or type(hello[1]) is not bytes
+                    or len(hello[1]) != wire.CLIENT_ID_BYTES):
+                raise HandshakeError("the first frame is not a HELLO with a 16-byte id")
+        except BaseException:
+            self._conns.discard(conn)
+            raise
+        conn.client = hello[1]
+        return conn
+
+    async def _serve(self, acc: Accepted, conn: _Connection) -> None:
+        """A client that said HELLO: its frames, until the connection ends."""
+        self._entrance.admit(acc)
+        reader, writer = conn.reader, conn.writer
+        try:
             writer.transport.set_write_buffer_limits(high=_HIGH_WATER)
             view = self._state.view
             if view is not None:
@@ -232,16 +299,15 @@ class Relay:
                         task.cancel()
                 else:
                     raise ProtocolViolation(f"a client sent a frame of kind {kind}")
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, OSError,
-                HandshakeError, asyncio.CancelledError):
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, OSError):
             pass
         except ProtocolViolation as exc:
-            log.warning("member %d: a client broke the protocol: %s", self._me, exc)
+            self.refusals.note("client broke the protocol",
+                               f"client port: a client from {acc.host} broke the protocol: {exc}")
         finally:
-            if conn is not None:
-                self._conns.discard(conn)
-                for task in [*conn.subs.values(), *conn.tasks]:
-                    task.cancel()
+            self._conns.discard(conn)
+            for task in [*conn.subs.values(), *conn.tasks]:
+                task.cancel()
             writer.close()
 
     def _spawn(self, conn: _Connection, coro: Any) -> None:

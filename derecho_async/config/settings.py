@@ -101,6 +101,12 @@ class Config:
         HostPort(allow_port_zero=True),
         "the address this member serves external clients on (`da.Client`; port 0: any free "
         "port; unset: none), told to clients as given: use one they can reach"))
+    client_secret: str | None = field(default=None, repr=False, metadata=key(
+        Secret(strength.MIN_BITS),
+        "the secret external clients prove at `client_listen` (`derecho-async secret`; "
+        "another than `secret`, which only members hold); required with `client_listen` "
+        "unless TLS is set (then clients present client certificates, and it is a second "
+        "factor)"))
     max_clients: int = field(default=1024, metadata=key(
         Int(1, 1 << 20), "client connections this member serves at once, at most"))
     max_client_calls: int = field(default=256, metadata=key(
@@ -358,10 +364,17 @@ def _secret_for_networked(config: Config) -> None:
 
 
 def _secret_for_clients(config: Config) -> None:
-    if config.client_listen is not None and config.secret is None:
+    # Clients prove a secret of their own: one that members hold would let a client act as one.
+    if config.client_listen is None:
+        return
+    if config.client_secret is None and config.tls_cert is None:
         raise ConfigError(
-            "secret", BY_NAME["secret"].expected() + " (required when client_listen is set: "
-            "clients prove it)", None)
+            "client_secret", BY_NAME["client_secret"].expected() + " (required when "
+            "client_listen is set without TLS: clients prove it)", None)
+    if config.client_secret is not None and config.client_secret == config.secret:
+        raise ConfigError(
+            "client_secret", "a secret other than `secret` (clients must not hold what "
+            "admits a member)", "<the value of secret>")
 
 
 RULES: Final[tuple[Callable[[Config], None], ...]] = (

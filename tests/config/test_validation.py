@@ -10,6 +10,7 @@ import pickle
 import pytest
 
 from derecho_async.config import Config
+from derecho_async.config.strength import new_secret
 from derecho_async.errors import ConfigError
 from tests.config.support import BASE, SECRET, make
 
@@ -102,6 +103,8 @@ BAD_VALUES: list[tuple[str, object]] = [
     ("client_listen", "nohost"),
     ("client_listen", "h:70000"),
     ("client_listen", 7000),
+    ("client_secret", "short"),
+    ("client_secret", 12345),
     ("max_clients", 0),
     ("max_clients", (1 << 20) + 1),
     ("max_clients", "8"),
@@ -314,12 +317,20 @@ def test_tcp_requires_secret() -> None:
     assert make(transport="tcp", secret=SECRET).secret == SECRET
 
 
-def test_serving_clients_requires_a_secret() -> None:
+def test_serving_clients_requires_a_client_secret_of_its_own() -> None:
     with pytest.raises(ConfigError) as info:
-        make(client_listen="127.0.0.1:0")
-    assert info.value.key == "secret"
+        make(client_listen="127.0.0.1:0", secret=SECRET)  # the members' secret is not enough
+    assert info.value.key == "client_secret"
     assert "client_listen" in info.value.expected
-    assert make(client_listen="127.0.0.1:0", secret=SECRET).client_listen == "127.0.0.1:0"
+    with pytest.raises(ConfigError) as info:  # a client must not hold what admits a member
+        make(client_listen="127.0.0.1:0", secret=SECRET, client_secret=SECRET)
+    assert info.value.key == "client_secret"
+    assert SECRET not in str(info.value)
+    other = new_secret()
+    c = make(client_listen="127.0.0.1:0", client_secret=other)
+    assert c.client_secret == other and other not in repr(c)
+    tls = make(client_listen="127.0.0.1:0", tls_cert="c.pem", tls_key="c.key", tls_ca="ca.pem")
+    assert tls.client_secret is None  # TLS: client certificates; the secret is optional
 
 
 def test_secret_is_hidden() -> None:
@@ -373,7 +384,7 @@ def test_unknown_key_in_constructor() -> None:
     assert info.value.key == "heartbeat"
     assert info.value.got == 5
     assert info.value.expected.startswith(
-        "one of: check_p2p_reads, client_listen, contact, data_dir, fence_timeout_s,"
+        "one of: check_p2p_reads, client_listen, client_secret, contact, data_dir,"
     )
     assert "heartbeat_ms," in info.value.expected
 

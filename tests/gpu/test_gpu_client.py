@@ -31,7 +31,8 @@ async def test_a_clients_device_arrays_are_staged_through_host_memory() -> None:
     cp = need_cupy()
     groups = list(await asyncio.gather(*(
         da.Group.join(da.Config(group="gpuclient", member_id=m, initial_members=2,
-                                transport="sim", secret=SECRET, client_listen="127.0.0.1:0",
+                                transport="sim", client_secret=SECRET,
+                                client_listen="127.0.0.1:0",
                                 heartbeat_ms=5, suspect_after_ms=500),
                       actors=[Weights], timeout=10) for m in range(2))))
     peers = {g.member_id: str(g.client_address) for g in groups}

@@ -261,3 +261,21 @@ def test_certs_makes_a_ca_once_and_member_files_config_can_use(tmp_path: Path) -
         args = {"--group": "kv", "--members": "9", **dict(zip(bad[::2], bad[1::2], strict=True))}
         r = _cli("certs", "--dir", str(out), *[x for kv in args.items() for x in kv], timeout=60)
         assert r.returncode == 2 and "derecho-async certs:" in r.stderr, (bad, r.stderr)
+
+
+def test_certs_makes_client_certificates_that_name_no_member(tmp_path: Path) -> None:
+    from derecho_async.transport.tcp.identity import certified_by_file
+
+    out = tmp_path / "certs"
+    made = _cli("certs", "--group", "kv", "--clients", "web,trainer", "--dir", str(out),
+                timeout=60)
+    assert made.returncode == 0, made.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "ca.key", "ca.pem", "client-trainer.key", "client-trainer.pem", "client-web.key",
+        "client-web.pem"]
+    assert 'client web: ctx = ssl.create_default_context(cafile="' in made.stdout
+    assert certified_by_file(str(out / "client-web.pem")) == []  # no member URI in it
+    nothing = _cli("certs", "--group", "kv", "--dir", str(out), timeout=60)
+    assert nothing.returncode == 2 and "--members, --clients" in nothing.stderr
+    bad = _cli("certs", "--group", "kv", "--clients", "a b", "--dir", str(out), timeout=60)
+    assert bad.returncode == 2 and "not a client name" in bad.stderr

@@ -15,6 +15,7 @@ import socket
 import time
 from pathlib import Path
 
+from derecho_async.config.strength import new_secret
 from derecho_async.launch import run_member
 from tests.runtime import client_apps
 
@@ -43,8 +44,10 @@ def test_every_acknowledged_client_call_is_applied_once_while_members_die(
     ctx = multiprocessing.get_context("spawn")
     group = f"clients{os.getpid()}"
     listen = {m: f"127.0.0.1:{_free_port()}" for m in range(3)}
+    client_secret = new_secret()
     common = dict(group=group, transport="tcp", secret=SECRET, initial_members=3,
-                  heartbeat_ms=20, suspect_after_ms=600, client_listen="127.0.0.1:0")
+                  heartbeat_ms=20, suspect_after_ms=600, client_listen="127.0.0.1:0",
+                  client_secret=client_secret)
     procs: dict[int, multiprocessing.process.BaseProcess] = {}
 
     def start(m: int, **fields: object) -> None:
@@ -59,7 +62,7 @@ def test_every_acknowledged_client_call_is_applied_once_while_members_die(
         _wait(tmp_path / f"up-{m}", 60)
     peers = {m: (tmp_path / f"up-{m}").read_text() for m in range(3)}
     client = ctx.Process(target=client_apps.run_client,
-                         args=(group, peers, SECRET, CALLS, str(tmp_path)))
+                         args=(group, peers, client_secret, CALLS, str(tmp_path)))
     client.start()
     killed: list[int] = []
     live = [0, 1, 2]

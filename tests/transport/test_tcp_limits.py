@@ -226,7 +226,7 @@ async def test_pending_connections_are_capped_and_a_member_still_gets_through() 
         # four from each address are held, the fifth from .2 is refused at once
         assert a.refusals.counts == {"per-address cap": 1}
         assert await closed_after(streams[4][0], 2) < 2
-        assert len(a._pending) == 8
+        assert len(a._entrance.pending) == 8
         # full: a member dialling from another address (127.0.0.1) takes the place of the
         # oldest connection of a flooding address
         b.add_peer(0, a.address)
@@ -260,7 +260,7 @@ async def test_accepting_stops_short_of_the_descriptor_limit() -> None:
             streams.append(await _silent(a.address[1], f"127.0.0.{2 + i}"))
         await asyncio.sleep(0.2)
         assert a.refusals.counts["descriptor reserve"] >= 5
-        assert 10 <= len(a._pending) <= 22
+        assert 10 <= len(a._entrance.pending) <= 22
         a.add_peer(1, b.address)  # the reserve keeps a descriptor for the member's own link
         a.send(1, b"own link")
         await rb.wait_for(lambda: rb.messages(0) == [b"own link"])

@@ -18,7 +18,8 @@ from derecho_async.transport.tcp import TcpTransport, handshake
 
 OTHER_SECRET = b"y7Qe2Lm9Xc4Vt1Bn8Rk3Pz6Hw0Js5Fd2Ga9Ku4Yi7To"
 FIXED_NONCE = bytes(range(32))
-HELLO = {"proto": handshake.PROTOCOL, "group": "", "id": 7, "addr": ["127.0.0.1", 1]}
+HELLO = {"proto": handshake.PROTOCOL, "group": "", "role": handshake.MEMBER, "id": 7,
+         "addr": ["127.0.0.1", 1]}
 
 
 @pytest.fixture(autouse=True)
@@ -113,7 +114,7 @@ async def test_another_protocol_version_is_told_which_one_without_a_proof() -> N
         msgs = _messages(await _stranger(t.address[1], proto="derecho_async/tcp/1", prove=False))
     finally:
         await t.close()
-    assert msgs == [{"why": "expected protocol derecho_async/tcp/3"}]
+    assert msgs == [{"why": f"expected protocol {handshake.PROTOCOL}"}]
 
 
 async def _fake_acceptor(mode: str, seen: list[int]) -> tuple[asyncio.Server, int]:

@@ -4,14 +4,20 @@ Theory of operation (DESIGN.md §5.3). Each message is a u32 length and a msgpac
 4 KiB). The initiator proves first, and the acceptor sends nothing derived from the secret until
 that proof checked out:
 
-1. initiator -> acceptor: protocol tag, group, initiator id, listen address, 32-byte nonce Nc
-2. acceptor -> initiator: acceptor id, listen address, nonce Ns (nothing secret-derived)
+1. initiator -> acceptor: protocol tag, group, role, initiator id, listen address, 32-byte
+   nonce Nc
+2. acceptor -> initiator: acceptor id, listen address, nonce Ns (nothing secret-derived); or,
+   to an initiator of another protocol, group or role, a refusal saying which (and the close)
 3. initiator -> acceptor: HMAC-SHA256(K, protocol | "initiator" | transcript)
-4. acceptor -> initiator: verdict "accept" | "dup" | "reject" (+ why) and, only if the
-   initiator's proof was valid, HMAC-SHA256(K, protocol | "acceptor" | transcript | verdict)
+4. acceptor -> initiator: verdict "accept" | "dup" | "reject" | "busy" (+ why) and, only if
+   the initiator's proof was valid, HMAC-SHA256(K, protocol | "acceptor" | transcript | verdict)
 
-The transcript binds the group, both ids, both listen addresses and both nonces; the role tags
-stop reflection. A stranger who fails the proof gets a fixed "reject" and the close: no byte of
+The transcript binds the group, the initiator's role, both ids, both listen addresses and both
+nonces; the proofs' role tags stop reflection. The *role* says what the initiator is: a member
+(:data:`MEMBER`, at a member port) or an external client (:data:`CLIENT`, at a member's client
+port, proving the clients' secret); each port refuses the other role at once, so a client's
+credentials never admit it as a member, and a member or client dialling the wrong port is told
+so. A stranger who fails the proof gets a fixed "reject" and the close: no byte of
 it depends on the secret, so one connection gives it nothing to test guesses against. K is the
 secret stretched with scrypt, salted with the protocol and the group name (:func:`group_key`,
 once per process, not per connection), so a guess costs an scrypt even to someone who recorded
@@ -38,6 +44,8 @@ from derecho_async.transport.tcp.framing import MAX_REASON, U63
 
 __all__ = [
     "AUTH_FAILED",
+    "CLIENT",
+    "MEMBER",
     "NONCE",
     "PROTOCOL",
     "Address",
@@ -45,6 +53,7 @@ __all__ = [
     "HandshakeError",
     "Proven",
     "Refused",
+    "WrongRole",
     "check_address",
     "client_handshake",
     "field_addr",
@@ -58,14 +67,19 @@ __all__ = [
     "write_hs",
 ]
 
-PROTOCOL = "derecho_async/tcp/3"
+PROTOCOL = "derecho_async/tcp/4"
+MEMBER = "member"
+"""The role of a member dialling a member port."""
+CLIENT = "client"
+"""The role of an external client dialling a member's client port."""
+_ROLES = (MEMBER, CLIENT)
 AUTH_FAILED = "authentication failed"
 """The acceptor's reason for a failed proof (the same for every stranger)."""
 _HS_LEN = struct.Struct("<I")
 _HS_MAX = 4096
 NONCE = 32
 _MAC = 32
-_VERDICTS = ("accept", "dup", "reject")
+_VERDICTS = ("accept", "dup", "reject", "busy")
 # scrypt cost: 2**14 x 8 x 128 bytes = 16 MiB and some tens of ms per guess
 _KDF_N = 1 << 14
 _KDF_R = 8
@@ -81,11 +95,13 @@ class HandshakeError(Exception):
 class Refused(HandshakeError):
     """The peer refused us for good (not retried): ``auth`` when it serves another group or
     protocol (as a failed proof: :class:`AuthError`), else it refused the proven stream (our id
-    is in use, our certificate names another member)."""
+    is in use, our certificate names another member); ``wrong_port`` when it serves the other
+    role (a member port dialled by a client, or a client port by a member)."""
 
-    def __init__(self, message: str, *, auth: bool = False) -> None:
+    def __init__(self, message: str, *, auth: bool = False, wrong_port: bool = False) -> None:
         super().__init__(message)
         self.auth = auth
+        self.wrong_port = wrong_port
 
 
 class AuthError(Refused):
@@ -93,6 +109,19 @@ class AuthError(Refused):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, auth=True)
+
+
+class WrongRole(HandshakeError):
+    """The initiator has the other role than the port serves (a client at a member port, a
+    member at a client port): it was told which port this is."""
+
+
+_WRONG_PORT = {
+    MEMBER: "this is a member port: external clients connect to a member's client_listen"
+            " address",
+    CLIENT: "this is a client port (client_listen): members connect to each other's listen"
+            " address",
+}
 
 
 def check_address(addr: object, what: str) -> Address:
@@ -132,10 +161,12 @@ def mac(key: bytes, role: bytes, transcript: bytes) -> bytes:
 
 
 def transcript(
-    group: str, c_id: int, c_addr: Address, nc: bytes, s_id: int, s_addr: Address, ns: bytes
+    group: str, role: str, c_id: int, c_addr: Address, nc: bytes, s_id: int, s_addr: Address,
+    ns: bytes,
 ) -> bytes:
-    """What both proofs cover: the group, both ids, both listen addresses, both nonces."""
-    packed: bytes = msgpack.packb([group, c_id, list(c_addr), nc, s_id, list(s_addr), ns])
+    """What both proofs cover: the group, the initiator's role, both ids, both listen
+    addresses, both nonces."""
+    packed: bytes = msgpack.packb([group, role, c_id, list(c_addr), nc, s_id, list(s_addr), ns])
     return packed
 
 
@@ -203,23 +234,29 @@ async def client_handshake(
     my_addr: Address,
     expect: int | None,
     group: str = "",
+    role: str = MEMBER,
 ) -> tuple[int, Address, str, str]:
-    """Run the initiator's side of the handshake on an open stream.
+    """Run the initiator's side of the handshake on an open stream, as a ``role``.
 
     Returns (peer id, peer listen address, verdict, why). Raises :class:`AuthError` if the peer
-    refused our proof or did not prove the secret itself, :class:`HandshakeError` for malformed
-    or unexpected answers. ``group`` salts the key and is part of the transcript. Used by
-    :class:`~.transport.TcpTransport`; tests drive raw streams with it.
+    refused our proof or did not prove the secret itself, :class:`Refused` (``wrong_port``) if
+    it serves the other role, :class:`HandshakeError` for malformed or unexpected answers.
+    ``group`` salts the key and is part of the transcript. Used by
+    :class:`~.transport.TcpTransport` and :class:`~derecho_async.api.client.Client`; tests drive
+    raw streams with it.
     """
+    if role not in _ROLES:
+        raise ValueError(f"not a role: {role!r}")
     key = group_key(secret, group)
     nc = os.urandom(NONCE)
-    write_hs(
-        writer,
-        {"proto": PROTOCOL, "group": group, "id": my_id, "addr": list(my_addr), "nonce": nc},
-    )
+    write_hs(writer, {"proto": PROTOCOL, "group": group, "role": role, "id": my_id,
+                      "addr": list(my_addr), "nonce": nc})
     ch = await read_hs(reader)
     if ch.get("proto") != PROTOCOL:
         why = ch.get("why") if isinstance(ch.get("why"), str) else "unknown protocol"
+        if ch.get("serves") in _ROLES and ch.get("serves") != role:
+            raise Refused(f"the peer refused the handshake: {str(why)[:MAX_REASON]}",
+                          wrong_port=True)
         raise Refused(
             f"the peer refused the handshake of group {group!r}: {str(why)[:MAX_REASON]}",
             auth=True,
@@ -227,7 +264,7 @@ async def client_handshake(
     s_id = field_id(ch, "id")
     s_addr = field_addr(ch, "addr")
     ns = field_bytes(ch, "nonce", NONCE)
-    script = transcript(group, my_id, my_addr, nc, s_id, s_addr, ns)
+    script = transcript(group, role, my_id, my_addr, nc, s_id, s_addr, ns)
     write_hs(writer, {"mac": mac(key, b"initiator", script)})
     vd = await read_hs(reader)
     verdict = vd.get("verdict")
@@ -265,8 +302,9 @@ class Proven:
     _script: bytes = field(repr=False)
 
     def answer(self, writer: asyncio.StreamWriter, verdict: str, why: str = "") -> None:
-        """Send the verdict: "accept", "dup" (the peer keeps its own stream to us) or "reject",
-        with the reason ``why``, and the acceptor's proof over the transcript and verdict."""
+        """Send the verdict: "accept", "dup" (the peer keeps its own stream to us), "reject"
+        (for good) or "busy" (a client port at its capacity: try another member), with the
+        reason ``why``, and the acceptor's proof over the transcript and verdict."""
         if verdict not in _VERDICTS:
             raise ValueError(f"not a verdict: {verdict!r}")
         why = why[:MAX_REASON]
@@ -282,18 +320,27 @@ async def server_handshake(
     my_id: int,
     my_addr: Address,
     group: str = "",
+    role: str = MEMBER,
 ) -> Proven:
-    """Run the acceptor's side of the handshake up to the verdict on an accepted stream.
+    """Run the acceptor's side of the handshake up to the verdict on an accepted stream of a
+    port that serves initiators of ``role``.
 
     Returns the proven initiator; the caller decides the verdict and sends it with
     :meth:`Proven.answer`. Nothing sent before that depends on the secret. Raises
     :class:`AuthError` (after a plain "reject", no proof of ours) if the peer did not prove the
-    secret, :class:`HandshakeError` for malformed messages or another protocol or group.
+    secret, :class:`WrongRole` (after saying which port this is) for an initiator of the other
+    role, :class:`HandshakeError` for malformed messages or another protocol or group.
     """
+    if role not in _ROLES:
+        raise ValueError(f"not a role: {role!r}")
     hello = await read_hs(reader)
     if hello.get("proto") != PROTOCOL:
         write_hs(writer, {"why": f"expected protocol {PROTOCOL}"})
         raise HandshakeError(f"unknown protocol {str(hello.get('proto'))[:64]!r}")
+    if hello.get("role") != role:
+        other = hello.get("role")
+        write_hs(writer, {"why": _WRONG_PORT[role], "serves": role})
+        raise WrongRole(f"an initiator of role {str(other)[:16]!r} dialled this {role} port")
     if hello.get("group") != group:
         write_hs(writer, {"why": "the group name differs"})
         raise HandshakeError("the peer names another group")
@@ -305,7 +352,7 @@ async def server_handshake(
     proof = await read_hs(reader)
     c_mac = field_bytes(proof, "mac", _MAC)
     key = group_key(secret, group)
-    script = transcript(group, c_id, c_addr, nc, my_id, my_addr, ns)
+    script = transcript(group, role, c_id, c_addr, nc, my_id, my_addr, ns)
     if not hmac.compare_digest(c_mac, mac(key, b"initiator", script)):
         write_hs(writer, {"verdict": "reject", "why": AUTH_FAILED})
         raise AuthError(

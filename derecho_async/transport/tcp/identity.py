@@ -6,8 +6,11 @@ signed by the group's CA whose subject alternative name carries the URI
 them). Both sides of every stream present and verify a certificate against the CA
 (:func:`contexts`), and the member id a peer claims in the handshake must be the one its
 certificate names (:func:`certified_member`): holding the group's CA-signed certificate for
-member 3 lets a process speak as member 3 and as nobody else. Only the standard library's
-``ssl`` is needed here; making certificates needs ``cryptography`` (:mod:`derecho_async.certs`).
+member 3 lets a process speak as member 3 and as nobody else. An external client's certificate
+carries ``derecho-async://<group>/client/<name>`` instead (:func:`client_uri`): a member's client
+port requires one (:func:`certified_client`), and a member port refuses it, since it names no
+member. Only the standard library's ``ssl`` is needed here; making certificates needs
+``cryptography`` (:mod:`derecho_async.certs`).
 """
 
 from __future__ import annotations
@@ -21,15 +24,20 @@ from derecho_async.transport.tcp.handshake import AuthError
 __all__ = [
     "URI_SCHEME",
     "certified_by_file",
+    "certified_client",
     "certified_member",
+    "client_context",
+    "client_uri",
     "contexts",
     "member_uri",
+    "parse_client_uri",
     "parse_member_uri",
     "requires_peer_certificates",
 ]
 
 URI_SCHEME: Final = "derecho-async"
 _URI = re.compile(r"derecho-async://([A-Za-z0-9_.-]{1,64})/member/(0|[1-9][0-9]{0,18})")
+_CLIENT_URI = re.compile(r"derecho-async://([A-Za-z0-9_.-]{1,64})/client/([A-Za-z0-9_.-]{1,64})")
 _MAX_ID = (1 << 63) - 1
 
 
@@ -45,6 +53,49 @@ def parse_member_uri(uri: str) -> tuple[str, int] | None:
         return None
     member = int(m.group(2))
     return (m.group(1), member) if member <= _MAX_ID else None
+
+
+def client_uri(group: str, name: str) -> str:
+    """The URI an external client's certificate carries as its subject alternative name."""
+    return f"{URI_SCHEME}://{group}/client/{name}"
+
+
+def parse_client_uri(uri: str) -> tuple[str, str] | None:
+    """(group, client name) of a client URI, or None if ``uri`` is not one."""
+    m = _CLIENT_URI.fullmatch(uri)
+    return None if m is None else (m.group(1), m.group(2))
+
+
+def certified_client(peercert: Any, group: str) -> str:
+    """The client name that a verified peer certificate names for ``group``;
+    :class:`AuthError` if it names none (a member's certificate included) or several."""
+    if not isinstance(peercert, dict) or not peercert:
+        raise AuthError("authentication failed: the client presented no verified certificate")
+    named: set[str] = set()
+    for kind, value in peercert.get("subjectAltName", ()):
+        if kind == "URI" and isinstance(value, str):
+            parsed = parse_client_uri(value)
+            if parsed is not None and parsed[0] == group:
+                named.add(parsed[1])
+    if len(named) == 1:
+        return named.pop()
+    if named:
+        raise AuthError("authentication failed: the certificate names several clients")
+    raise AuthError(f"authentication failed: the certificate names no client of group "
+                    f"{group!r} (make one with `derecho-async certs --clients`)")
+
+
+def client_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
+    """The TLS context of a member's client port: TLS 1.3, the member's certificate, and a
+    client certificate asked for and verified against ``ca``. It is required by the port (with
+    :func:`certified_client`) after TLS, in the handshake, so that a client without one is told
+    why instead of seeing its stream cut (TLS 1.3 checks the client's certificate only after
+    the client considers the handshake done)."""
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=ca)
+    server.minimum_version = ssl.TLSVersion.TLSv1_3
+    server.verify_mode = ssl.CERT_OPTIONAL
+    server.load_cert_chain(cert, key)
+    return server
 
 
 def certified_member(peercert: Any, group: str) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 from derecho_async.errors import UsageError
 from derecho_async.transport.base import Transport
 from derecho_async.transport.tcp.handshake import Address
-from derecho_async.transport.tcp.limits import PendingTable, RefusalLog, TcpLimits
+from derecho_async.transport.tcp.limits import RefusalLog, TcpLimits
 
 WILDCARDS = {"", "0.0.0.0", "::"}
 
@@ -118,7 +118,6 @@ class TcpCore(Transport):
     _views: dict[int, frozenset[int]]
     _newest_view: int
     _unadmitted: set[Conn]
-    _pending: PendingTable[Accepted]
     _listeners: list[socket.socket]
     _address: Address | None
     _tasks: set[asyncio.Task[None]]

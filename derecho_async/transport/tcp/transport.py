@@ -70,10 +70,9 @@ from derecho_async.transport.tcp.identity import (
     contexts,
     requires_peer_certificates,
 )
-from derecho_async.transport.tcp.limits import PendingTable, RefusalLog, TcpLimits
+from derecho_async.transport.tcp.limits import RefusalLog, TcpLimits
 from derecho_async.transport.tcp.streams import (
     WILDCARDS,
-    Accepted,
     Conn,
     Truncated,
     listen_sockets,
@@ -175,8 +174,8 @@ class TcpTransport(DiallingSide, AcceptingSide):
         self._views: dict[int, frozenset[int]] = {}  # the last KEEP_VIEWS views set
         self._newest_view = -1
         self._unadmitted: set[Conn] = set()
-        self._pending: PendingTable[Accepted] = PendingTable(self.limits)
         self.refusals = RefusalLog(member_id, log, self.limits)
+        self._entrance = self._make_entrance()
         self._listeners = []
         self._address = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -200,7 +199,7 @@ class TcpTransport(DiallingSide, AcceptingSide):
         sockname = self._listeners[0].getsockname()
         self._address = (host if host in WILDCARDS else str(sockname[0]), int(sockname[1]))
         for lsock in self._listeners:
-            self._spawn(self._accept_loop(lsock))
+            self._spawn(self._entrance.accept_loop(lsock))
         if self._beacon is not None:
             first = self._listeners[0]
             try:
@@ -215,6 +214,7 @@ class TcpTransport(DiallingSide, AcceptingSide):
         if self._closed:
             return
         self._closed = True
+        self._entrance.closed = True
         if self._beacon is not None:
             self._beacon.close()
         conns = []
@@ -356,7 +356,7 @@ class TcpTransport(DiallingSide, AcceptingSide):
         conn.admitted = True
         self._unadmitted.discard(conn)
         if conn.accepted is not None:
-            self._pending.discard(conn.accepted)
+            self._entrance.admit(conn.accepted)
             conn.accepted = None
         if conn.held and self._loop is not None:
             self._loop.call_soon(self._release_held, conn)
@@ -544,7 +544,7 @@ class TcpTransport(DiallingSide, AcceptingSide):
         self._unadmitted.discard(conn)
         conn.held.clear()
         if conn.accepted is not None:
-            self._pending.discard(conn.accepted)
+            self._entrance.admit(conn.accepted)
             conn.accepted = None
         conn.writer.close()
 
