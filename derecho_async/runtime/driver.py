@@ -16,7 +16,9 @@ Bootstrap: the *contact* (member 0) collects join requests until
 ``initial_members`` members are known, then forms view 0 and welcomes them; every other member
 starts as a joiner whose core retries its join request. A member joining a running group takes
 the same path and is admitted by the leader with a state-transfer ticket (the state follows,
-streamed: :mod:`.statexfer`).
+streamed: :mod:`.statexfer`). A joiner whose configured contacts are none of them running asks
+first the members the transport sees running (``Transport.live_members``; shm: their doorbells),
+so a group whose member 0 died still admits members.
 
 Large payloads and arrays move on a data plane; landing them reports ``data_landed`` to the
 core, which counts them received only then. Routing happens in one place:
@@ -261,10 +263,25 @@ class Driver:
             contacts = tuple(c for c in contacts if c != self.member_id) or (self.contact,)
             if via is not None:
                 contacts = (via, *(c for c in contacts if c not in (via, self.contact)))
+            else:
+                contacts = self._with_running_members(contacts)
             self.core = Member(self.member_id, self.core_config, contacts=contacts)
         self._tick_due = self._loop.time() + self.tick_s
         self._tick_handle = self._loop.call_later(self.tick_s, self._on_tick)
         self.kick()
+
+    def _with_running_members(self, contacts: tuple[int, ...]) -> tuple[int, ...]:
+        """A joiner's contacts: the configured ones while one of them runs or the transport
+        cannot tell (a bootstrap with member 0 up, tcp). When none runs but the transport sees
+        members that do (shm: their doorbells), those come first, lowest id first: the leader
+        is among them and admits, the others ignore the request; the configured ones stay last
+        (one that starts late still forms view 0)."""
+        running = [m for m in self.transport.live_members() if m != self.member_id]
+        if not running or any(c in running for c in contacts):
+            return contacts
+        log.info("member %d: contact %s not running; asking the running members %s",
+                 self.member_id, ", ".join(map(str, contacts)), running)
+        return tuple(dict.fromkeys((*running, *contacts)))
 
     def _start_gpu_plane(self) -> None:
         mode = self.config.gpu_plane

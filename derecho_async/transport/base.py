@@ -352,6 +352,13 @@ class Transport(abc.ABC):
         ``max_loop_hold_ms`` 0) returns none, and the core's heartbeats alone tell liveness."""
         return ()
 
+    def live_members(self) -> Sequence[int]:
+        """The other members of this member's group whose process runs now, lowest id first,
+        as far as the transport can tell before it is in a view (shm: the bound doorbells);
+        none where it cannot tell (tcp, rdma, loopback). A joiner whose contact is not
+        running asks them (see ``Driver.start``)."""
+        return ()
+
     async def identify(self, address: object, timeout: float) -> int:
         """Reach the member at ``address`` (id unknown: the ``contact`` key) and return its id;
         networked transports only."""

@@ -1,12 +1,14 @@
 """Joining fails fast and says why: a refusal (another secret or group, a member id in use) is
 permanent and raises at once; a port in use is a ConfigError naming ``listen``; a join that
 times out (``join_timeout_s``) names the last failure; a peer that stays unreachable is logged
-once per interval, not at every dial round. All in-process, over real tcp sockets."""
+once per interval, not at every dial round (over tcp, and over shm where the round is a ring to a
+member that is not running). All in-process, over real tcp sockets and shared memory."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -15,6 +17,7 @@ import pytest
 
 import derecho_async as da
 from derecho_async.launch import free_ports
+from derecho_async.transport.shm import ShmTransport
 from derecho_async.workload import ReplicatedLog
 
 SECRET = "Xg5_Nd8qWm2-Ht7Lp4Zc9Bv1Ky6Rf3Js0Ua8Eo2Ti5"
@@ -114,6 +117,24 @@ async def test_the_join_timeout_is_a_key_and_the_error_names_the_cause(
     warned = [r for r in caplog.records
               if r.levelno >= logging.WARNING and "unreachable" in r.getMessage()]
     rounds = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(warned) == 1 and len(rounds) >= 2, [r.getMessage() for r in rounds]
+
+
+async def test_over_shm_a_contact_not_running_is_logged_once_per_interval(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 41 row 10: over shm each ring to the absent contact failed after
+    # ``unreachable_after`` (3 s) and every failure was a WARNING; shortened here so that the
+    # few seconds of the test see several rounds.
+    monkeypatch.setattr(ShmTransport, "unreachable_after", 0.3)
+    config = da.Config(group=f"joinerr-{secrets.token_hex(3)}", member_id=1, initial_members=2,
+                       transport="shm", heartbeat_ms=20, join_timeout_s=3)
+    with caplog.at_level(logging.DEBUG, logger="derecho_async"), \
+            pytest.raises(da.GroupClosed) as info:
+        await da.Group(config, actors=[ReplicatedLog]).start()
+    assert "member 0 is not running" in str(info.value)
+    rounds = [r for r in caplog.records if "failed: member 0 is not running" in r.getMessage()]
+    warned = [r for r in rounds if r.levelno >= logging.WARNING]
     assert len(warned) == 1 and len(rounds) >= 2, [r.getMessage() for r in rounds]
 
 

@@ -1,4 +1,5 @@
-"""Shared-memory transport: hostile ring contents, segment lifetime, configuration."""
+"""Shared-memory transport: hostile ring contents, segment lifetime, configuration, which
+members run."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from transport_support import Recorder, new_group
 from derecho_async._hotpath_pure.shmring import _RING as _HEADER
 from derecho_async._hotpath_pure.shmring import _ring_write as ring_write
 from derecho_async.errors import ConfigError, UsageError
-from derecho_async.transport.shm import ShmTransport, doorbell, files, ring
+from derecho_async.transport.shm import ShmTransport, census, doorbell, files, ring
 from derecho_async.transport.shm import pool as shmpool
 
 LOGGER = "derecho_async.transport"
@@ -295,3 +296,61 @@ async def test_a_view_change_removes_every_segment_of_departed_members_once_dead
         await t.close()
         ShmTransport.cleanup_group(group)
     assert ShmTransport.segments(group) == []
+
+
+async def test_live_members_are_the_running_members_of_this_users_group() -> None:
+    """Issue 41 row 4: a joiner whose contact is not running asks the members that are. They
+    are found by their bound doorbells (a member alone in its view has no segment) and the
+    group's files; a stale file of a dead member, a same-named group of another user and a
+    group whose name starts the same are not members that run."""
+    group = new_group()
+    t1, t2 = ShmTransport(group, 1), ShmTransport(group, 2)
+    lone = doorbell.Doorbell(group, 7, 1)  # running, no segment of its own yet
+    other_group = doorbell.Doorbell(group + "x", 5, 1)
+    other_user = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    other_user.bind(f"\0dasync/{os.getuid() + 1}/{group}/4")
+    try:
+        await t1.start(Recorder())
+        await t2.start(Recorder())
+        assert t1.live_members() == [2, 7] and t2.live_members() == [1, 7]
+        # what members 6 and 8 left when they died, and a ring to 9, which never started
+        ring.create_ring(ring.ring_path(group, 6, 1), 6, 1, 64 << 10, 7).close()
+        shmpool.create_pool_segment(group, 8, 0, shmpool.MIN_CAPACITY).close()
+        t1.send(9, b"to nobody")
+        assert len(ShmTransport.segments(group)) == 3
+        assert t1.live_members() == [2, 7]
+        lone.close()  # member 7 dies
+        assert t1.live_members() == [2] and t2.live_members() == [1]
+    finally:
+        lone.close()
+        other_group.close()
+        other_user.close()
+        await t1.close()
+        await t2.close()
+        ShmTransport.cleanup_group(group)
+    assert ShmTransport.segments(group) == []
+
+
+async def test_live_members_are_found_by_their_files_where_proc_lists_no_socket() -> None:
+    # /proc/net/unix may be hidden (a restricted /proc): the members with segments still count
+    group = new_group()
+    t0, t1 = ShmTransport(group, 0), ShmTransport(group, 1)
+    lone = doorbell.Doorbell(group, 7, 1)
+    try:
+        await t0.start(Recorder())
+        await t1.start(Recorder())
+        t0.send(1, b"x")
+        ring.create_ring(ring.ring_path(group, 6, 0), 6, 0, 64 << 10, 7).close()  # dead 6
+        assert census.live_members(group, "/nonexistent/net/unix") == [0, 1]
+        assert census.live_members(group) == [0, 1, 7]
+    finally:
+        lone.close()
+        await t0.close()
+        await t1.close()
+        ShmTransport.cleanup_group(group)
+
+
+def test_transports_that_cannot_tell_name_no_live_member() -> None:
+    from derecho_async.transport.tcp import TcpTransport
+
+    assert TcpTransport(0, ("127.0.0.1", 0), secret=b"s" * 43).live_members() == ()

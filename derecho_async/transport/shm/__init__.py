@@ -2,8 +2,8 @@
 
 Theory of operation (DESIGN.md §5.2), by module: :mod:`.files` (segment files in /dev/shm:
 names, creation, checked mapping), :mod:`.ring` (a link's ring segment: header words, records,
-create/attach), :mod:`.doorbell` (datagram wake-ups and liveness), :mod:`.cleanup` (which files
-are stale and their removal), :mod:`.pool` (the shm data plane's pool segments), :mod:`.beacon`
+create/attach), :mod:`.doorbell` (datagram wake-ups and liveness), :mod:`.census` (which members
+run now), :mod:`.cleanup` (which files are stale and their removal), :mod:`.pool` (the shm data plane's pool segments), :mod:`.beacon`
 (the liveness thread's count in each ring) and :mod:`.transport` (:class:`ShmTransport`). The registry (``transport.registry``) names
 :func:`from_config` and :func:`cleanup_group`.
 """

@@ -32,6 +32,7 @@ __all__ = [
     "SENT",
     "Doorbell",
     "doorbell_name",
+    "doorbell_prefix",
     "is_alive",
 ]
 
@@ -47,9 +48,14 @@ ABSENT = 2  # nobody holds the peer's name (not running, or dead)
 FAILED = 3  # another error (logged)
 
 
+def doorbell_prefix(group: str) -> str:
+    """What the names of this user's doorbells of ``group`` start with after their NUL byte."""
+    return f"dasync/{os.getuid()}/{group}/"
+
+
 def doorbell_name(group: str, member: int) -> str:
     """The abstract socket name of ``member``'s doorbell in ``group``."""
-    return f"\0dasync/{os.getuid()}/{group}/{member}"
+    return f"\0{doorbell_prefix(group)}{member}"
 
 
 def is_alive(probe: socket.socket, group: str, member: int) -> bool:

@@ -38,7 +38,7 @@ from derecho_async.transport.base import (
     check_member_id,
     log,
 )
-from derecho_async.transport.shm import cleanup
+from derecho_async.transport.shm import census, cleanup
 from derecho_async.transport.shm.beacon import RingBeacon
 from derecho_async.transport.shm.cleanup import Departures
 from derecho_async.transport.shm.doorbell import (
@@ -83,6 +83,7 @@ from derecho_async.transport.shm.ring import (
     ring_path,
     ring_segments,
 )
+from derecho_async.transport.unreachable import UnreachableLog
 
 if TYPE_CHECKING:
     from derecho_async.config import Config
@@ -142,6 +143,8 @@ class ShmTransport(Transport):
         self._sweep_interval = self._SWEEP_MIN
         self._departed = Departures(member_id)  # left a view, alive when last probed
         self._beacon = RingBeacon(beacon_s, hold_s)  # liveness off the loop (.beacon)
+        #: a peer whose doorbell stays unbound is a WARNING once per interval, else DEBUG
+        self._unreachable = UnreachableLog()
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, handler: TransportHandler) -> None:
@@ -198,6 +201,13 @@ class ShmTransport(Transport):
             inl = self._in.get(m)
             if inl is not None:
                 self._drop_in(inl)
+
+    def live_members(self) -> list[int]:
+        """The other members of this group whose process runs now (their doorbell is bound),
+        lowest id first (:mod:`.census`); none before :meth:`start` or after :meth:`close`."""
+        if self._bell is None or self._closed:
+            return []
+        return [m for m in census.live_members(self.group) if m != self.member_id]
 
     @staticmethod
     def cleanup_group(group: str) -> int:
@@ -428,6 +438,7 @@ class ShmTransport(Transport):
         if status == SENT:
             if link is not None:
                 link.refused_since = None
+                self._unreachable.reached(peer)
             return True
         if status == FULL:
             self._schedule_sweep(self._SWEEP_MIN)
@@ -436,7 +447,9 @@ class ShmTransport(Transport):
             if link.refused_since is None:
                 link.refused_since = now
             elif now - link.refused_since > self.unreachable_after:
-                self._fail_out(link, f"member {peer} is not running (its doorbell is unbound)")
+                # a joiner's contact that is not up fails each ring it is sent: say so once
+                self._fail_out(link, f"member {peer} is not running (its doorbell is unbound)",
+                               self._unreachable.level(peer))
                 return True
             self._schedule_sweep(self._SWEEP_MIN)
         return False
@@ -658,11 +671,13 @@ class ShmTransport(Transport):
         self._beacon.drop(link)
         link.ring.close()
 
-    def _fail_out(self, link: OutLink, reason: str) -> None:
+    def _fail_out(self, link: OutLink, reason: str, level: int | None = None) -> None:
         if link.dead:
             return
-        # A peer that closed its ring (it left or ended) is routine; anything else is worth a warning.
-        level = logging.INFO if "closed its end" in reason else logging.WARNING
+        # A peer that closed its ring (it left or ended) is routine; anything else is worth a
+        # warning, unless the caller says otherwise.
+        if level is None:
+            level = logging.INFO if "closed its end" in reason else logging.WARNING
         log.log(level, "member %d: link to member %d failed: %s", self.member_id, link.peer, reason)
         self._drop_out(link)
         assert self._loop is not None

@@ -6,8 +6,6 @@ docs/DESIGN.md §5.3.
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
 
 from derecho_async.errors import (
     AuthenticationError,
@@ -27,7 +25,6 @@ from derecho_async.transport.tcp.handshake import (
 )
 from derecho_async.transport.tcp.identity import certified_member
 from derecho_async.transport.tcp.streams import (
-    UNREACHABLE_LOG_S,
     Conn,
     Duplicate,
     Link,
@@ -220,7 +217,7 @@ class DiallingSide(TcpCore):
             conn.writer.writelines(link.queue)
             link.queue.clear()
         link.established.set()
-        link.warned_at = None  # (a later outage is logged again at once)
+        self.unreachable.reached(link.peer)  # (a later outage is logged again at once)
         self._resolve(link, None)
 
     def _resolve(self, link: Link, exc: BaseException | None) -> None:
@@ -241,11 +238,7 @@ class DiallingSide(TcpCore):
             log.error("member %d: %s", self.member_id, reason)
             exc: BaseException = ProtocolViolation(reason, link.peer)
         else:
-            now = time.monotonic()
-            quiet = link.warned_at is not None and now - link.warned_at < UNREACHABLE_LOG_S
-            if not quiet:
-                link.warned_at = now
-            log.log(logging.DEBUG if quiet else logging.WARNING,
+            log.log(self.unreachable.level(link.peer),
                     "member %d: %s (%d frames dropped)", self.member_id, reason, dropped)
             exc = ConnectionError(reason)
         self._resolve(link, exc)

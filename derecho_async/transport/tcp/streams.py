@@ -18,6 +18,7 @@ from derecho_async.errors import UsageError
 from derecho_async.transport.base import Transport
 from derecho_async.transport.tcp.handshake import Address
 from derecho_async.transport.tcp.limits import RefusalLog, TcpLimits
+from derecho_async.transport.unreachable import UnreachableLog
 
 WILDCARDS = {"", "0.0.0.0", "::"}
 
@@ -86,13 +87,6 @@ class Link:
     queue: list[bytes] = field(default_factory=list)
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     established: asyncio.Event = field(default_factory=asyncio.Event)
-    #: when an unreachable peer was last logged at WARNING (monotonic; see UNREACHABLE_LOG_S)
-    warned_at: float | None = None
-
-
-UNREACHABLE_LOG_S = 30.0
-"""A peer that stays unreachable is logged at WARNING at most once per this many seconds (the
-dial rounds between are logged at DEBUG)."""
 
 
 class TcpCore(Transport):
@@ -107,6 +101,8 @@ class TcpCore(Transport):
     limits: TcpLimits
     admission: bool
     refusals: RefusalLog
+    #: how loudly a peer that stays unreachable is logged (once per interval at WARNING)
+    unreachable: UnreachableLog
     _listen: Address
     _secret: bytes
     _group: str

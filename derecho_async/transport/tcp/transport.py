@@ -78,6 +78,7 @@ from derecho_async.transport.tcp.streams import (
     listen_sockets,
     read_payload,
 )
+from derecho_async.transport.unreachable import UnreachableLog
 
 if TYPE_CHECKING:
     from derecho_async.config import Config
@@ -176,6 +177,7 @@ class TcpTransport(DiallingSide, AcceptingSide):
         self._unadmitted: set[Conn] = set()
         self.refusals = RefusalLog(member_id, log, self.limits)
         self._entrance = self._make_entrance()
+        self.unreachable = UnreachableLog()
         self._listeners = []
         self._address = None
         self._tasks: set[asyncio.Task[None]] = set()
