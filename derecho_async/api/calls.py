@@ -50,6 +50,8 @@ __all__ = [
     "Replies",
     "decode_result",
     "encode_error",
+    "exception_text",
+    "safe_text",
 ]
 
 log = logging.getLogger("derecho_async.group")
@@ -139,10 +141,33 @@ class Replies(Mapping[int, R_co | BaseException], Generic[R_co]):
         return f"Replies({self._sorted()!r}, version={self.version})"
 
 
-def encode_error(exc: object) -> bytes:
-    """A handler's exception as it travels: ``[type name, message]``."""
+def safe_text(text: str) -> str:
+    """``text`` with every code point UTF-8 cannot encode (a lone surrogate) escaped as
+    ``backslashreplace`` does (``"\\udc80"``): text that always travels and logs."""
+    # (str.encode: a __str__ may return a str subclass whose own encode is anything)
+    return str.encode(text, "utf-8", "backslashreplace").decode("utf-8")
+
+
+def exception_text(exc: object) -> tuple[str, str]:
+    """A handler's exception in words that always travel: ``(type name, message)``.
+
+    The message is ``str(exc)``, or ``"<Name: str() raised Other>"`` when that raises (the
+    handler's own ``__str__`` is its code: whatever it does, the outcome is the same at every
+    member); both with lone surrogates escaped (:func:`safe_text`). Nothing here raises."""
     name = type(exc).__name__
-    return wire.encode([name, str(exc)])
+    if type(name) is not str:  # (a metaclass may make __name__ anything)
+        name = "Exception"
+    name = safe_text(name)
+    try:
+        text = str(exc)
+    except BaseException as failed:  # any outcome of the handler's __str__ is its own
+        text = f"<{name}: str() raised {safe_text(type(failed).__name__)}>"
+    return name, safe_text(text)
+
+
+def encode_error(exc: object) -> bytes:
+    """A handler's exception as it travels: ``[type name, message]`` (:func:`exception_text`)."""
+    return wire.encode(list(exception_text(exc)))
 
 
 def decode_result(sender: int, ok: bool, body: bytes) -> object:
