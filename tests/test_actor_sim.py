@@ -104,6 +104,34 @@ def test_a_lost_or_altered_outcome_is_caught() -> None:
         check_actor_run(run)  # type: ignore[arg-type]
 
 
+def test_exceptions_without_plain_words_are_drawn_and_checked_alike_at_every_member() -> None:
+    """Seed 4: replied calls whose handlers raise an exception whose ``__str__`` raises, or
+    whose message holds a lone surrogate. Every member answers with the contract's words (check
+    (d)); an answer in other words, or a member that left instead, is caught."""
+    from derecho_async.api import HandlerError
+    from derecho_async.testing.simlog import SURROGATE_AFTER, WEIRD_AFTER, SimLogWeird
+
+    run = run_actor_schedule(4, faults=False, p_raise=0.3)
+    check_actor_run(run)
+    weird = next(c for c in run.calls if c.ok and c.kind == "call" and c.mode == WEIRD_AFTER)
+    surrogate = next(c for c in run.calls
+                     if c.ok and c.kind == "call" and c.mode == SURROGATE_AFTER)
+    replies = weird.value
+    assert isinstance(replies, Replies)
+    assert isinstance(replies[weird.caller], SimLogWeird)
+    other = next(m for m in replies if m != weird.caller)
+    assert replies[other] == HandlerError(
+        other, "SimLogWeird", "<SimLogWeird: str() raised RuntimeError>")
+    replies = surrogate.value
+    assert isinstance(replies, Replies)
+    other = next(m for m in replies if m != surrogate.caller)
+    assert replies[other] == HandlerError(
+        other, "ValueError", f"call {surrogate.cid} refused \\udc80")
+    replies._results[other] = HandlerError(other, "UnicodeEncodeError", "lone surrogate")
+    with pytest.raises(InvariantViolation, match=r"check \(d\)"):
+        check_actor_run(run)
+
+
 def test_durable_schedules_restart_after_total_failure_and_keep_what_was_persisted() -> None:
     run = run_actor_schedule(0, durable=True)
     check_actor_run(run)

@@ -8,8 +8,15 @@ and completes as :class:`Replies` once every one of them answered; members that 
 answer :class:`~derecho_async.errors.MemberFailed`. A one-way call (wire name
 ``<Actor>.<method>.cast``) completes with its version at that delivery. The table also applies
 backpressure on both sides: calls are parked while this member's own calls in flight are at
-``max_queued_calls``, and the member stops taking messages while its handlers lag. See
-docs/DESIGN.md §7.4 and §7.6.
+``max_queued_calls`` or their bytes at ``max_queued_mb``, and the member stops taking messages
+while its handlers lag. See docs/DESIGN.md §7.4 and §7.6.
+
+Own bytes in flight are counted cheaply, as the count is: a call weighs its encoded size, at
+least ``SMALL_CALL``; only calls over that are noted (``msg_no -> size``), the others are the
+count times ``SMALL_CALL``. Calls leave ``casts`` and ``pending`` where this module cannot see
+it (the native dispatch completes own one-way calls itself), so notes of completed calls are
+dropped lazily: where this module removes a call, and by a sweep when the estimate (which can
+only be too high) would refuse a call and calls completed since the last sweep.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ __all__ = [
     "Replies",
     "decode_result",
     "encode_error",
+    "exception_text",
+    "safe_text",
 ]
 
 log = logging.getLogger("derecho_async.group")
@@ -59,6 +68,9 @@ CAST: Final = ".cast"
 NIL: Final = b"\xc0"
 """msgpack None: the result of most handlers."""
 _PARKED_OVERHEAD = 256  # bytes a parked call weighs beyond its encoding (for max_queued_mb)
+SMALL_CALL: Final = 1024
+"""Bytes an own call in flight weighs at least (for ``max_queued_mb``); only larger calls have
+their size noted."""
 
 
 class HandlerError(DerechoError):
@@ -139,10 +151,33 @@ class Replies(Mapping[int, R_co | BaseException], Generic[R_co]):
         return f"Replies({self._sorted()!r}, version={self.version})"
 
 
-def encode_error(exc: object) -> bytes:
-    """A handler's exception as it travels: ``[type name, message]``."""
+def safe_text(text: str) -> str:
+    """``text`` with every code point UTF-8 cannot encode (a lone surrogate) escaped as
+    ``backslashreplace`` does (``"\\udc80"``): text that always travels and logs."""
+    # (str.encode: a __str__ may return a str subclass whose own encode is anything)
+    return str.encode(text, "utf-8", "backslashreplace").decode("utf-8")
+
+
+def exception_text(exc: object) -> tuple[str, str]:
+    """A handler's exception in words that always travel: ``(type name, message)``.
+
+    The message is ``str(exc)``, or ``"<Name: str() raised Other>"`` when that raises (the
+    handler's own ``__str__`` is its code: whatever it does, the outcome is the same at every
+    member); both with lone surrogates escaped (:func:`safe_text`). Nothing here raises."""
     name = type(exc).__name__
-    return wire.encode([name, str(exc)])
+    if type(name) is not str:  # (a metaclass may make __name__ anything)
+        name = "Exception"
+    name = safe_text(name)
+    try:
+        text = str(exc)
+    except BaseException as failed:  # any outcome of the handler's __str__ is its own
+        text = f"<{name}: str() raised {safe_text(type(failed).__name__)}>"
+    return name, safe_text(text)
+
+
+def encode_error(exc: object) -> bytes:
+    """A handler's exception as it travels: ``[type name, message]`` (:func:`exception_text`)."""
+    return wire.encode(list(exception_text(exc)))
 
 
 def decode_result(sender: int, ok: bool, body: bytes) -> object:
@@ -188,8 +223,9 @@ class CallTable:
     (the native dispatch completes own one-way calls in ``casts`` itself)."""
 
     __slots__ = ("_assignment", "_early_replies", "_loop", "_max_call", "_max_queued",
-                 "_max_queued_bytes", "_repliers", "_runners", "_stamp", "_state", "casts",
-                 "parked", "parked_bytes", "paused", "pending")
+                 "_max_queued_bytes", "_max_small", "_noted", "_noted_bytes", "_repliers",
+                 "_runners", "_sent", "_stamp", "_state", "_swept_at", "casts", "parked",
+                 "parked_bytes", "paused", "pending")
 
     def __init__(self, state: Membership, assignment: Callable[[], ShardAssignment],
                  runners: Sequence[SerialRunner],
@@ -215,6 +251,14 @@ class CallTable:
         self.parked: deque[Parked] = deque()
         self.parked_bytes = 0
         self.paused = False
+        # Own bytes in flight (see the module header): msg_no -> size of calls over SMALL_CALL
+        # (some perhaps completed), their sum, the calls ever put in casts or pending, and how
+        # many of those had left them at the last sweep of the notes.
+        self._noted: dict[int, int] = {}
+        self._noted_bytes = 0
+        self._max_small = self._max_queued_bytes // SMALL_CALL  # small calls the bytes hold
+        self._sent = 0
+        self._swept_at = 0
 
     # -- making calls ----------------------------------------------------------------------
     def encode(
@@ -269,13 +313,16 @@ class CallTable:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[Replies[Any]] = loop.create_future()
-        if not self.room():
+        if not self.room(size):
             self.park(spec, payload, size, fut, one_way=False)
             return await fut
         msg_no = self.send(driver, spec.name, payload, size)
         if msg_no is None:
             raise self._state.closed or GroupClosed("this member cannot send now")
         self.pending[msg_no] = PendingCall(fut)
+        self._sent += 1
+        if size > SMALL_CALL:
+            self.note(msg_no, size)
         driver.kick()
         return await fut
 
@@ -290,13 +337,16 @@ class CallTable:
             loop = self._loop = asyncio.get_running_loop()
         driver, payload, size = self.encode(wire_name, args, kwargs)
         fut: asyncio.Future[tuple[int, int]] = loop.create_future()
-        if not self.room():
+        if not self.room(size):
             self.park(spec, payload, size, fut, one_way=True)
             return fut
         msg_no = self.send(driver, spec.name, payload, size)
         if msg_no is None:
             raise self._state.closed or GroupClosed("this member cannot send now")
         self.casts[msg_no] = fut
+        self._sent += 1
+        if size > SMALL_CALL:
+            self.note(msg_no, size)
         driver.kick()
         return fut
 
@@ -313,7 +363,7 @@ class CallTable:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        if not self.room():
+        if not self.room(size):
             self.park(spec, payload, size, fut, one_way=one_way)
             return fut
         msg_no = self.send(driver, spec.name, payload, size)
@@ -323,16 +373,69 @@ class CallTable:
             self.casts[msg_no] = fut
         else:
             self.pending[msg_no] = PendingCall(fut)
+        self._sent += 1
+        if size > SMALL_CALL:
+            self.note(msg_no, size)
         driver.kick()
         return fut
 
     # -- backpressure ----------------------------------------------------------------------
-    def room(self) -> bool:
-        """Whether a call may go to the core now: this member's own calls not completed and the
-        delivered calls waiting for its handlers are within ``max_queued_calls`` (and bytes
-        within ``max_queued_mb``; see :meth:`check_backlog`), and none waits before it."""
-        return (not self.parked and not self.paused
-                and len(self.casts) + len(self.pending) < self._max_queued)
+    def room(self, size: int) -> bool:
+        """Whether a call of ``size`` encoded bytes may go to the core now: none waits before
+        it, this member takes messages (its handlers keep up: :meth:`check_backlog`), and its
+        own calls not completed stay within ``max_queued_calls`` and, with this one, within
+        ``max_queued_mb`` (:meth:`fits`)."""
+        n = len(self.casts) + len(self.pending)
+        # (the usual case inline, per call: small calls only, n + 1 of them within the bytes)
+        return (not self.parked and not self.paused and n < self._max_queued
+                and ((n < self._max_small and size <= SMALL_CALL and not self._noted)
+                     or self.fits(size)))
+
+    def note(self, msg_no: int, size: int) -> None:
+        """Own call ``msg_no`` of ``size`` bytes (over ``SMALL_CALL``) went in flight."""
+        noted = self._noted
+        noted[msg_no] = size
+        self._noted_bytes += size
+        if len(noted) > 2 * (len(self.casts) + len(self.pending)) + 64:
+            self._sweep()  # (most notes are of completed calls: a sweep pays for itself)
+
+    def _forget(self, msg_no: int) -> None:
+        """Own call ``msg_no`` left ``casts`` or ``pending`` here: drop its note, if any."""
+        size = self._noted.pop(msg_no, 0)
+        self._noted_bytes -= size
+
+    def _sweep(self) -> None:
+        """Drop the notes of calls no longer in ``casts`` or ``pending``."""
+        casts, pending = self.casts, self.pending
+        self._noted = {m: s for m, s in self._noted.items() if m in casts or m in pending}
+        self._noted_bytes = sum(self._noted.values())
+        self._swept_at = self._sent - len(casts) - len(pending)
+
+    def in_flight_bytes(self) -> int:
+        """What this member's own calls not completed weigh (for ``max_queued_mb``): each its
+        encoded size, at least ``SMALL_CALL``. Exact after a sweep, never too low."""
+        n = len(self.casts) + len(self.pending)
+        return self._noted_bytes + (n - len(self._noted)) * SMALL_CALL
+
+    def fits(self, size: int) -> bool:
+        """Whether a call of ``size`` bytes may join this member's own calls in flight within
+        ``max_queued_mb``; a call larger than the bound goes when none is in flight. Sweeps
+        the notes first when the estimate refuses it and calls completed since the last."""
+        n = len(self.casts) + len(self.pending)
+        if n == 0:
+            if self._noted:
+                self._noted.clear()
+                self._noted_bytes = 0
+            return True
+        if len(self._noted) > n and self._sent - n != self._swept_at:
+            self._sweep()  # notes of completed calls for sure: the usual path comes back
+        weight = max(size, SMALL_CALL)
+        if self.in_flight_bytes() + weight <= self._max_queued_bytes:
+            return True
+        if self._sent - n != self._swept_at:  # calls completed since the last sweep
+            self._sweep()
+            return self.in_flight_bytes() + weight <= self._max_queued_bytes
+        return False
 
     def park(self, spec: ActorSpec, payload: bytes | OutOfBand, size: int,
              future: asyncio.Future[Any], one_way: bool) -> None:
@@ -341,12 +444,13 @@ class CallTable:
         me = self._state.me
         if config.when_queue_full == "error":
             raise QueueFull(
-                f"member {me}: {len(self.casts) + len(self.pending)} own calls in flight"
-                f" and {self.queued_calls} delivered calls waiting for handlers here "
-                f"(max_queued_calls={self._max_queued}, max_queued_mb={config.max_queued_mb}"
-                f"); when_queue_full='error'")
+                f"member {me}: {len(self.casts) + len(self.pending)} own calls in flight "
+                f"({self.in_flight_bytes()} bytes; this one {size}) and {self.queued_calls} "
+                f"delivered calls waiting for handlers here (max_queued_calls="
+                f"{self._max_queued}, max_queued_mb={config.max_queued_mb}); "
+                f"when_queue_full='error'")
         weight = size + _PARKED_OVERHEAD
-        if self.parked_bytes + weight > self._max_queued_bytes:
+        if self.parked and self.parked_bytes + weight > self._max_queued_bytes:
             raise QueueFull(
                 f"member {me}: the calls waiting for room here reached max_queued_mb="
                 f"{config.max_queued_mb} (max_queued_calls={self._max_queued}): await "
@@ -364,7 +468,10 @@ class CallTable:
         sent = False
         while parked and not self.paused and (
                 len(self.casts) + len(self.pending) < self._max_queued):
-            call = parked.popleft()
+            call = parked[0]
+            if not call.future.done() and not self.fits(call.size):
+                break
+            parked.popleft()
             self.parked_bytes -= call.size + _PARKED_OVERHEAD
             if call.future.done():  # cancelled by its caller while it waited: never sent
                 continue
@@ -377,6 +484,9 @@ class CallTable:
                 self.casts[msg_no] = call.future
             else:
                 self.pending[msg_no] = PendingCall(call.future)
+            self._sent += 1
+            if call.size > SMALL_CALL:
+                self.note(msg_no, call.size)
             sent = True
         if sent:
             driver.kick()
@@ -419,6 +529,8 @@ class CallTable:
         """Resolve pending ``call`` once every expected member replied."""
         if len(call.results) >= len(expected):  # results only ever hold expected members
             del self.pending[msg_no]
+            if self._noted:
+                self._forget(msg_no)
             if not call.future.done():
                 call.future.set_result(Replies(call.results, call.version))
             if self.parked:  # room for a call that waits (replies come outside steps too)
@@ -475,6 +587,8 @@ class CallTable:
         if self.casts:
             cast = self.casts.pop(ev.msg_no, None)
             if cast is not None:
+                if self._noted:
+                    self._forget(ev.msg_no)
                 if not cast.done():
                     cast.set_result((ev.view_id, ev.seq))
                 return
@@ -511,6 +625,7 @@ class CallTable:
 
     def send_failed(self, msg_no: int, reason: str) -> None:
         """The core could not send my call ``msg_no``: it fails with :class:`GroupClosed`."""
+        self._forget(msg_no)
         call = self.pending.pop(msg_no, None)
         if call is not None and not call.future.done():
             call.future.set_exception(GroupClosed(f"call not delivered: {reason}"))
@@ -528,6 +643,8 @@ class CallTable:
             if not cast.done():
                 cast.set_exception(exc)
         self.casts.clear()
+        self._noted.clear()
+        self._noted_bytes = 0
 
     def fail_parked(self, exc: BaseException) -> None:
         """This member is out: every call waiting for room fails with ``exc``."""

@@ -35,7 +35,7 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]
 
 from derecho_async import wire
-from derecho_async.api.calls import HandlerError, Replies, decode_result
+from derecho_async.api.calls import HandlerError, Replies, decode_result, safe_text
 from derecho_async.api.delivery import encode_outcome
 from derecho_async.errors import MemberFailed, ProtocolViolation
 from derecho_async.wire.values import pack
@@ -145,7 +145,8 @@ def encode_outcomes(replies: Replies[object]) -> list[list[object]]:
         if isinstance(value, MemberFailed):
             out.append([member, OUTCOME_FAILED, wire.encode(value.reason)])
         elif isinstance(value, HandlerError):
-            out.append([member, OUTCOME_ERROR, wire.encode([value.type_name, value.message])])
+            out.append([member, OUTCOME_ERROR, wire.encode(
+                [safe_text(value.type_name), safe_text(value.message)])])
         else:  # a result, or another exception: as a reply carries it
             ok, body = encode_outcome(not isinstance(value, BaseException), value)
             out.append([member, OUTCOME_OK if ok else OUTCOME_ERROR, body])

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 
 from derecho_async import hotpath, wire
 from derecho_async.api.actor import Actor, ActorSpec
-from derecho_async.api.calls import CAST, NIL, decode_result, encode_error
+from derecho_async.api.calls import CAST, NIL, decode_result, encode_error, exception_text
 from derecho_async.errors import DerechoError, ProtocolViolation, UsageError
 from derecho_async.runtime import largecall
 from derecho_async.runtime.dataplane import OutOfBand
@@ -353,8 +353,8 @@ class Dispatcher:
         (a ``SystemExit`` or ``KeyboardInterrupt`` is this member's departure)."""
         if not ok:
             exc = value if isinstance(value, BaseException) else None
-            log.warning("member %d: the handler of a one-way call raised %r", self._me, value,
-                        exc_info=exc)
+            log.warning("member %d: the handler of a one-way call raised %s: %s", self._me,
+                        *exception_text(value), exc_info=exc)
             if isinstance(value, (SystemExit, KeyboardInterrupt)):
                 self.handler_exit(value)
 
@@ -367,7 +367,8 @@ class Dispatcher:
         state.exiting = exc
         for hosted in self._hosted.values():
             hosted.runner.stop()
-        reason = f"a handler raised {type(exc).__name__}: {exc}"
+        name, text = exception_text(exc)
+        reason = f"a handler raised {name}: {text}"
         log.warning("member %d: %s; leaving the group", self._me, reason)
         driver = state.driver
         if driver is not None:

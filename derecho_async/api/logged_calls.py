@@ -16,6 +16,7 @@ from types import CoroutineType
 from typing import Any
 
 from derecho_async import wire
+from derecho_async.api.calls import exception_text
 from derecho_async.api.delivery import Dispatcher, Hosted, encode_outcome
 from derecho_async.api.once import ClientCalls
 from derecho_async.durability import LogRecord
@@ -213,7 +214,8 @@ async def replay(hosted: Hosted, records: list[LogRecord], upto: Version | None,
             if type(value) is CoroutineType:
                 value = await value
         except BaseException as exc:  # the handler's own outcome, as when it first ran
-            log.debug("replayed call %s raised %r", rec.version, exc)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("replayed call %s raised %s: %s", rec.version, *exception_text(exc))
             ok, value = False, exc
         if tag is not None:
             assert once is not None

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from derecho_async import wire
 from derecho_async.api import client_wire as cw
-from derecho_async.api.calls import CAST, HandlerError, Replies
+from derecho_async.api.calls import CAST, HandlerError, Replies, exception_text, safe_text
 from derecho_async.api.delivery import encode_outcome
 from derecho_async.api.forward import Forwarder
 from derecho_async.errors import (
@@ -388,7 +388,8 @@ class Relay:
             conn.send(cw.DONE, rid, result[0], result[1], [])
 
     def _fail(self, conn: _Connection, rid: int, retry: bool, exc: BaseException) -> None:
-        conn.send(cw.FAIL, rid, retry, type(exc).__name__, _clip(str(exc)))
+        name, text = exception_text(exc)  # (a p2p handler's own exception may come here)
+        conn.send(cw.FAIL, rid, retry, name, _clip(text))
 
     # -- p2p calls -------------------------------------------------------------------------
     async def _p2p_call(self, conn: _Connection, rid: int, member: int, actor: str,
@@ -422,7 +423,8 @@ class Relay:
             self._fail(conn, rid, False, exc)
             return
         except HandlerError as exc:
-            conn.send(cw.ANSWER, rid, False, wire.encode([exc.type_name, exc.message]), 0, 0)
+            conn.send(cw.ANSWER, rid, False,
+                      wire.encode([safe_text(exc.type_name), safe_text(exc.message)]), 0, 0)
             return
         except Exception as exc:
             ok, out = encode_outcome(False, exc)

@@ -183,7 +183,12 @@ class Config:
         "calls queued at this member (its own calls not yet delivered, delivered calls "
         "waiting for their handler) beyond which backpressure applies"))
     max_queued_mb: int = field(default=256, metadata=key(
-        Int(1, 1 << 20, "MiB"), "MiB of such queued calls beyond which backpressure applies"))
+        Int(1, 1 << 20, "MiB"),
+        "MiB of such queued calls beyond which backpressure applies, counted apart for its own "
+        "calls not yet completed (each its encoded size, at least 1 KiB; a call over it goes "
+        "alone when none other is in flight) and for delivered calls waiting for their "
+        "handler; its calls waiting for room have a bound of as many MiB of their own, past "
+        "which a call raises `QueueFull`"))
     when_queue_full: str = field(default="wait", metadata=key(
         Choice(QUEUE_FULL_ACTIONS),
         "what a call does when those queues are full: `wait` for room, or `error` (raise "

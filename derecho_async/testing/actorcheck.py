@@ -18,7 +18,9 @@
 #   (d) the replies a caller got are what each member's handler returned or raised (the caller's
 #       own exception as itself, another member's as HandlerError(member, type name, message), a
 #       departed member as MemberFailed), from exactly the members of the delivering view, with
-#       the version the call was delivered at; a one-way call's version is its delivery's;
+#       the version the call was delivered at; a one-way call's version is its delivery's; an
+#       exception's words are the contract's (simlog.outcome_text: a __str__ that raises gives
+#       a fixed text, lone surrogates are escaped), the same from every member;
 #   (e) a p2p read returns the state after some delivered prefix at that member (never a
 #       half-applied call); a versioned read, exactly the state after the call of that version;
 #   (f) nothing is lost: every call whose caller saw it succeed is in every survivor's log once;
@@ -53,7 +55,7 @@ from derecho_async.api import HandlerError, Replies
 from derecho_async.errors import GroupClosed, MemberFailed, PartitionedError, UsageError
 from derecho_async.testing.actorsim import ActorRun, CallOutcome
 from derecho_async.testing.checker import InvariantViolation
-from derecho_async.testing.simlog import RAISE_BEFORE, StateKey, state_of
+from derecho_async.testing.simlog import RAISE_BEFORE, StateKey, outcome_text, state_of
 
 __all__ = ["check_actor_run", "replay_command"]
 
@@ -329,9 +331,8 @@ def check_actor_run(run: ActorRun) -> None:
                 continue
             assert isinstance(result, tuple)
             tname, text = result
-            if m == call.caller:
-                good = (isinstance(value, BaseException) and type(value).__name__ == tname
-                        and str(value) == text)
+            if m == call.caller:  # the exception itself, read by the contract's rule
+                good = isinstance(value, BaseException) and outcome_text(value) == result
             else:
                 good = value == HandlerError(m, tname, text)
             if not good:

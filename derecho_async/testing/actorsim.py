@@ -61,9 +61,12 @@ from derecho_async.testing.simlog import (
     RAISE_AFTER,
     RAISE_BEFORE,
     STOP_AFTER,
+    SURROGATE_AFTER,
+    WEIRD_AFTER,
     SimLog,
     SimLogStop,
     numpy_available,
+    outcome_text,
 )
 from derecho_async.testing.simnet import SimNetwork, TraceEvent, crash_group
 from derecho_async.testing.stalls import Stalls
@@ -189,7 +192,7 @@ class ActorRun:
 def _plain(value: object) -> object:
     """A comparable, repr-stable form of an outcome (exceptions as type name and text)."""
     if isinstance(value, BaseException):
-        return (type(value).__name__, str(value))
+        return outcome_text(value)
     if isinstance(value, Mapping):
         return sorted((k, _plain(v)) for k, v in value.items())
     return value
@@ -299,11 +302,14 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
         beacon_hold_s=BEACON_HOLD_S if stalls and knobs["beacons"] else None,
     )
     stall_rng = random.Random(int(knobs["stall_seed"]))
+    # which exception a RAISE_AFTER call raises: a stream of its own, so that the main stream's
+    # draws (and with them every schedule's calls, faults and timing) stay as they were
+    raise_rng = random.Random(f"raise-{run.seed}")
     obs = run.observer
 
     def on_loop_error(_loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
-        what = f"{type(exc).__name__}: {exc}" if exc is not None else ""
+        what = "{}: {}".format(*outcome_text(exc)) if exc is not None else ""
         run.loop_errors.append(f"{loop.time():.4f} {context.get('message')} {what}".strip())
 
     loop.set_exception_handler(on_loop_error)
@@ -372,6 +378,8 @@ async def _schedule(rng: random.Random, run: ActorRun) -> None:
         mode = OK
         if rng.random() < float(knobs["p_raise"]):
             mode = rng.choice([RAISE_BEFORE, RAISE_AFTER, STOP_AFTER, CANCEL_AFTER])
+            if mode == RAISE_AFTER:  # a third each: ValueError, unprintable, lone surrogate
+                mode = raise_rng.choice([RAISE_AFTER, WEIRD_AFTER, SURROGATE_AFTER])
         handle = groups[caller].subgroup(SimLog)
         kind = "cast" if rng.random() < 0.6 else "call"
         args: tuple[object, ...]

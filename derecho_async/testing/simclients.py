@@ -22,7 +22,13 @@ from typing import Any
 from derecho_async import wire
 from derecho_async.api import Group
 from derecho_async.errors import GroupClosed, PartitionedError, QueueFull
-from derecho_async.testing.simlog import OK, RAISE_AFTER, RAISE_BEFORE
+from derecho_async.testing.simlog import (
+    OK,
+    RAISE_AFTER,
+    RAISE_BEFORE,
+    SURROGATE_AFTER,
+    WEIRD_AFTER,
+)
 
 __all__ = ["ClientCall", "SimClients"]
 
@@ -45,6 +51,8 @@ class SimClients:
 
     def __init__(self, seed: int, p_raise: float) -> None:
         self._rng = random.Random(f"clients-calls-{seed}")
+        # which exception a RAISE_AFTER call raises (a stream of its own: the draws above stay)
+        self._raise_rng = random.Random(f"clients-raise-{seed}")
         self._p_raise = p_raise
         self.ids = [hashlib.sha256(b"client %d %d" % (seed, i)).digest()[:16]
                     for i in range(3)]
@@ -62,6 +70,8 @@ class SimClients:
         seq = self._seqs[who]
         self._seqs[who] += 1
         mode = OK if rng.random() >= self._p_raise else rng.choice([RAISE_BEFORE, RAISE_AFTER])
+        if mode == RAISE_AFTER:
+            mode = self._raise_rng.choice([RAISE_AFTER, WEIRD_AFTER, SURROGATE_AFTER])
         kind = "client_cast" if rng.random() < 0.3 else "client"
         name = "SimLog.add.cast" if kind == "client_cast" else "SimLog.add"
         body = wire.encode_call(name, (cid, mode), {})

@@ -4,7 +4,9 @@ Theory of operation (docs/DESIGN.md §9.4): a replicated log of call ids with a 
 (and, in some schedules, a numpy array of counts). Every choice a handler makes (how long it
 sleeps, whether it raises and what) comes from the call's own arguments, so every replica does
 the same thing; each replica records the start, end, outcome and resulting state of every
-handler for the checker (actorcheck.py).
+handler for the checker (actorcheck.py). Some exceptions cannot be put into words as they are
+(a ``__str__`` that raises, a lone surrogate): a replica records the words the contract
+promises for them (:func:`outcome_text`).
 """
 
 from __future__ import annotations
@@ -27,11 +29,15 @@ __all__ = [
     "RAISE_AFTER",
     "RAISE_BEFORE",
     "STOP_AFTER",
+    "SURROGATE_AFTER",
+    "WEIRD_AFTER",
     "SimLog",
     "SimLogStop",
+    "SimLogWeird",
     "StateKey",
     "mix",
     "numpy_available",
+    "outcome_text",
     "state_of",
 ]
 
@@ -50,6 +56,8 @@ RAISE_BEFORE = 1  # ValueError before touching the state
 RAISE_AFTER = 2  # ValueError after appending
 STOP_AFTER = 3  # SimLogStop (a BaseException that is no Exception) after appending
 CANCEL_AFTER = 4  # asyncio.CancelledError after appending
+WEIRD_AFTER = 5  # SimLogWeird (an Exception whose __str__ raises) after appending
+SURROGATE_AFTER = 6  # ValueError with a lone surrogate in its message after appending
 
 StateKey = tuple[int, int, tuple[int, ...]]
 """What identifies a SimLog replica's state: (length of the log, running hash, array counts)."""
@@ -57,6 +65,26 @@ StateKey = tuple[int, int, tuple[int, ...]]
 
 class SimLogStop(BaseException):
     """A BaseException (not an Exception, like CancelledError) that SimLog handlers raise."""
+
+
+class SimLogWeird(Exception):
+    """An exception that cannot be put into words: its ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("SimLogWeird has no text")
+
+
+def outcome_text(exc: BaseException) -> tuple[str, str]:
+    """What a handler's exception must read as at every member (README, contract item 8):
+    ``(type name, message)``, the message ``str(exc)`` or ``"<Name: str() raised Other>"``
+    when that raises, lone surrogates escaped with backslashreplace. (The checker's own
+    statement of the rule, not the runtime's code.)"""
+    name = type(exc).__name__.encode("utf-8", "backslashreplace").decode()
+    try:
+        text = str(exc)
+    except Exception as failed:
+        text = f"<{name}: str() raised {type(failed).__name__}>"
+    return name, text.encode("utf-8", "backslashreplace").decode()
 
 
 def mix(h: int, cid: int) -> int:
@@ -146,9 +174,13 @@ class SimLog(Actor):
             raise SimLogStop(f"call {cid} stopped")
         if mode == CANCEL_AFTER:
             raise asyncio.CancelledError(f"call {cid} cancelled")
+        if mode == WEIRD_AFTER:
+            raise SimLogWeird(cid)
+        if mode == SURROGATE_AFTER:
+            raise ValueError(f"call {cid} refused \udc80")
 
     def _outcome(self, cid: int, exc: BaseException) -> None:
-        self._end(cid, False, (type(exc).__name__, str(exc)))
+        self._end(cid, False, outcome_text(exc))
 
     @ordered
     def add(self, cid: int, mode: int) -> tuple[int, int]:

@@ -284,3 +284,82 @@ async def one_holds_its_loop(config: da.Config) -> None:
         with open(os.path.join(os.environ["DA_TEST_OUT"], f"m{config.member_id}.json"), "w") as f:
             json.dump({"views": views, "appended": appended, "took": took}, f)
         await asyncio.sleep(0.5)  # the others finish their appends before anyone leaves
+
+
+class _Sizes(da.Actor):
+    """Counts the blobs it was given (dropping them) and is told when the sender is done."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.finished = False
+
+    @da.ordered
+    def put(self, blob: bytes) -> None:
+        self.count += 1
+
+    @da.ordered
+    def finish(self) -> int:
+        self.finished = True
+        return self.count
+
+
+def _status_kib(field: str) -> int:
+    """This process's ``field`` (VmRSS, VmHWM) from /proc/self/status, in KiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+async def own_calls_bound(config: da.Config) -> None:
+    """Member 0 makes ``DA_TEST_CASTS`` one-way calls of ``DA_TEST_CALL_KB`` KiB without awaiting
+    any (a fresh blob each, as an application would), stopping at the first QueueFull; then it
+    awaits those accepted and a replied call every member answers. It reports how many were
+    accepted, every member's count of calls run, and its own RSS before the burst and at its
+    peak (VmHWM) to ``DA_TEST_OUT``; the others wait for that last call."""
+    import json
+    import os
+    import time
+
+    size = int(os.environ["DA_TEST_CALL_KB"]) << 10
+    casts = int(os.environ["DA_TEST_CASTS"])
+    async with da.Group(config, actors=[_Sizes]) as group:
+        sizes = group.subgroup(_Sizes)
+        mine = group.local(_Sizes)
+        if config.member_id != 0:
+            deadline = time.monotonic() + 60
+            while not mine.finished and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)  # member 0 has its replies before anyone leaves
+            return
+        while len(group.view.members) < config.initial_members:
+            await asyncio.sleep(0.02)
+        for _ in range(3):  # warm up: the data plane's pool and buffers exist before the base
+            await sizes.put.cast(b"w" * size)
+        rss_base = _status_kib("VmRSS")
+        hwm_base = _status_kib("VmHWM")
+        sent_base = group.stats()["sent"]
+        futures = []
+        full: str | None = None
+        for _ in range(casts):
+            try:
+                futures.append(sizes.put.cast(b"x" * size))
+            except da.QueueFull as exc:
+                full = str(exc)
+                break
+        sent = group.stats()["sent"] - sent_base  # handed to the core; the rest wait for room
+        versions = await asyncio.wait_for(asyncio.gather(*futures), 60)
+        replies = await asyncio.wait_for(sizes.finish(), 60)
+        report = {
+            "accepted": len(futures),
+            "full": full,
+            "sent": sent,
+            "versions": len(set(versions)),
+            "counts": dict(replies.raise_on_error()),
+            "rss_base_kib": rss_base,
+            "hwm_base_kib": hwm_base,
+            "hwm_kib": _status_kib("VmHWM"),
+        }
+        with open(os.path.join(os.environ["DA_TEST_OUT"], "m0.json"), "w") as f:
+            json.dump(report, f)
