@@ -159,7 +159,7 @@ async def test_a_p2p_call_raising_an_unprintable_exception_answers_and_everyone_
 
 
 async def test_an_external_clients_calls_get_the_safe_text_from_every_member() -> None:
-    _, gs = await start([Odd], secret=SECRET, client_listen="127.0.0.1:0")
+    _, gs = await start([Odd], client_secret=SECRET, client_listen="127.0.0.1:0")
     try:
         async with await da.Client.connect(
                 group=gs[0].config.group, peers={1: str(gs[1].client_address)},
