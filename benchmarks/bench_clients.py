@@ -19,7 +19,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import secrets
 import statistics
 import tempfile
 import time
@@ -144,7 +143,7 @@ async def _measure(out: Path, group: str, secret: str, peers: dict[int, str], co
 def table_clients(rep: Reporter, quick: bool) -> None:
     """Run and print table 7."""
     count, lat_count, repeats = (2000, 300, 1) if quick else (20000, 2000, 3)
-    secret = secrets.token_urlsafe(32)
+    secret = da.new_secret()
     group = f"bench-clients-{os.getpid()}"
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:

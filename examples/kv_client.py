@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-import secrets
 import signal
 import sys
 import tempfile
@@ -100,7 +99,7 @@ async def client(group: str, secret: str, addresses: dict[int, str],
 
 
 def main() -> None:
-    secret = secrets.token_urlsafe(32)
+    secret = da.new_secret()
     group = f"kvclient-{os.getpid()}"
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["KV_CLIENT_DIR"] = tmp

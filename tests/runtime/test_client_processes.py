@@ -19,7 +19,7 @@ from derecho_async.launch import run_member
 from tests.runtime import client_apps
 
 CALLS = int(os.environ.get("DERECHO_ASYNC_CLIENT_CALLS", "10000"))
-SECRET = "Xq3v9LmP2rT8wYz4Kd7Nf1Bh6Gs5Jc0A"
+SECRET = "dasec1.3udV6eyHs_deYIHMcgpFIx-iPkrPCE-0hEYpY66oayw._nFzQO"
 
 
 def _free_port() -> int:

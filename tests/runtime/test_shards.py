@@ -154,7 +154,7 @@ async def test_sharded_actors_refuse_what_they_do_not_support_yet(tmp_path: Any)
 
 
 async def test_a_client_calls_any_shard_through_any_relay() -> None:
-    secret = "Xq3v9LmP2rT8wYz4Kd7Nf1Bh6Gs5Jc0A"
+    secret = da.new_secret()
     name = f"sh{next(_ids)}"
     groups = list(await asyncio.gather(*(
         da.Group.join(cfg(name, m, 4, secret=secret, client_listen="127.0.0.1:0"),
