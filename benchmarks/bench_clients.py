@@ -29,7 +29,6 @@ from typing import Any, Protocol, TypeVar
 from bench_files import publish
 
 import derecho_async as da
-from derecho_async.config.strength import new_secret
 from derecho_async.launch import run_member
 
 __all__ = ["table_clients"]
@@ -144,7 +143,7 @@ async def _measure(out: Path, group: str, secret: str, peers: dict[int, str], co
 def table_clients(rep: Reporter, quick: bool) -> None:
     """Run and print table 7."""
     count, lat_count, repeats = (2000, 300, 1) if quick else (20000, 2000, 3)
-    secret = new_secret()  # the clients' (`client_secret`)
+    secret = da.new_secret()  # the clients' (`client_secret`)
     group = f"bench-clients-{os.getpid()}"
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:

@@ -318,7 +318,7 @@ class GroupRun:
         if transport == "tcp":
             ports = free_ports(members)
             self.fields["peers"] = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
-            self.fields["secret"] = secrets.token_hex(16)
+            self.fields["secret"] = da.new_secret()
         self.profile = profile
 
     def run(self, timeout: float, stall: float = 60.0) -> list[dict[int, dict[str, Any]]]:

@@ -26,6 +26,7 @@ from derecho_async.api import (
     p2p,
 )
 from derecho_async.config import Config
+from derecho_async.config.strength import new_secret
 from derecho_async.core.view import View
 from derecho_async.errors import (
     AuthenticationError,
@@ -77,6 +78,7 @@ __all__ = [
     "View",
     "__version__",
     "launch_local",
+    "new_secret",
     "ordered",
     "p2p",
 ]

@@ -6,8 +6,9 @@ real process with its own event loop), run the replicated-log workload of
 and shows the view change. ``member`` runs one member of a multi-host group from a TOML file.
 ``status`` lists the shared-memory segments of local groups and whether their owners are alive;
 ``status --clean`` removes those of dead owners. ``secret`` prints a fresh shared secret for the
-``secret`` key (256 random bits; see :mod:`derecho_async.config.strength`); ``certs`` makes a
-group CA and member certificates for the TLS mode (:mod:`derecho_async.certs`). ``--version``
+``secret`` key (256 random bits, tagged and checked: the only form ``Config`` takes; see
+:mod:`derecho_async.config.strength`); ``certs`` makes a group CA and member certificates for
+the TLS mode (:mod:`derecho_async.certs`). ``--version``
 prints the version and the active hot path; ``bench`` and ``status`` print one JSON object with
 ``--json``. ``--help`` shows the plain-text descriptions near :func:`main`, not this docstring.
 """
@@ -491,8 +492,10 @@ whose members were killed leaves); a live owner's segments are never touched.
 """
 
 _SECRET = """\
-Print a fresh shared secret (256 random bits as URL-safe text) for the
-`secret` key: give every member of a tcp or rdma group the same one.
+Print a fresh shared secret for the `secret` key: `dasec1.`, 256 random bits
+as URL-safe text, and a check that catches a mistyped or cut copy. The secret
+key takes nothing else. Give every member of a tcp or rdma group (and their
+clients) the same one.
 """
 
 _CERTS = """\

@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import derecho_async as da
-from derecho_async.config.strength import new_secret
 from derecho_async.launch import run_member
 
 MEMBERS = 3
@@ -100,7 +99,7 @@ async def client(group: str, secret: str, addresses: dict[int, str],
 
 
 def main() -> None:
-    secret = new_secret()  # what clients prove (`client_secret`); shm members need none
+    secret = da.new_secret()  # what clients prove (`client_secret`); shm members need none
     group = f"kvclient-{os.getpid()}"
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["KV_CLIENT_DIR"] = tmp

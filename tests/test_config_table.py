@@ -100,7 +100,8 @@ def test_each_default_round_trips_through_the_environment(k: Key) -> None:
     [
         ({"heartbeat_ms": 60_000, "suspect_after_ms": 60_001}, True),
         ({"heartbeat_ms": 60_000.5, "suspect_after_ms": 70_000}, False),
-        ({"heartbeat_ms": 1e-3, "suspect_after_ms": 2e-3}, True),
+        ({"heartbeat_ms": 1, "suspect_after_ms": 1.5}, True),
+        ({"heartbeat_ms": 1e-3, "suspect_after_ms": 2e-3}, False),
         ({"suspect_after_ms": 3_600_000}, True),
         ({"suspect_after_ms": 3_600_000.5}, False),
         ({"heartbeat_ms": 50, "suspect_after_ms": 50}, False),

@@ -40,7 +40,7 @@ from derecho_async.api.rejoin import LogSuffixes
 from derecho_async.api.relay import Relay
 from derecho_async.api.restart import Restart
 from derecho_async.api.sharding import Sharded
-from derecho_async.config import Config
+from derecho_async.config import Config, memory
 from derecho_async.core import (
     Delivered,
     Evicted,
@@ -124,7 +124,8 @@ class Group:
         ``fs``: the file system ``data_dir`` is on (default: the real one; the simulator's
         :class:`~derecho_async.testing.simdisk.SimDisk` can crash); ``clock``: the wall clock,
         in nanoseconds since the epoch, that durable calls are stamped and logged with (the
-        simulator passes its virtual one)."""
+        simulator passes its virtual one). Actors of several shards whose tables cannot fit
+        the host's memory raise :class:`ConfigError`, as ``Config`` does for one shard."""
         if not isinstance(config, Config):
             raise UsageError("Group needs a derecho_async.Config")
         if transport is not None and transport.member_id != config.member_id:
@@ -159,6 +160,8 @@ class Group:
             SubgroupSpec(n, shards=sh.shards, min_per_shard=sh.min_replicas,
                          policy=sh.policy()) if (sh := self._sharded.get(n)) is not None
             else SubgroupSpec(n) for n in names))
+        if self.layout.n_shards > 1:  # Config checked one shard's tables; every shard has its own
+            memory.check(config, shards=self.layout.n_shards)
         self._calls = calls = CallTable(state, self._assignment, tuple(self._runners.values()),
                                         clock)
         self._p2p = P2PServer(state, self._specs, hosted)

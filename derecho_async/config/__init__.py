@@ -6,7 +6,8 @@ variable, one-line doc). Validation, the environment, TOML files and the README'
 driven by it. See docs/DESIGN.md §7.10.
 
 - :mod:`.forms`: what a value may be (ranges, choices, host:port, peers), checked and described;
-- :mod:`.strength`: how many bits a ``secret`` carries, and a fresh one;
+- :mod:`.strength`: the form of a ``secret`` (a tagged random value) and a fresh one;
+- :mod:`.memory`: the memory a configuration implies, against the host's;
 - :mod:`.keys`: a field's metadata and the :class:`Key` records read back from it;
 - :mod:`.settings`: :class:`Config` itself, and the rules that relate keys;
 - :mod:`.sources`: the TOML file and ``DERECHO_ASYNC_*`` variables;

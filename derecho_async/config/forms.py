@@ -125,26 +125,23 @@ class Text(Form):
 
 
 class Secret(Form):
-    """A secret estimated to carry at least ``min_bits`` bits (:mod:`.strength`), never shown
-    in errors; a rejection says why and how to make one."""
+    """A secret made by :func:`~derecho_async.config.strength.new_secret` (a tagged random
+    value, :mod:`.strength`), never shown in errors; a rejection says whether it was not made
+    so or was mistyped or cut, and how to make one."""
 
     type_name = "str"
     hidden = True
 
-    def __init__(self, min_bits: int) -> None:
-        self.min_bits = min_bits
-
     def expected(self) -> str:
-        return (f"a random secret of at least {self.min_bits} bits (make one with "
-                "`derecho-async secret`)")
+        return "a secret made by `derecho-async secret` (or `da.new_secret()`)"
 
     def allowed(self) -> str:
-        return f"{self.min_bits}+ bits: `derecho-async secret`"
+        return "`derecho-async secret`'s output"
 
     def accept(self, value: object, seen: Mapping[str, object]) -> object:
         if not isinstance(value, str):
             raise Rejected
-        why = strength.weakness(value, self.min_bits)
+        why = strength.problem(value)
         if why is not None:
             raise Rejected(f"; {why}")
         return value

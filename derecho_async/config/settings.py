@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Self
 
-from derecho_async.config import sources, strength
+from derecho_async.config import memory, sources
 from derecho_async.config.forms import (
     Choice,
     Flag,
@@ -82,9 +82,10 @@ class Config:
         "tcp: this member's address (port 0: any free port); unset: its own entry in `peers` "
         "when `peers` names it"))
     secret: str | None = field(default=None, repr=False, metadata=key(
-        Secret(strength.MIN_BITS),
-        "tcp, rdma: shared secret (required unless TLS is set); a member without it is "
-        "refused"))
+        Secret(),
+        "tcp, rdma: shared secret, made by `derecho-async secret` or `da.new_secret()` (a "
+        "tagged random value: nothing else is taken); required unless TLS is set; a member "
+        "without it is refused"))
     tls_cert: str | None = field(default=None, metadata=key(
         Text("the path of a PEM certificate file", "a path"),
         "tcp, rdma: this member's PEM certificate, naming its id (`derecho-async certs`); "
@@ -102,7 +103,7 @@ class Config:
         "the address this member serves external clients on (`da.Client`; port 0: any free "
         "port; unset: none), told to clients as given: use one they can reach"))
     client_secret: str | None = field(default=None, repr=False, metadata=key(
-        Secret(strength.MIN_BITS),
+        Secret(),
         "the secret external clients prove at `client_listen` (`derecho-async secret`; "
         "another than `secret`, which only members hold); required with `client_listen` "
         "unless TLS is set (then clients present client certificates, and it is a second "
@@ -115,7 +116,9 @@ class Config:
         "stops reading from it)"))
     # -- failure detection
     heartbeat_ms: float = field(default=50.0, metadata=key(
-        Number(0.0, 60_000.0, "milliseconds", low_open=True), "heartbeat period"))
+        Number(1.0, 60_000.0, "milliseconds"),
+        "heartbeat period (the driver's tick; from 1 ms, as a shorter one leaves the event loop "
+        "little time for anything but ticks)"))
     suspect_after_ms: float = field(default=500.0, metadata=key(
         Number(0.0, 3_600_000.0, "milliseconds", low_open=True, above="heartbeat_ms"),
         "silence (no heartbeat, no beacon) after which a member is suspected and removed"))
@@ -126,8 +129,11 @@ class Config:
         "0: no thread, suspect_after_ms applies)"))
     # -- ordered multicast
     window: int = field(default=64, metadata=key(
-        Int(1, 65536),
-        "slots per sender (flow control; small messages sent together share a slot)"))
+        Int(1, memory.MAX_WINDOW),
+        "slots per sender (flow control; small messages sent together share a slot); each view "
+        "change allocates, on the event loop, a table of a row per member of `window` slots of "
+        "`max_payload` bytes, hence the ceiling; with `max_payload` and `initial_members` it "
+        "must fit the host's memory (checked, see below)"))
     # Receivers start on a batch while the sender writes the next: with a whole window written
     # in one go, sender and receivers take turns instead of overlapping. That needs a core per
     # member; where members share few cores the extra steps only cost.
@@ -382,12 +388,17 @@ def _secret_for_clients(config: Config) -> None:
             "admits a member)", "<the value of secret>")
 
 
+def _fits_memory(config: Config) -> None:
+    # window, max_payload and initial_members together: their tables against the host's memory
+    memory.check(config)
+
+
 RULES: Final[tuple[Callable[[Config], None], ...]] = (
     _listen_from_peers, _contact_for_networked, _tls_together, _secret_for_networked,
-    _secret_for_clients)
+    _secret_for_clients, _fits_memory)
 """Checks that relate keys, run in order once each key passed its own form
 (``suspect_after_ms`` > ``heartbeat_ms`` is in that key's form); ``listen``'s default is
-resolved first."""
+resolved first, the memory the configuration implies checked last (:mod:`.memory`)."""
 
 
 def _build(merged: sources.Merged) -> Config:

@@ -1,130 +1,72 @@
-"""How strong a shared secret is: a conservative estimate of its bits, and a fresh one.
+"""The shared secret's form: a tagged random value, made by :func:`new_secret` and nothing else.
 
 Theory of operation (docs/DESIGN.md §5.3, §7.10): the tcp handshake's proofs are HMACs under a
 key stretched from the secret, and whoever records one handshake can test guesses offline, so the
-``secret`` key must carry at least :data:`MIN_BITS` bits. A string does not say how it was made;
-:func:`weakness` estimates from its shape, generously for random strings and harshly for what
-people type:
+secret must be hard to guess. A string does not say how it was made (a phrase or a keyboard walk
+can look as varied as random text), so the ``secret`` key takes only what :func:`new_secret`
+makes (``derecho-async secret`` prints it), which says so itself:
 
-- each character is worth log2 of the alphabet its classes span: 10 for digits only, 16 for hex
-  digits only, otherwise 26 per letter case present, 10 for digits, 32 for anything else;
-- if the letters read like English (:func:`reads_as_text`: under English letter frequencies
-  they are likelier than under uniform ones, by 0.3 bits a letter plus 6), each letter is worth
-  :data:`TEXT_BITS` instead, about what English text carries (hex secrets excepted);
-- a secret that repeats itself or runs in sequence (``aaaa``, ``abcd``, ``xyzxyz``) is refused
-  outright when such parts make up more than a quarter of it (:func:`tokens`), which a random
-  string of any length practically never does.
+    ``dasec1.`` + 43 base64url characters (256 random bits) + ``.`` + 6 check characters
 
-Random strings of 128 bits or more pass (32+ hex digits; 43+ base64 characters; 32 base64
-characters are refused about once in 100,000); :func:`new_secret` (what ``derecho-async secret`` prints) is 43 base64url
-characters, 256 random bits. A phrase that avoids common letters can still pass: the estimate
-cannot prove a secret random, it only catches the usual weak shapes.
+The prefix names the format and its version; the check is the first 6 base64url characters of
+the SHA-256 of everything before it (36 bits), so a copy that was mistyped, cut short or
+lengthened is caught when the Config is made, not as a refused handshake later.
+:func:`problem` tells the two refusals apart without repeating any of the text.
 """
 
 from __future__ import annotations
 
-import math
+import base64
+import hashlib
 import secrets
 import string
 from typing import Final
 
-__all__ = ["MAX_LENGTH", "MIN_BITS", "TEXT_BITS", "estimate_bits", "new_secret", "reads_as_text",
-           "tokens", "weakness"]
+__all__ = ["CHECK_CHARS", "DAMAGED", "LENGTH", "NOT_MADE", "PREFIX", "RANDOM_CHARS", "new_secret",
+           "problem"]
 
-MIN_BITS: Final = 128
-"""The least estimated strength of a secret."""
-MAX_LENGTH: Final = 1024
-"""The longest secret accepted (the estimate's work is bounded)."""
-TEXT_BITS: Final = 2.0
-"""Bits a letter is worth in a secret whose letters read like English."""
-# English letter frequencies (per cent, a-z); a letter's score is log2(26 * frequency)
-_ENGLISH: Final = (8.2, 1.5, 2.8, 4.3, 12.7, 2.2, 2.0, 6.1, 7.0, 0.15, 0.77, 4.0, 2.4, 6.7, 7.5,
-                   1.9, 0.095, 6.0, 6.3, 9.1, 2.8, 0.98, 2.4, 0.15, 2.0, 0.074)
-_SCORE: Final = {c: math.log2(26 * f / sum(_ENGLISH))
-                 for c, f in zip(string.ascii_lowercase, _ENGLISH, strict=True)}
-_HEX: Final = frozenset(string.hexdigits)
-_DIGITS: Final = frozenset(string.digits)
+PREFIX: Final = "dasec1."
+"""What every secret :func:`new_secret` makes starts with: the format, version 1."""
+RANDOM_CHARS: Final = 43
+"""Base64url characters of the random part: 256 bits (the last character carries 4 of them)."""
+CHECK_CHARS: Final = 6
+"""Base64url characters of the check."""
+LENGTH: Final = len(PREFIX) + RANDOM_CHARS + 1 + CHECK_CHARS
+"""Characters of a whole secret."""
+_BASE64URL: Final = frozenset(string.ascii_letters + string.digits + "-_")
 
-
-def _alphabet(text: str) -> int:
-    chars = set(text)
-    if chars <= _DIGITS:
-        return 10
-    if chars <= _HEX:
-        return 16
-    size = 0
-    if any(c.islower() and c.isascii() for c in chars):
-        size += 26
-    if any(c.isupper() and c.isascii() for c in chars):
-        size += 26
-    if chars & _DIGITS:
-        size += 10
-    if any(not (c.isascii() and c.isalnum()) for c in chars):
-        size += 32
-    return size
+NOT_MADE: Final = ("this one was not made by them: run `derecho-async secret` and give every "
+                   "member its output")
+"""Why a secret without the tag is refused."""
+DAMAGED: Final = ("this one starts as such a secret but its check fails: it was mistyped or cut "
+                  "short (copy it again from where it was made)")
+"""Why a secret with the tag and a wrong length, character or check is refused."""
 
 
-def tokens(text: str) -> int:
-    """``text``'s length once repetition is folded: a run of three or more characters whose
-    code points step by -1, 0 or +1 counts 2, a part of three or more characters that already
-    occurred (overlap allowed) counts 1, any other character 1."""
-    n = len(text)
-    i = count = 0
-    while i < n:
-        if i + 2 < n:
-            step = ord(text[i + 1]) - ord(text[i])
-            if -1 <= step <= 1 and ord(text[i + 2]) - ord(text[i + 1]) == step:
-                j = i + 3
-                while j < n and ord(text[j]) - ord(text[j - 1]) == step:
-                    j += 1
-                count += 2
-                i = j
-                continue
-        size = 0
-        if i + 3 <= n and text[i : i + 3] in text[: i + 2]:
-            size = 3
-            while i + size < n and text[i : i + size + 1] in text[: i + size]:
-                size += 1
-        count += 1
-        i += max(size, 1)
-    return count
-
-
-def reads_as_text(text: str) -> bool:
-    """Whether the ASCII letters of ``text`` are likelier English than uniformly random: their
-    log-likelihood ratio (English letter frequencies against 1/26 each) is at least 0.3 bits a
-    letter plus 6. Random letters score about -0.9 bits a letter, English about +0.5."""
-    letters = [c.lower() for c in text if c in string.ascii_letters]
-    return bool(letters) and sum(_SCORE[c] for c in letters) >= 0.3 * len(letters) + 6
-
-
-def estimate_bits(text: str) -> float:
-    """The estimated strength of ``text`` in bits (see the module docstring); repetition is
-    judged by :func:`weakness`, not here."""
-    if not text:
-        return 0.0
-    per_char = math.log2(_alphabet(text))
-    if set(text) <= _HEX or not reads_as_text(text):
-        return len(text) * per_char
-    letters = sum(c in string.ascii_letters for c in text)
-    return (len(text) - letters) * per_char + letters * TEXT_BITS
-
-
-def weakness(text: str, min_bits: int = MIN_BITS) -> str | None:
-    """Why ``text`` is too weak to be a group's secret, or None if it is strong enough."""
-    if len(text) > MAX_LENGTH:
-        return f"it is longer than {MAX_LENGTH} characters"
-    if tokens(text) * 4 < len(text) * 3:
-        return "it repeats itself or runs in sequence"
-    bits = estimate_bits(text)
-    if bits < min_bits:
-        return f"it carries about {bits:.0f} bits by the estimate"
-    return None
+def _check(head: str) -> str:
+    digest = hashlib.sha256(head.encode("ascii")).digest()
+    return base64.urlsafe_b64encode(digest).decode("ascii")[:CHECK_CHARS]
 
 
 def new_secret() -> str:
-    """A fresh random secret: 43 base64url characters (256 bits) that :func:`weakness` passes."""
-    while True:
-        text = secrets.token_urlsafe(32)
-        if weakness(text) is None:
-            return text
+    """A fresh shared secret for the ``secret`` key: 256 random bits, tagged and checked (see
+    the module docstring). Give every member of a group the same one."""
+    head = PREFIX + secrets.token_urlsafe(32)
+    return f"{head}.{_check(head)}"
+
+
+def problem(text: str) -> str | None:
+    """Why ``text`` is not a secret :func:`new_secret` made (:data:`NOT_MADE` or
+    :data:`DAMAGED`; neither repeats the text), or None if it is one."""
+    if not text.startswith(PREFIX):
+        return NOT_MADE
+    if len(text) != LENGTH or not text.isascii():
+        return DAMAGED
+    head, dot, check = text[:-CHECK_CHARS - 1], text[-CHECK_CHARS - 1], text[-CHECK_CHARS:]
+    if (
+        dot != "."
+        or not set(head[len(PREFIX):]) <= _BASE64URL
+        or not secrets.compare_digest(check, _check(head))
+    ):
+        return DAMAGED
+    return None

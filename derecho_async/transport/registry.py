@@ -10,8 +10,8 @@ group left behind (shared-memory names). Its flags say what the rest of the runt
 ``one_host`` (every member on one host: the CUDA IPC plane can reach them all, so
 ``gpu_plane="auto"`` starts it), ``networked`` (members dial listen addresses and authenticate
 with the group's ``secret``), ``in_process`` (every member in one process: no command-line
-launcher). Adding a transport: its package, and one entry in :data:`_BUILTIN` (or
-:func:`register` at run time).
+launcher); ``link_bytes`` says what fixed buffers a member holds per peer. Adding a
+transport: its package, and one entry in :data:`_BUILTIN` (or :func:`register` at run time).
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ class TransportKind:
     one_host: bool = False
     networked: bool = False
     in_process: bool = False
+    link_bytes: int = 0
+    """Bytes of fixed buffers a member holds per peer, whatever the traffic (the memory check
+    of ``config/memory.py`` counts them)."""
 
     def build(self, config: Config) -> Transport:
         """The transport of the member ``config`` describes."""
@@ -87,6 +90,7 @@ _BUILTIN = (
         bulk_plane="derecho_async.runtime.shmplane:for_transport",
         cleanup="derecho_async.transport.shm.cleanup:cleanup_group",
         one_host=True,
+        link_bytes=(4 << 20) + 4096,  # the ring it writes to each peer, and its header page
     ),
     TransportKind(
         "tcp", "members anywhere, over authenticated TCP streams (TLS optional)",
@@ -98,6 +102,9 @@ _BUILTIN = (
         "rdma", "members on an RDMA fabric (verbs), the channel over authenticated TCP",
         make="derecho_async.transport.rdma:from_config",
         networked=True,
+        # the inbox each peer writes and this member's mirror of it, and the bulk region
+        # registered for each sender
+        link_bytes=2 * (512 << 10) + 8 * (1 << 20),
     ),
     TransportKind(
         "sim", "members of one process on an in-memory fabric (tests, examples)",

@@ -1,4 +1,4 @@
-"""What the config tests share: the required keys and a secret strong enough for tcp."""
+"""What the config tests share: the required keys and a secret for tcp."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from derecho_async.config import Config
 
 BASE: dict[str, Any] = {"group": "g", "member_id": 0}
-SECRET = "Jq4-vX9tLm2Rw7_zKp1Yb6Hn3Gs8Fd0Ce5Ua9Wi2Oy4"  # as `derecho-async secret` prints
+SECRET = "dasec1.prImVf9grxJedW_nyURFIrdMcsj87s5swjZk31wkrrI.P3aEKT"  # made by da.new_secret()
 
 
 def make(**changes: Any) -> Config:

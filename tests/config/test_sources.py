@@ -27,7 +27,7 @@ def test_toml_top_level(tmp_path: Path) -> None:
 group = "weights"
 member_id = 2
 transport = "tcp"
-secret = "Zr7Kq2_Wv9Nx4Lt6-Hb1Pm8Yc3Fg5Dj0Su7Ae2Io9Tn"
+secret = "dasec1.ye3NsVOPJOlIII0joDKBJ3G1YHx6_zN5qXb2_9WHz3E.rRGvhV"
 heartbeat_ms = 10
 partition_safety = false
 

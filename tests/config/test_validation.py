@@ -9,8 +9,8 @@ import pickle
 
 import pytest
 
+import derecho_async as da
 from derecho_async.config import Config
-from derecho_async.config.strength import new_secret
 from derecho_async.errors import ConfigError
 from tests.config.support import BASE, SECRET, make
 
@@ -58,8 +58,8 @@ def test_full_valid_config() -> None:
         tls_ca="ca.pem",
         heartbeat_ms=5,
         suspect_after_ms=5.5,
-        window=65536,
-        max_payload=1 << 20,
+        window=1024,
+        max_payload=1 << 12,
         partition_safety=False,
         rdma_device="rxe0",
         rdma_port=255,
@@ -125,6 +125,8 @@ BAD_VALUES: list[tuple[str, object]] = [
     ("tls_ca", ""),
     ("heartbeat_ms", -3),
     ("heartbeat_ms", 0),
+    ("heartbeat_ms", 1e-9),
+    ("heartbeat_ms", 0.999),
     ("heartbeat_ms", float("nan")),
     ("heartbeat_ms", float("inf")),
     ("heartbeat_ms", "20"),
@@ -139,7 +141,8 @@ BAD_VALUES: list[tuple[str, object]] = [
     ("max_loop_hold_ms", "60000"),
     ("max_loop_hold_ms", None),
     ("window", 0),
-    ("window", 65537),
+    ("window", 1025),
+    ("window", 65536),
     ("window", 64.0),
     ("send_batch", -1),
     ("send_batch", 65537),
@@ -305,7 +308,7 @@ def test_error_message_example() -> None:
         make(heartbeat_ms=-3)
     assert info.value.key == "heartbeat_ms"
     assert info.value.got == -3
-    assert "positive" in info.value.expected and "milliseconds" in info.value.expected
+    assert "from 1 to 60000" in info.value.expected and "milliseconds" in info.value.expected
     assert isinstance(info.value, ValueError)
 
 
@@ -326,7 +329,7 @@ def test_serving_clients_requires_a_client_secret_of_its_own() -> None:
         make(client_listen="127.0.0.1:0", secret=SECRET, client_secret=SECRET)
     assert info.value.key == "client_secret"
     assert SECRET not in str(info.value)
-    other = new_secret()
+    other = da.new_secret()
     c = make(client_listen="127.0.0.1:0", client_secret=other)
     assert c.client_secret == other and other not in repr(c)
     tls = make(client_listen="127.0.0.1:0", tls_cert="c.pem", tls_key="c.key", tls_ca="ca.pem")

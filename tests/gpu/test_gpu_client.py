@@ -14,7 +14,7 @@ from tests.gpu import need_cupy
 
 pytestmark = pytest.mark.gpu
 
-SECRET = "Xq3v9LmP2rT8wYz4Kd7Nf1Bh6Gs5Jc0A"
+SECRET = "dasec1.gJ2vvAckakhoRFUXDWO0T4GBw98AjL8veUcoZfwli1k.TiataN"
 
 
 class Weights(da.Actor):

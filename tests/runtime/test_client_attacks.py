@@ -29,7 +29,6 @@ import pytest
 
 import derecho_async as da
 from derecho_async.api.relay import CLIENT_LIMITS
-from derecho_async.config.strength import new_secret
 from derecho_async.launch import free_ports
 from derecho_async.workload import ReplicatedLog
 from tests.runtime.test_tcp_attacks import (
@@ -73,7 +72,7 @@ def _fields(ports: list[int], client_secret: str, extra: dict[int, dict[str, Any
 @pytest.fixture(scope="module")
 def plain() -> Iterator[ClientGroup]:
     ports = free_ports(3)
-    secret = new_secret()
+    secret = da.new_secret()
     with serving(_fields(ports, secret)) as (run, port):
         yield ClientGroup(run, port, run.base["secret"].encode(), ports[0], secret)
 
@@ -85,7 +84,7 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClientGroup]:
 
     directory = tmp_path_factory.mktemp("certs")
     ports = free_ports(3)
-    secret = new_secret()
+    secret = da.new_secret()
     files: dict[Any, Any] = {}
 
     def member_fields(group: str, member: int) -> dict[str, Any]:

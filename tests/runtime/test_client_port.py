@@ -18,13 +18,12 @@ import pytest
 
 import derecho_async as da
 from derecho_async.api.relay import CLIENT_LIMITS
-from derecho_async.config.strength import new_secret
 from derecho_async.launch import free_ports
 from derecho_async.transport.tcp import handshake
 from derecho_async.workload import ReplicatedLog
 
-SECRET = new_secret()  # the members'
-CLIENT_SECRET = new_secret()  # the clients'
+SECRET = da.new_secret()  # the members'
+CLIENT_SECRET = da.new_secret()  # the clients'
 
 
 def _config(member: int, peers: dict[int, str], **kw: Any) -> da.Config:

@@ -15,12 +15,12 @@ import socket
 import time
 from pathlib import Path
 
-from derecho_async.config.strength import new_secret
+import derecho_async as da
 from derecho_async.launch import run_member
 from tests.runtime import client_apps
 
 CALLS = int(os.environ.get("DERECHO_ASYNC_CLIENT_CALLS", "10000"))
-SECRET = "Xq3v9LmP2rT8wYz4Kd7Nf1Bh6Gs5Jc0A"
+SECRET = "dasec1.3udV6eyHs_deYIHMcgpFIx-iPkrPCE-0hEYpY66oayw._nFzQO"
 
 
 def _free_port() -> int:
@@ -44,7 +44,7 @@ def test_every_acknowledged_client_call_is_applied_once_while_members_die(
     ctx = multiprocessing.get_context("spawn")
     group = f"clients{os.getpid()}"
     listen = {m: f"127.0.0.1:{_free_port()}" for m in range(3)}
-    client_secret = new_secret()
+    client_secret = da.new_secret()
     common = dict(group=group, transport="tcp", secret=SECRET, initial_members=3,
                   heartbeat_ms=20, suspect_after_ms=600, client_listen="127.0.0.1:0",
                   client_secret=client_secret)

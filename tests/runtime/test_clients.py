@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 import derecho_async as da
-from derecho_async.config.strength import new_secret
 from derecho_async.testing.simnet import SimNetwork, crash_group
 
-SECRET = "Xq3v9LmP2rT8wYz4Kd7Nf1Bh6Gs5Jc0A"
-CLIENT_SECRET = new_secret()  # what clients prove: not the members' SECRET
+SECRET = "dasec1.3udV6eyHs_deYIHMcgpFIx-iPkrPCE-0hEYpY66oayw._nFzQO"  # da.new_secret()
+OTHER_SECRET = "dasec1.Mjp0Fk0I2qSV1lMbrAN4mSchb2qUZ2Eb45KQda3WsKQ.HqbLmO"
+CLIENT_SECRET = da.new_secret()  # what clients prove: not the members' SECRET
 _ids = itertools.count()
 
 
@@ -216,7 +216,7 @@ async def test_a_wrong_secret_fails_at_once() -> None:
     began = time.monotonic()
     with pytest.raises(da.AuthenticationError, match="secret"):
         await da.Client.connect(group=name, peers=peers(groups),
-                                secret="Zq3v9LmP2rT8wYz4Kd7Nf1Bh6Gs5Jc0B")
+                                secret=OTHER_SECRET)
     assert time.monotonic() - began < 5
     await leave(groups)
 

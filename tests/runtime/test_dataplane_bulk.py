@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import itertools
 import os
-import secrets
 from typing import Any
 
 import numpy as np
@@ -54,7 +53,7 @@ def _configs(transport: str, n: int) -> list[da.Config]:
     if transport == "tcp":
         ports = free_ports(n)
         extra["peers"] = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
-        extra["secret"] = secrets.token_hex(16)
+        extra["secret"] = da.new_secret()
     out = []
     for i in range(n):
         fields = dict(extra)

@@ -205,10 +205,11 @@ async def test_a_restart_over_tcp_ships_the_suffix_between_members(tmp_path: Pat
 
     ports = free_ports(3)
     peers = {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+    secret = da.new_secret()
 
     def tcp(i: int) -> da.Config:
         return da.Config(group="durable-tcp", member_id=i, initial_members=3, transport="tcp",
-                         peers=peers, listen=peers[i], secret="a durable tcp group's secret",
+                         peers=peers, listen=peers[i], secret=secret,
                          heartbeat_ms=20, suspect_after_ms=1000, data_dir=str(tmp_path))
 
     groups = list(await asyncio.gather(*(da.Group.join(tcp(i), actors=[KV], timeout=20)

@@ -20,8 +20,8 @@ from derecho_async.launch import free_ports
 from derecho_async.transport.shm import ShmTransport
 from derecho_async.workload import ReplicatedLog
 
-SECRET = "Xg5_Nd8qWm2-Ht7Lp4Zc9Bv1Ky6Rf3Js0Ua8Eo2Ti5"
-WRONG = "Wrong-Secret_Rq8Lz3Vn6Kt1Hb9Xm4Pd7Jc2Yf5Gs0"
+SECRET = "dasec1.4iaLwXtTuX_i-kEufiGv2Bzyw0FfMGCRIs6-Nx0j4Vw.hd4cXr"
+WRONG = "dasec1.M59YcIUmqQ4Pq5hvhnbzuLf3hhIwdItjpvrCB50GQCs.rUao4I"
 
 
 def _config(member: int, peers: dict[int, str], **kw: object) -> da.Config:

@@ -7,7 +7,7 @@ import derecho_async as da
 from derecho_async.launch import free_ports
 from tests.runtime import apps
 
-SECRET = "Lq7_Vd2-Xn9Rb4Tz8Kc1Wm6Hs3Gy5Pj0Fe7Ua2No4"
+SECRET = "dasec1.eT41d3G_RrSaoXL-DFPcwIBez8hW01z6y4Wqu-hXqXE.0pZe-H"
 
 
 def test_listen_is_derived_from_peers_when_they_name_this_member() -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import derecho_async as da
+
 N = 5
 SCRIPT = Path(__file__).with_name("partition_member.py")
 
@@ -76,7 +78,7 @@ def test_minority_wedges_majority_continues_no_second_primary(
     namespaces, host_ends, addrs = hosts
     peers = json.dumps({i: f"{a}:7100" for i, a in enumerate(addrs)})
     group = f"part{secrets.token_hex(3)}"
-    secret = secrets.token_hex(16)
+    secret = da.new_secret()
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]))
     procs = [
         subprocess.Popen(

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 import derecho_async as da
-from derecho_async.config.strength import new_secret
 from derecho_async.testing.simnet import SimNetwork, crash_group
 from tests.runtime.client_apps import Tally
 from tests.runtime.test_durable_group import KV
@@ -155,7 +154,7 @@ async def test_sharded_actors_refuse_what_they_do_not_support_yet(tmp_path: Any)
 
 
 async def test_a_client_calls_any_shard_through_any_relay() -> None:
-    secret = new_secret()  # the clients'
+    secret = da.new_secret()  # the clients'
     name = f"sh{next(_ids)}"
     groups = list(await asyncio.gather(*(
         da.Group.join(cfg(name, m, 4, client_secret=secret, client_listen="127.0.0.1:0"),

@@ -16,7 +16,7 @@ from derecho_async.launch import free_ports
 from derecho_async.transport.tcp import framing, handshake
 from derecho_async.workload import ReplicatedLog
 
-SECRET = "Xg5_Nd8qWm2-Ht7Lp4Zc9Bv1Ky6Rf3Js0Ua8Eo2Ti5"
+SECRET = "dasec1.4iaLwXtTuX_i-kEufiGv2Bzyw0FfMGCRIs6-Nx0j4Vw.hd4cXr"
 
 
 async def _tcp_group(n: int) -> list[da.Group]:

@@ -24,6 +24,7 @@ from member_process import ROW, expected_from
 from rdma_support import loop_name, needs_device, word
 from transport_support import SECRET, Recorder
 
+from derecho_async.config.strength import new_secret
 from derecho_async.launch import free_ports
 from derecho_async.transport.rdma import RdmaTransport
 
@@ -153,7 +154,7 @@ def test_group_over_rdma_survives_a_sigkilled_member() -> None:
         "heartbeat_ms": 20,
         "suspect_after_ms": 1500,
         "peers": {i: f"127.0.0.1:{p}" for i, p in enumerate(ports)},
-        "secret": secrets.token_hex(16),
+        "secret": new_secret(),
         "rdma_device": os.environ.get("RXE_DEV"),
         "log_level": "INFO",  # view installs and transport reports, shown if the test fails
     }

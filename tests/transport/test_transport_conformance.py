@@ -15,7 +15,7 @@ from derecho_async.certs import issue
 from derecho_async.testing.conformance import CASES, TransportFactory, check_transport
 from derecho_async.transport import Transport, registry
 
-SECRET = "Mh3Rt8_Qw1Vz6Kb9-Nd4Lx7Pc2Jg5Fs0Ye3Ua8To1Wi"
+SECRET = "dasec1.qY100St0MInBnvRMJ00BpqDEDBOPWq8j2VzSXLIHVE4.NO8v55"
 
 #: registered transports this machine cannot run: rdma needs an RDMA device (it runs the suite
 #: inside rxe-vm, tests/transport/test_rdma.py)

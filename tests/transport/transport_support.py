@@ -28,7 +28,7 @@ __all__ = [
     "new_group",
 ]
 
-SECRET = b"tV8_Kp3mQx6-Rz1LwN9bHc4YjF7dGs2EuA5oTi0XeP"
+SECRET = b"dasec1.HaO3bfki-dc8qIt0SRQ_Y352E-hD7wUBDy0MvRWEiCU.3OX7ih"
 
 
 def make_transport(
