@@ -31,6 +31,7 @@ from derecho_async.core.view import View
 from derecho_async.errors import (
     AuthenticationError,
     ConfigError,
+    DataLost,
     DerechoError,
     GroupClosed,
     JoinRefused,
@@ -58,6 +59,7 @@ __all__ = [
     "Client",
     "Config",
     "ConfigError",
+    "DataLost",
     "DerechoError",
     "Group",
     "GroupClosed",

@@ -1,4 +1,5 @@
-"""The ``derecho-async`` command: ``demo``, ``bench``, ``member``, ``status``, ``secret``, ``certs``.
+"""The ``derecho-async`` command: ``demo``, ``bench``, ``member``, ``status``, ``secret``,
+``certs``, ``repair``.
 
 ``demo`` and ``bench`` start a local group as separate processes (spawned, so each member is a
 real process with its own event loop), run the replicated-log workload of
@@ -8,7 +9,8 @@ and shows the view change. ``member`` runs one member of a multi-host group from
 ``status --clean`` removes those of dead owners. ``secret`` prints a fresh shared secret for the
 ``secret`` key (256 random bits, tagged and checked: the only form ``Config`` takes; see
 :mod:`derecho_async.config.strength`); ``certs`` makes a group CA and member certificates for
-the TLS mode (:mod:`derecho_async.certs`). ``--version``
+the TLS mode (:mod:`derecho_async.certs`); ``repair`` mends a member's damaged durable files
+(:mod:`derecho_async.durability.repair`). ``--version``
 prints the version and the active hot path; ``bench`` and ``status`` print one JSON object with
 ``--json``. ``--help`` shows the plain-text descriptions near :func:`main`, not this docstring.
 """
@@ -390,6 +392,30 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_repair(args: argparse.Namespace) -> int:
+    from derecho_async.durability.repair import repair_member
+    from derecho_async.errors import DerechoError
+
+    try:
+        reports = repair_member(args.dir, accept_loss=args.accept_loss)
+    except (DerechoError, OSError) as exc:
+        print(f"derecho-async repair: {exc}", file=sys.stderr)
+        return 2
+    gaps = 0
+    for r in reports:
+        print(f"{r.name}: {'; '.join(r.cuts) if r.cuts else 'no damage found'}")
+        print(f"  the files hold calls up to {r.held}; acknowledged as durable: {r.acked}")
+        if r.gap and not args.accept_loss:
+            gaps += 1
+            print(f"  missing here: the calls after {r.held}. Start the member: it rejoins a "
+                  "running group (which holds them), or restarts with members whose files "
+                  "hold them; a restart where none does is refused unless --accept-loss")
+        elif r.gap:
+            print("  the acknowledged frontier is lowered to what the files hold "
+                  "(--accept-loss): those calls are given up")
+    return 0
+
+
 def cmd_secret(args: argparse.Namespace) -> int:
     print(new_secret())
     return 0
@@ -457,7 +483,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 _DESCRIPTION = """\
 Run derecho_async groups on this host (a demo, a benchmark), one member of a
 multi-host group, and the tools around them: shared-memory status and cleanup,
-shared secrets and TLS certificates.
+shared secrets, TLS certificates and the repair of damaged durable files.
 """
 
 _EPILOG = 'Run "derecho-async COMMAND --help" for the options of a command.'
@@ -504,6 +530,17 @@ each member, for the TLS mode (the tls_cert, tls_key and tls_ca keys), and for
 external clients (--clients: a member's client port requires one in the TLS
 mode; a member port refuses it). Needs the cryptography package (the tls
 extra).
+"""
+
+
+_REPAIR = """\
+Mend the durable files of one member (DIR: <data_dir>/<group>/member-<id>)
+that refuses to start because a file is damaged (LogCorrupted): each
+subgroup's log is cut at the first damaged record (what follows a hole cannot
+be replayed), a damaged newest snapshot is removed, and what the files then
+hold is printed beside the frontier the member acknowledged as durable. Start
+the member again afterwards: it gets the calls it lacks from the others. Stop
+the member first: never repair the files of a running member.
 """
 
 
@@ -591,6 +628,16 @@ def main(argv: list[str] | None = None) -> int:
     certs.add_argument("--force", action="store_true",
                        help="replace members' files that exist")
     certs.set_defaults(fn=cmd_certs)
+    repair = sub.add_parser(
+        "repair", help="mend a stopped member's damaged durable files (cut at the damage)",
+        description=_REPAIR, formatter_class=fmt)
+    repair.add_argument("dir", metavar="DIR", help="the member's directory: "
+                        "<data_dir>/<group>/member-<id>")
+    repair.add_argument("--accept-loss", action="store_true",
+                        help="also lower the acknowledged frontier to what the files hold, "
+                        "so that a restart after total failure may go on without the calls "
+                        "that are gone")
+    repair.set_defaults(fn=cmd_repair)
     args = parser.parse_args(argv)
     if args.cmd in ("demo", "bench") and args.members < 2:
         sub.choices[args.cmd].error("--members must be at least 2")

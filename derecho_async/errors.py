@@ -15,6 +15,7 @@ from pathlib import Path
 __all__ = [
     "AuthenticationError",
     "ConfigError",
+    "DataLost",
     "DerechoError",
     "GroupClosed",
     "JoinRefused",
@@ -124,6 +125,13 @@ class LogCorrupted(DerechoError):
         self.offset = offset
         self.why = why
         super().__init__(f"{path}: damaged record at offset {offset}: {why}")
+
+
+class DataLost(DerechoError):
+    """A restart after total failure would lose calls a member acknowledged as durable: no
+    restarted member's files hold them (logs cut short or lost at rest). The group does not
+    restart below what it acknowledged; the message names the subgroup and the gap. Restore
+    the files, or accept the loss with ``derecho-async repair --accept-loss``."""
 
 
 class SubscriptionDropped(DerechoError):

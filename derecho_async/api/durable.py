@@ -55,6 +55,7 @@ from derecho_async.api.logged_calls import (
 )
 from derecho_async.api.once import ClientCalls, restore_bytes, state_bytes
 from derecho_async.durability import Fs, Log, LogRecord, Snapshots, atomic_write, read_checked
+from derecho_async.durability.frontier import Frontier
 from derecho_async.durability.records import MAX_U63
 from derecho_async.errors import GroupClosed, UsageError
 
@@ -97,6 +98,7 @@ class _Subgroup:
         self.since_snapshot = 0
         self.snapshot_due = False
         self.durable: Version | None = None  # this member's log is durable through it
+        self.frontier: Frontier | None = None  # what it acknowledged as durable (opened)
 
 
 class Durable:
@@ -154,12 +156,25 @@ class Durable:
                 actor.restore(restore_bytes(data, sub.once))
             await replay(sub.hosted, records, upto, sub.once)
             sub.durable = sub.log.durable_through if sub.log is not None else None
+        for name, (have, acked) in self.gaps().items():
+            log.warning("member %d: %s: this member acknowledged calls up to %s as durable, but "
+                        "its files hold them only up to %s: the calls after that are missing "
+                        "here (another member's files must hold them; a restart after total "
+                        "failure refuses to go on without them)", self._state.me, name, acked,
+                        have)
 
     def _open_files(self) -> dict[str, tuple[tuple[Version, int, bytes] | None,
                                              list[LogRecord]]]:
         found = {}
+        me = self._state.me
         for sub in self._subs.values():
             sub.log = Log.open(sub.directory / "log", fs=sub.fs)
+            torn = sub.log.recovered
+            if torn.torn_path is not None:
+                log.warning("member %d: %s: cut a torn tail of %d bytes off %s (%s): a write a "
+                            "crash cut short, never acknowledged", me, sub.name, torn.torn_bytes,
+                            torn.torn_path, torn.torn_why)
+            sub.frontier = Frontier(sub.directory / "acked", fs=sub.fs)
             snap = sub.snapshots.load_newest()
             since = held_by(snap[0]) if snap is not None else None
             found[sub.name] = (snap, list(sub.log.read(since)))
@@ -273,6 +288,7 @@ class Durable:
         for sub in self._subs.values():
             sub.pending = []
             sub.log = None
+            sub.frontier = None
         self._jobs = []
         self._runs = []
         self._run_calls = 0
@@ -291,6 +307,8 @@ class Durable:
 
     def _close_files(self) -> None:
         for sub in self._subs.values():
+            if sub.frontier is not None:
+                sub.frontier.close()
             if sub.log is not None:
                 sub.log.close()
                 sub.log = None
@@ -391,6 +409,23 @@ class Durable:
         return await asyncio.get_running_loop().run_in_executor(None, find)
 
     # -- restart after total failure (api/restart.py) -----------------------------------------
+    def acked_versions(self) -> dict[str, Version | None]:
+        """Per subgroup, the highest version this member ever acknowledged as durable (its
+        frontier file, kept apart from the log)."""
+        return {name: sub.frontier.acked if sub.frontier is not None else None
+                for name, sub in self._subs.items()}
+
+    def gaps(self) -> dict[str, tuple[Version | None, Version]]:
+        """The subgroups whose files hold less than this member acknowledged: name ->
+        (what the files hold, what was acknowledged)."""
+        have = self.durable_versions()
+        out: dict[str, tuple[Version | None, Version]] = {}
+        for name, acked in self.acked_versions().items():
+            held = have[name]
+            if acked is not None and (held is None or held < acked):
+                out[name] = (held, acked)
+        return out
+
     def durable_versions(self) -> dict[str, Version | None]:
         """Per subgroup, the last version this member holds durably (log or snapshot)."""
         out: dict[str, Version | None] = {}
@@ -590,7 +625,9 @@ class Durable:
         # the usual flush: one subgroup, calls of plain bytes, framed natively
         if (only is not None and runs and not records and only.log is not None
                 and only.log.append_delivered(runs, PLAIN)):
-            return {only.name: only.log.sync()}
+            synced: dict[str, Version | None] = {only.name: only.log.sync()}
+            self._acknowledge(synced)
+            return synced
         for events, now in runs:  # else a record per call (arrays encoded, copied to host)
             for ev in events:
                 if ev[0] in self._subs:
@@ -604,7 +641,18 @@ class Durable:
                 continue
             logfile.append(batch)
             durable[name] = logfile.sync()
+        self._acknowledge(durable)
         return durable
+
+    def _acknowledge(self, durable: dict[str, Version | None]) -> None:
+        """In the executor, before any of it is published: record how far each subgroup's
+        files are durable now in its frontier file (the log's new point, or a snapshot's)."""
+        for name, sub in self._subs.items():
+            if sub.frontier is None:
+                continue
+            points = [v for v in (durable.get(name), sub.durable) if v is not None]
+            if points:
+                sub.frontier.advance(max(points))
 
     def _publish(self, view_id: int) -> None:
         """Raise this member's ``persisted`` words after a flush that began in view

@@ -603,7 +603,7 @@ class Group:
             _, req, actor_name, method, body = msg
             assert isinstance(req, int) and isinstance(body, bytes)
             self._p2p.serve(sender, req, str(actor_name), str(method), body)
-        elif isinstance(kind, int) and env.RECOVER_INFO <= kind <= env.RECOVER_LIVE:
+        elif kind in env.RESTART_KINDS:
             if self._restart is not None:
                 self._restart.on_message(sender, msg)
             elif kind == env.RECOVER_INFO and self._state.view is not None and (

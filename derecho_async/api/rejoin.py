@@ -48,11 +48,11 @@ class LogSuffixes:
 
     def offered(self, member: int, durable: list[Any]) -> None:
         """``member`` restarting with files says how far they reach: the rows of its
-        RECOVER_INFO, ``[subgroup, view_id, seq + 1]`` (validated by the envelope)."""
+        RECOVER_INFO, ``[subgroup, view_id, seq + 1, ...]`` (validated by the envelope)."""
         if member not in self._offers and len(self._offers) >= _MAX_OFFERS:
             self._offers.pop(next(iter(self._offers)))
         versions = {}
-        for name, view_id, seq1 in durable:
+        for name, view_id, seq1, *_acked in durable:
             version = version_from_wire(view_id, seq1)
             if version is not None:
                 versions[name] = version

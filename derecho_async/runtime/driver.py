@@ -675,8 +675,9 @@ class Driver:
 
     def form_view(self, view_id: int, others: list[int]) -> None:
         """The contact forms the group's first view ``view_id`` with ``others`` and itself, and
-        welcomes them into it (view 0 at bootstrap; a restart's view after total failure)."""
-        if self.core is not None:
+        welcomes them into it (view 0 at bootstrap; a restart's view after total failure, which
+        the member that plans it forms: a joiner core not yet admitted gives way to it)."""
+        if self.core is not None and self.core.state is not MemberState.JOINING:
             return
         members = tuple(sorted({self.member_id, *others}))
         for m in members:

@@ -26,7 +26,10 @@
 # acknowledged. Their end is a total failure: every member crashes and so does every disk
 # (unsynced writes lost or torn); then every member that ever started restarts from what its
 # disk kept, on a fresh network, and a barrier call runs in the re-formed group. Each restarted
-# replica's log is recorded for the checker's check (h). Before that, once the end's barrier
+# replica's log is recorded for the checker's check (h). In about a third of them (knob
+# ``late_contact_s``) the lowest member restarts that late, as a contact whose disk or host is
+# slow to come back: the others restart without it when they are a majority of the last view (the
+# lowest running member plans the restart), and it then joins the running group. Before that, once the end's barrier
 # call succeeded, every crashed member restarts from its disk (crashed too) while the group
 # runs, and a second barrier shows whether each caught up (check (i)). Member 0's application
 # subscribes to the actor's deliveries and to its views from its first view on (check (j)).
@@ -252,6 +255,7 @@ def run_actor_schedule(seed: int, **knobs: Any) -> ActorRun:
     disk_rng = random.Random(f"durable-{seed}")  # (the schedules without disks stay as they were)
     client_rng = random.Random(f"clients-{seed}")  # (and those without clients)
     stall_rng = random.Random(f"stalls-{seed}")  # (and those without stalls)
+    late_rng = random.Random(f"late-{seed}")  # (and those whose contact restarts in time)
     drawn: dict[str, Any] = {
         "members": rng.randint(2, 5),
         "steps": rng.randint(20, 60),
@@ -274,6 +278,8 @@ def run_actor_schedule(seed: int, **knobs: Any) -> ActorRun:
         "stalls": stall_rng.random() < 0.5,
         "beacons": True,
         "stall_seed": stall_rng.randrange(1 << 30),
+        "late_contact_s": (late_rng.uniform(1.5, 6.0) * SUSPECT_MS / 1000
+                           if late_rng.random() < 1 / 3 else 0.0),
     }
     for k in knobs:
         if k not in drawn:
@@ -674,7 +680,12 @@ async def _total_failure(rng: random.Random, run: ActorRun, old: SimNetwork,
         actor.bind(m, [], bool(run.knobs["with_array"]))
         groups[m] = g
 
+    late = float(run.knobs["late_contact_s"])
+
     async def start(m: int) -> bool:
+        if late and m == min(groups):
+            say(f"restart: member {m} restarts {late:.2f} s late")
+            await asyncio.sleep(late)
         try:
             await groups[m].start(timeout=10.0)
         except (GroupClosed, PartitionedError) as exc:

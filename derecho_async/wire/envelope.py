@@ -34,12 +34,14 @@ __all__ = [
     "NCCL_UID",
     "P2P_REQ",
     "P2P_RESP",
+    "RECOVER_ABORT",
     "RECOVER_INFO",
     "RECOVER_LIVE",
     "RECOVER_PLAN",
     "RECOVER_READY",
     "REPLIES",
     "REPLY",
+    "RESTART_KINDS",
     "SHM_DESC",
     "STATE_ABORT",
     "STATE_ACK",
@@ -79,7 +81,9 @@ STATE_ACK = 15  # [STATE_ACK, xfer_id, chunk index] (joiner -> sponsor: verified
 STATE_ABORT = 16  # [STATE_ABORT, xfer_id, reason] (either way: the transfer is over, failed)
 # Restart after total failure (:mod:`derecho_async.api.restart`). A version travels as two
 # unsigned ints, view_id and seq + 1 (0, 0: none).
-# [RECOVER_INFO, last view id, [members], [[subgroup, view_id, seq + 1], ...]] (-> contact)
+# [RECOVER_INFO, last view id, [members], [[subgroup, view_id, seq + 1, acked view_id,
+#  acked seq + 1], ...]] (-> every member it knows: how far its files reach, and how far it
+#  acknowledged them durable)
 RECOVER_INFO = 17
 # [RECOVER_PLAN, epoch, new view id, [members], [[subgroup, source, view_id, seq + 1], ...]]
 RECOVER_PLAN = 18
@@ -87,7 +91,7 @@ SUFFIX_REQ = 19  # [SUFFIX_REQ, epoch, subgroup, view_id, seq + 1] (-> source: r
 # [SUFFIX, epoch, subgroup, [] or [view_id, seq, time_ns, snapshot bytes],
 #  [[view_id, seq, time_ns, body], ...], last]
 SUFFIX = 20
-RECOVER_READY = 21  # [RECOVER_READY, epoch] (-> contact: the suffixes are applied and durable)
+RECOVER_READY = 21  # [RECOVER_READY, epoch] (-> planner: the suffixes are applied and durable)
 RECOVER_LIVE = 22  # [RECOVER_LIVE, view id] (a running member -> a recovering one: join it)
 CLIENT_ADDR = 23  # [CLIENT_ADDR, host, port]: where the sender serves external clients
 # A sharded actor's state to a member that gains the shard at a view (api/handoff.py):
@@ -100,6 +104,12 @@ FORWARDED = 27
 # [MEMBER_ADDR, [[member, host, port], ...]]: listen addresses of the view's members the sender
 # knows, sent at a view with joiners (a joiner may know one member: runtime/driver.py)
 MEMBER_ADDR = 28
+# [RECOVER_ABORT, reason]: the restart's planner refuses to restart the group (it would lose
+# calls a member acknowledged as durable); every restarting member stops with the reason
+RECOVER_ABORT = 29
+RESTART_KINDS = frozenset({RECOVER_INFO, RECOVER_PLAN, SUFFIX_REQ, SUFFIX, RECOVER_READY,
+                           RECOVER_LIVE, RECOVER_ABORT})
+"""The kinds of the restart after total failure (api/restart.py)."""
 
 _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     CORE: (list,),
@@ -131,6 +141,7 @@ _SHAPES: dict[int, tuple[type | tuple[type, ...], ...]] = {
     FORWARD: (int, str, int, bytes, int, bytes),
     FORWARDED: (int, int, int, int, list, str, str),
     MEMBER_ADDR: (list,),
+    RECOVER_ABORT: (str,),
 }
 _MAX_INT = (1 << 63) - 1
 
@@ -165,6 +176,8 @@ def decode(data: bytes) -> list[Any]:
         _check_state_parts(msg[5])
     elif msg[0] == STATE_ABORT and len(msg[2]) > _MAX_REASON:
         raise ProtocolViolation(f"state abort reason of {len(msg[2])} characters")
+    elif msg[0] == RECOVER_ABORT and len(msg[1]) > _MAX_REASON:
+        raise ProtocolViolation(f"restart abort reason of {len(msg[1])} characters")
     elif msg[0] in (RECOVER_INFO, RECOVER_PLAN, SUFFIX):
         _check_restart(msg)
     elif msg[0] == CLIENT_ADDR and (len(msg[1]) > 255 or msg[2] > 65535):
@@ -209,9 +222,9 @@ def _check_restart(msg: list[Any]) -> None:
     """RECOVER_INFO, RECOVER_PLAN and SUFFIX past their field types (the other restart kinds
     have nothing more to check)."""
     kind = msg[0]
-    if kind == RECOVER_INFO:  # versions: [subgroup, view_id, seq + 1]
-        ok = _members(msg[2]) and _rows(msg[3], lambda e: len(e) == 3 and type(e[0]) is str
-                                        and _unsigned(e[1]) and _unsigned(e[2]))
+    if kind == RECOVER_INFO:  # versions: [subgroup, view_id, seq + 1, acked: the same two]
+        ok = _members(msg[2]) and _rows(msg[3], lambda e: len(e) == 5 and type(e[0]) is str
+                                        and all(map(_unsigned, e[1:])))
     elif kind == RECOVER_PLAN:  # sources: [subgroup, source, view_id, seq + 1]
         ok = _members(msg[3]) and _rows(msg[4], lambda e: len(e) == 4 and type(e[0]) is str
                                         and all(map(_unsigned, e[1:])))

@@ -112,3 +112,51 @@ async def _report(config: da.Config, group: da.Group, lines: list[str] | None = 
     while not all((out / f"reported-{m}").exists() for m in range(config.initial_members)):
         await asyncio.sleep(0.01)  # nobody leaves before every report is written
     await group.leave()
+
+
+async def join_or_report_error(config: da.Config) -> None:
+    """Restart from the files; a refusal (``DataLost``, ``LogCorrupted``, ...) is written to
+    ``error-<id>.json`` with how long it took, instead of raised; else as
+    :func:`serve_until_stopped`."""
+    out = Path(os.environ["DA_DURABLE_OUT"])
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    try:
+        group = await da.Group.join(config, actors=[Store], timeout=60)
+    except da.DerechoError as exc:
+        (out / f"error-{config.member_id}.json").write_text(json.dumps({
+            "type": type(exc).__name__, "message": str(exc), "seconds": loop.time() - t0}))
+        return
+    await _serve(config, group, loop.time() - t0)
+
+
+async def serve_until_stopped(config: da.Config) -> None:
+    """Restart from the files (or join); write ``joined-<id>.json`` (the view, how long it
+    took); once the parent writes ``barrier`` (the members to wait for, as JSON), make one
+    call, wait for theirs, and write ``report-<id>.json``; leave once ``stop`` exists."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    group = await da.Group.join(config, actors=[Store], timeout=60)
+    await _serve(config, group, loop.time() - t0)
+
+
+async def _serve(config: da.Config, group: da.Group, took: float) -> None:
+    out = Path(os.environ["DA_DURABLE_OUT"])
+    me = config.member_id
+    (out / f"joined-{me}.json").write_text(json.dumps({
+        "view": [group.view.view_id, list(group.view.members)], "seconds": took}))
+    while not (out / "barrier").exists():
+        await asyncio.sleep(0.02)
+    members = json.loads((out / "barrier").read_text())
+    store = group.local(Store)
+    kv = group.subgroup(Store)
+    await kv.persisted(await kv.put.cast(f"after-{me}", 1))
+    while not {f"after-{m}" for m in members} <= store.data.keys():
+        await asyncio.sleep(0.01)
+    data = dict(store.data)
+    (out / f"report-{me}.json").write_text(json.dumps({
+        "digest": digest(data), "keys": len(data), "data": data,
+        "view": [group.view.view_id, list(group.view.members)]}))
+    while not (out / "stop").exists():
+        await asyncio.sleep(0.02)
+    await group.leave()

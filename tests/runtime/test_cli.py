@@ -109,6 +109,7 @@ _DEFAULTS = {
     "status": {},
     "secret": {},
     "certs": {"--dir": "certs", "--days": "365"},
+    "repair": {},
 }
 
 
