@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 from derecho_async.transport import registry
@@ -62,14 +63,14 @@ def _wait_json(path: Path, timeout: float) -> dict[str, object]:
     return data
 
 
-def _join_all(procs: list[object], timeout: float = 60) -> list[int | None]:
+def _join_all(procs: list[BaseProcess], timeout: float = 60) -> list[int | None]:
     codes = []
     for p in procs:
-        p.join(timeout)  # type: ignore[attr-defined]
-        if p.is_alive():  # type: ignore[attr-defined]
-            p.kill()  # type: ignore[attr-defined]
-            p.join()  # type: ignore[attr-defined]
-        codes.append(p.exitcode)  # type: ignore[attr-defined]
+        p.join(timeout)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        codes.append(p.exitcode)
     return codes
 
 
@@ -145,5 +146,5 @@ def test_a_damaged_member_0_leaves_the_restart_to_the_majority_and_rejoins_once_
         registry.kind("shm").clean(group)
     assert codes == [0] * N, codes
     assert len({r["digest"] for r in reports}) == 1, "the states differ"
-    lost = acked - set(reports[0]["data"])  # type: ignore[arg-type]
+    lost = acked - set(reports[0]["data"])  # type: ignore[call-overload]
     assert not lost, f"acknowledged calls lost: {sorted(lost)[:5]} ({len(lost)})"
