@@ -140,6 +140,7 @@ class Durable:
             name: [] for name in self._subs}
         self.closed: BaseException | None = None
         self._crashed = False
+        self._failed = False  # a write or fsync failed: no more flushes (the member leaves)
 
     # -- start ---------------------------------------------------------------------------------
     async def open(self) -> None:
@@ -195,6 +196,8 @@ class Durable:
     def record(self, events: list[Delivered]) -> None:
         """A run of deliveries (before their handlers run): kept as it is (the driver makes a
         new list per run) for the next flush, which makes the log records off the loop."""
+        if self.closed is not None:  # (out of the group, or the log failed: nothing to keep)
+            return
         self._runs.append((events, self._clock()))
         self._run_calls += len(events)
         paced = self._paced
@@ -300,7 +303,8 @@ class Durable:
         task = self._flush
         if task is not None:
             await asyncio.gather(task, return_exceptions=True)
-        if self._runs or self._jobs or any(s.pending for s in self._subs.values()):
+        if not self._failed and (self._runs or self._jobs
+                                 or any(s.pending for s in self._subs.values())):
             await self._flush_once()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._close_files)
@@ -544,7 +548,7 @@ class Durable:
 
     # -- flushing ------------------------------------------------------------------------------
     def _kick(self) -> None:
-        if self._crashed:
+        if self._crashed or self._failed:
             return
         if self._flush is None or self._flush.done():
             self._flush = asyncio.get_running_loop().create_task(self._flush_loop())
@@ -561,8 +565,11 @@ class Durable:
 
     async def _flush_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._has_work():
-            calls = await self._flush_once()
+        while self._has_work() and not self._failed:
+            try:
+                calls = await self._flush_once()
+            except Exception:  # (reported once by _flush_locked: the member is leaving)
+                return
             if calls >= _BUSY_CALLS and self._batch_s > 0 and self.closed is None:
                 await self._pace(loop.time() + self._batch_s)
 
@@ -601,8 +608,7 @@ class Durable:
         try:
             durable = await loop.run_in_executor(None, self._write, batches, runs, jobs)
         except Exception as exc:  # a disk error: the member cannot keep its promise
-            log.error("member %d: writing the log failed: %r", self._state.me, exc)
-            self.close(GroupClosed(f"the durable log failed: {exc!r}"))
+            self._disk_failed(exc)
             raise
         for name, through in durable.items():
             self._subs[name].durable = through
@@ -653,6 +659,21 @@ class Durable:
             points = [v for v in (durable.get(name), sub.durable) if v is not None]
             if points:
                 sub.frontier.advance(max(points))
+
+    def _disk_failed(self, exc: BaseException) -> None:
+        """A write or fsync failed (a full disk, a file size limit, an I/O error): this member
+        can no longer make what it delivers durable, so it says so once and leaves the group,
+        rather than hold every member's ``persisted()`` back (or log at every delivery)."""
+        if self._failed or self._crashed:
+            return
+        self._failed = True
+        reason = f"the durable log failed: {exc!r}"
+        log.error("member %d: %s; leaving the group", self._state.me, reason)
+        self.close(GroupClosed(reason))
+        self._runs, self._run_calls = [], 0
+        driver = self._state.driver
+        if driver is not None and not driver.closed:
+            driver.leave(reason)
 
     def _publish(self, view_id: int) -> None:
         """Raise this member's ``persisted`` words after a flush that began in view

@@ -211,9 +211,14 @@ class ViewChange:
         self.leaving = True
         self.leave_reason = reason
         if self.wedged:
-            self._host.fail_queued("this member left the group")  # the rest when install departs
+            self._host.fail_queued(self._left_why())  # the rest when install departs
         else:
             self._depart()
+
+    def _left_why(self) -> str:
+        """Why this member's queued calls fail when it leaves (with the reason it was given)."""
+        why = "this member left the group"
+        return f"{why}: {self.leave_reason}" if self.leave_reason else why
 
     def idle(self) -> bool:
         """No view change under way or asked for."""
@@ -299,7 +304,7 @@ class ViewChange:
     def _depart(self) -> None:
         self.suspect(self.rank, "left")
         self._publish_suspicions()
-        self._host.fail_queued("this member left the group")
+        self._host.fail_queued(self._left_why())
         # (its queues are empty now: leave_group fails nothing more)
         self._host.leave_group(Left(self.view.view_id, self.leave_reason))
 

@@ -160,3 +160,50 @@ async def _serve(config: da.Config, group: da.Group, took: float) -> None:
     while not (out / "stop").exists():
         await asyncio.sleep(0.02)
     await group.leave()
+
+
+async def persist_until_stopped(config: da.Config) -> None:
+    """Make calls, each awaited to ``persisted()`` (32 in flight), until the parent creates
+    ``stop`` or this member is out of the group; log records (asyncio's included) go to
+    ``log-<id>.txt``. The member named by ``DA_FSIZE_MEMBER`` runs under a file size limit of
+    ``DA_FSIZE_BYTES`` (its log fails once it grows past it). Writes ``closed-<id>.json`` (why
+    it is out) or ``done-<id>.json`` (calls persisted after the limited member left, the view)."""
+    import resource
+
+    out = Path(os.environ["DA_DURABLE_OUT"])
+    me = config.member_id
+    handler = logging.FileHandler(out / f"log-{me}.txt")
+    handler.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(handler)
+    if me == int(os.environ["DA_FSIZE_MEMBER"]):
+        _soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(os.environ["DA_FSIZE_BYTES"]), hard))
+    group = await da.Group.join(config, actors=[Store], timeout=60)
+    kv = group.subgroup(Store)
+    (out / f"up-{me}").touch()
+    pending: list[asyncio.Future[None]] = []
+    persisted_without = 0  # calls persisted in a view without the limited member
+    pad = "x" * 1000  # (1 KB calls: the limited member's log reaches its limit soon)
+    i = 0
+    try:
+        while not (out / "stop").exists():
+            i += 1
+            version = await kv.put.cast(f"{me}-{i}-{pad}", i)
+            pending.append(asyncio.ensure_future(kv.persisted(version)))
+            while len(pending) >= 32 or (pending and pending[0].done()):
+                await pending.pop(0)
+                if len(group.view.members) < config.initial_members:
+                    persisted_without += 1
+    except da.GroupClosed as exc:
+        for fut in pending:
+            fut.cancel()
+        await asyncio.sleep(0.5)  # (time for anything a failed flush would still log)
+        (out / f"closed-{me}.json").write_text(json.dumps({"message": str(exc)}))
+        return
+    await asyncio.gather(*pending)
+    (out / f"done-{me}.json").write_text(json.dumps({
+        "persisted_without": persisted_without, "view": list(group.view.members)}))
+    while not all((out / f"done-{m}.json").exists() or (out / f"closed-{m}.json").exists()
+                  for m in range(config.initial_members)):
+        await asyncio.sleep(0.02)  # (nobody leaves before every member wrote its figures)
+    await group.leave()

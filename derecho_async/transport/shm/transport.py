@@ -23,6 +23,7 @@ dropped); one still alive is probed again at each sweep until it is dead or back
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import time
@@ -30,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from derecho_async import hotpath
-from derecho_async.errors import ConfigError, UsageError
+from derecho_async.errors import ConfigError, GroupClosed, UsageError
 from derecho_async.transport.base import (
     GROUP_MESSAGE_LIMIT,
     Transport,
@@ -309,8 +310,15 @@ class ShmTransport(Transport):
             ring = create_ring(path, self.member_id, peer, self.ring_bytes, self._inc)
         except OSError as exc:
             reason = f"cannot create ring {path}: {exc}"
-            log.error("member %d: %s", self.member_id, reason)
             assert self._loop is not None
+            if exc.errno == errno.EFBIG:  # a file size limit below the ring: never better
+                reason += (f" (this process may not write files of {self.ring_bytes} bytes:"
+                           " raise its RLIMIT_FSIZE, `ulimit -f`)")
+                log.log(self._unreachable.level(-1), "member %d: %s", self.member_id, reason)
+                self._loop.call_soon(self._report_refusal, peer, GroupClosed(reason))
+                return None
+            # (/dev/shm full, out of memory: it may pass; said once per interval, not per try)
+            log.log(self._unreachable.level(peer), "member %d: %s", self.member_id, reason)
             self._loop.call_soon(self._report_failure, peer, reason)
             return None
         link = OutLink(peer, ring)
