@@ -8,8 +8,9 @@ and completes as :class:`Replies` once every one of them answered; members that 
 answer :class:`~derecho_async.errors.MemberFailed`. A one-way call (wire name
 ``<Actor>.<method>.cast``) completes with its version at that delivery. The table also applies
 backpressure on both sides: calls are parked while this member's own calls in flight are at
-``max_queued_calls`` or their bytes at ``max_queued_mb``, and the member stops taking messages
-while its handlers lag. See docs/DESIGN.md §7.4 and §7.6.
+``max_queued_calls`` or their bytes at ``max_queued_mb`` (in lanes that take turns: this
+member's own calls in one, each client connection's relayed calls in its own; :mod:`.turns`),
+and the member stops taking messages while its handlers lag. See docs/DESIGN.md §7.4 and §7.6.
 
 Own bytes in flight are counted cheaply, as the count is: a call weighs its encoded size, at
 least ``SMALL_CALL``; only calls over that are noted (``msg_no -> size``), the others are the
@@ -24,12 +25,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from derecho_async import wire
+from derecho_async.api.turns import OWN, Parked, Turns
 from derecho_async.errors import (
     DerechoError,
     GroupClosed,
@@ -67,7 +68,6 @@ CAST: Final = ".cast"
 """Wire name suffix of a one-way call: ``"<Actor>.<method>.cast"``."""
 NIL: Final = b"\xc0"
 """msgpack None: the result of most handlers."""
-_PARKED_OVERHEAD = 256  # bytes a parked call weighs beyond its encoding (for max_queued_mb)
 SMALL_CALL: Final = 1024
 """Bytes an own call in flight weighs at least (for ``max_queued_mb``); only larger calls have
 their size noted."""
@@ -195,17 +195,6 @@ def decode_result(sender: int, ok: bool, body: bytes) -> object:
 
 
 @dataclass(slots=True)
-class Parked:
-    """An encoded call waiting for room (backpressure): sent in call order once there is."""
-
-    subgroup: str
-    payload: bytes | OutOfBand
-    size: int
-    future: asyncio.Future[Any]
-    one_way: bool
-
-
-@dataclass(slots=True)
 class PendingCall:
     """A call of this member awaiting replies: whose (once delivered here), and those in."""
 
@@ -225,7 +214,7 @@ class CallTable:
     __slots__ = ("_assignment", "_early_replies", "_loop", "_max_call", "_max_queued",
                  "_max_queued_bytes", "_max_small", "_noted", "_noted_bytes", "_repliers",
                  "_runners", "_sent", "_stamp", "_state", "_swept_at", "casts", "parked",
-                 "parked_bytes", "paused", "pending")
+                 "paused", "pending")
 
     def __init__(self, state: Membership, assignment: Callable[[], ShardAssignment],
                  runners: Sequence[SerialRunner],
@@ -244,12 +233,12 @@ class CallTable:
         self._early_replies: dict[int, dict[int, object]] = {}
         # Members per shard in the current view (whose replies an ordered call awaits).
         self._repliers: dict[tuple[str, int], frozenset[int]] = {}
-        # Backpressure (see room): own calls waiting for room, in call order, and whether this
-        # member stopped taking new messages because its handlers lag.
+        # Backpressure (see room): calls waiting for room, by lane in turns (own calls in one,
+        # each client connection's in its own), and whether this member stopped taking new
+        # messages because its handlers lag.
         self._max_queued = config.max_queued_calls
         self._max_queued_bytes = config.max_queued_mb << 20
-        self.parked: deque[Parked] = deque()
-        self.parked_bytes = 0
+        self.parked = Turns()
         self.paused = False
         # Own bytes in flight (see the module header): msg_no -> size of calls over SMALL_CALL
         # (some perhaps completed), their sum, the calls ever put in casts or pending, and how
@@ -350,10 +339,13 @@ class CallTable:
         driver.kick()
         return fut
 
-    def relay(self, spec: ActorSpec, payload: bytes, one_way: bool) -> asyncio.Future[Any]:
+    def relay(self, spec: ActorSpec, payload: bytes, one_way: bool,
+              lane: Hashable) -> asyncio.Future[Any]:
         """Submit an external client's call (``wire.client_call`` bytes) as this member's own:
         the future of its :class:`Replies`, or of its version when ``one_way``. Backpressure as
-        for this member's calls; raises at once when this member cannot send."""
+        for this member's calls, except that without room it waits in ``lane`` (its
+        connection's), taking turns with the other lanes (:mod:`.turns`); raises at once when
+        this member cannot send."""
         driver = self._state.check_open()
         size = len(payload)
         if size > self._max_call:
@@ -364,7 +356,7 @@ class CallTable:
             loop = self._loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         if not self.room(size):
-            self.park(spec, payload, size, fut, one_way=one_way)
+            self.park(spec, payload, size, fut, one_way=one_way, lane=lane)
             return fut
         msg_no = self.send(driver, spec.name, payload, size)
         if msg_no is None:
@@ -387,7 +379,7 @@ class CallTable:
         ``max_queued_mb`` (:meth:`fits`)."""
         n = len(self.casts) + len(self.pending)
         # (the usual case inline, per call: small calls only, n + 1 of them within the bytes)
-        return (not self.parked and not self.paused and n < self._max_queued
+        return (not self.parked.count and not self.paused and n < self._max_queued
                 and ((n < self._max_small and size <= SMALL_CALL and not self._noted)
                      or self.fits(size)))
 
@@ -438,8 +430,9 @@ class CallTable:
         return False
 
     def park(self, spec: ActorSpec, payload: bytes | OutOfBand, size: int,
-             future: asyncio.Future[Any], one_way: bool) -> None:
-        """No room for a call now: wait for it (in call order) or fail (``when_queue_full``)."""
+             future: asyncio.Future[Any], one_way: bool, lane: Hashable = OWN) -> None:
+        """No room for a call now: wait for it in ``lane`` (in call order, in the lane's turns:
+        :mod:`.turns`) or fail (``when_queue_full``; past ``max_queued_mb`` of waiting calls)."""
         config = self._state.config
         me = self._state.me
         if config.when_queue_full == "error":
@@ -449,30 +442,38 @@ class CallTable:
                 f"delivered calls waiting for handlers here (max_queued_calls="
                 f"{self._max_queued}, max_queued_mb={config.max_queued_mb}); "
                 f"when_queue_full='error'")
-        weight = size + _PARKED_OVERHEAD
-        if self.parked and self.parked_bytes + weight > self._max_queued_bytes:
+        call = Parked(spec.name, payload, size, future, one_way, lane)
+        parked = self.parked
+        if parked.count and parked.bytes + call.weight > self._max_queued_bytes:
             raise QueueFull(
                 f"member {me}: the calls waiting for room here reached max_queued_mb="
                 f"{config.max_queued_mb} (max_queued_calls={self._max_queued}): await "
                 f"earlier calls before making more")
-        self.parked.append(Parked(spec.name, payload, size, future, one_way))
-        self.parked_bytes += weight
+        parked.push(call)
+
+    def drop_lane(self, lane: Hashable, exc: BaseException) -> None:
+        """Fail the calls waiting in ``lane`` with ``exc`` (its client's connection closed):
+        they are never sent."""
+        for call in self.parked.drop(lane):
+            if not call.future.done():
+                call.future.set_exception(exc)
+        if self.parked.count and not self.paused:
+            self.unpark()
 
     def unpark(self) -> None:
-        """Hand parked calls to the core, in order, while there is room."""
+        """Hand parked calls to the core, in their lanes' turns, while there is room."""
         parked = self.parked
         state = self._state
         driver = state.driver
         if driver is None or state.closed is not None:
             return
         sent = False
-        while parked and not self.paused and (
+        while parked.count and not self.paused and (
                 len(self.casts) + len(self.pending) < self._max_queued):
-            call = parked[0]
+            call = parked.head()
             if not call.future.done() and not self.fits(call.size):
                 break
-            parked.popleft()
-            self.parked_bytes -= call.size + _PARKED_OVERHEAD
+            parked.pop()
             if call.future.done():  # cancelled by its caller while it waited: never sent
                 continue
             msg_no = self.send(driver, call.subgroup, call.payload, call.size)
@@ -521,7 +522,7 @@ class CallTable:
                 if driver is not None and driver.core is not None:
                     driver.core.set_receiving(True)
                     driver.kick()
-        if self.parked and not self.paused:
+        if self.parked.count and not self.paused:
             self.unpark()
 
     # -- replies ---------------------------------------------------------------------------
@@ -533,7 +534,7 @@ class CallTable:
                 self._forget(msg_no)
             if not call.future.done():
                 call.future.set_result(Replies(call.results, call.version))
-            if self.parked:  # room for a call that waits (replies come outside steps too)
+            if self.parked.count:  # room for a call that waits (replies come outside steps too)
                 self.unpark()
 
     def record_reply(self, msg_no: int, member: int, value: object) -> None:
@@ -648,8 +649,6 @@ class CallTable:
 
     def fail_parked(self, exc: BaseException) -> None:
         """This member is out: every call waiting for room fails with ``exc``."""
-        for parked in self.parked:
+        for parked in self.parked.clear():
             if not parked.future.done():
                 parked.future.set_exception(exc)
-        self.parked.clear()
-        self.parked_bytes = 0

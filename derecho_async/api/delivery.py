@@ -394,7 +394,7 @@ class Dispatcher:
         """Send the replies batched while the driver reported a step's events (and hand parked
         calls to the core if the step made room): Host.flush."""
         self.batching = False
-        if self._calls.parked:
+        if self._calls.parked.count:
             self._calls.unpark()
         if not self._outbox:
             return

@@ -13,6 +13,13 @@ member could not see through (it left, was removed, wedged, or its queue was ful
 ``retry`` set: the client sends it again through another member. p2p calls are made from here
 (``-1``: served here); subscriptions are this member's own ``subscribe()``, streamed.
 
+Clients share the member in turns: when it has no room for another call (``max_queued_calls``,
+``max_queued_mb``), a client's call waits in its connection's lane, and the lanes (this
+member's own calls one of them) take turns, a call each (:mod:`.turns`), so a light client's
+call goes ahead of a heavy client's backlog. A connection that closes takes its waiting calls
+with it (never sent). A connection's frames already buffered are read ``_FRAMES_PER_TURN`` at a
+time, the others served in between.
+
 Bounds: what a stranger may cost follows the member port's rules (an
 :class:`~derecho_async.transport.tcp.entrance.Entrance` with :data:`CLIENT_LIMITS`: TLS, the
 handshake and the HELLO within 3 s, connections not yet proven capped per address and in all,
@@ -30,7 +37,7 @@ import functools
 import logging
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from derecho_async import wire
@@ -84,6 +91,7 @@ _MAX_SUBSCRIPTIONS: Final = 16  # per connection
 _SUB_BACKLOG: Final = 65536  # deliveries a client's subscription may lag, at most
 _HIGH_WATER: Final = 8 << 20  # bytes queued to a client before this member waits for it
 _REASON: Final = 500  # characters of a reason sent to a client
+_FRAMES_PER_TURN: Final = 64  # frames of one connection read before others get the loop
 
 Subscribe = Callable[..., AsyncIterator["HistoryEntry"]]
 
@@ -186,16 +194,22 @@ class Relay:
         self._closed = True
         self._entrance.closed = True
         for conn in list(self._conns):
-            for task in [*conn.subs.values(), *conn.tasks]:
-                task.cancel()
             conn.writer.close()
-        self._conns.clear()
+            self._drop(conn)
         for task in list(self._tasks):
             task.cancel()
         if not self._tasks:
             for lsock in self._listeners:
                 lsock.close()
         self.refusals.flush()
+
+    def _drop(self, conn: _Connection) -> None:
+        """``conn`` is closed: its calls waiting for room are never sent (its client sends them
+        again, elsewhere), its p2p calls and subscriptions end."""
+        self._conns.discard(conn)
+        self._calls.drop_lane(conn, GroupClosed("the client's connection to its relay closed"))
+        for task in [*conn.subs.values(), *conn.tasks]:
+            task.cancel()
 
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -282,8 +296,12 @@ class Relay:
             view = self._state.view
             if view is not None:
                 conn.send(cw.VIEW, *self.view_frame(view))
+            frames = 0
             while True:
                 frame = await cw.read_frame(reader, self._max_frame)
+                frames += 1
+                if frames % _FRAMES_PER_TURN == 0:  # (frames already buffered are read
+                    await asyncio.sleep(0)  # without a pause: let the others run)
                 kind = frame[0]
                 if kind in (cw.CALL, cw.P2P):
                     await conn.slots.acquire()
@@ -305,10 +323,8 @@ class Relay:
             self.refusals.note("client broke the protocol",
                                f"client port: a client from {acc.host} broke the protocol: {exc}")
         finally:
-            self._conns.discard(conn)
-            for task in [*conn.subs.values(), *conn.tasks]:
-                task.cancel()
             writer.close()
+            self._drop(conn)
 
     def _spawn(self, conn: _Connection, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -317,11 +333,14 @@ class Relay:
 
     # -- ordered calls ---------------------------------------------------------------------
     def submit(self, client: bytes, actor: str, seq: int, body: bytes,
-               shard: int = 0, forward: bool = True) -> asyncio.Future[Any]:
+               shard: int = 0, forward: bool = True,
+               lane: Hashable | None = None) -> asyncio.Future[Any]:
         """Relay a client's ordered call: ``body`` is the call as ``wire.encode_call`` made it
         (method ``<actor>.<m>`` or ``<actor>.<m>.cast``), ``seq`` the client's number for it
         (per actor and shard), ``shard`` the shard of a sharded actor it goes to (forwarded to
-        a host when this member is not one: :mod:`.forward`). The future of its
+        a host when this member is not one: :mod:`.forward`), ``lane`` where it waits when this
+        member has no room (its connection; default: the client's id), taking turns with
+        other lanes (:mod:`.turns`). The future of its
         :class:`Replies` (or of its version, for a one-way call). Raises ``UsageError`` or
         ``ProtocolViolation`` for a call no member would run (unknown actor, method or shard,
         arguments that do not decode), ``GroupClosed`` / ``PartitionedError`` / ``QueueFull``
@@ -334,7 +353,7 @@ class Relay:
                 raise GroupClosed(f"member {self._me} does not host shard {shard} of {actor}")
             return self._forwarder.forward(client, actor, shard, seq, body, one_way)
         return self._calls.relay(spec, wire.client_call(body, client, seq, self._clock()),
-                                 one_way)
+                                 one_way, client if lane is None else lane)
 
     def submit_hosted(self, client: bytes, actor: str, shard: int, seq: int,
                       body: bytes) -> asyncio.Future[Any]:
@@ -361,7 +380,7 @@ class Relay:
     def _call(self, conn: _Connection, rid: int, actor: str, shard: int, seq: int,
               body: bytes) -> None:
         try:
-            fut = self.submit(conn.client, actor, seq, body, shard)
+            fut = self.submit(conn.client, actor, seq, body, shard, lane=conn)
         except (GroupClosed, PartitionedError, QueueFull) as exc:
             conn.slots.release()
             self._fail(conn, rid, True, exc)

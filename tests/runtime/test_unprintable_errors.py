@@ -18,7 +18,7 @@ import pytest
 import derecho_async as da
 from tests.runtime.simgroups import close, start
 
-SECRET = "Xq3v9LmP2rT8wYz4Kd7Nf1Bh6Gs5Jc0A"
+SECRET = da.new_secret()
 _ids = itertools.count()
 
 
