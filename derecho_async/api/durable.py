@@ -99,6 +99,7 @@ class _Subgroup:
         self.snapshot_due = False
         self.durable: Version | None = None  # this member's log is durable through it
         self.frontier: Frontier | None = None  # what it acknowledged as durable (opened)
+        self.applied: Version | None = None  # the last call its actor ran (restarting)
 
 
 class Durable:
@@ -134,6 +135,7 @@ class Durable:
         self._bases_left = 0
         self._view_job: Callable[[], None] | None = None  # a joiner's, written after its base
         self._lock = asyncio.Lock()  # one flush at a time: batches reach the log in order
+        self._apply_lock = asyncio.Lock()  # one restart suffix chunk at a time
         self._runs: list[tuple[list[Delivered], int]] = []  # deliveries not yet flushed
         self._only = next(iter(self._subs.values())) if len(self._subs) == 1 else None
         self._waiters: dict[str, list[tuple[Version, asyncio.Future[None]]]] = {
@@ -157,6 +159,8 @@ class Durable:
                 actor.restore(restore_bytes(data, sub.once))
             await replay(sub.hosted, records, upto, sub.once)
             sub.durable = sub.log.durable_through if sub.log is not None else None
+        for name, version in self.durable_versions().items():
+            self._subs[name].applied = version
         for name, (have, acked) in self.gaps().items():
             log.warning("member %d: %s: this member acknowledged calls up to %s as durable, but "
                         "its files hold them only up to %s: the calls after that are missing "
@@ -474,12 +478,28 @@ class Durable:
                 snap, chunk, size = None, [], 0
         yield SuffixChunk(snap, chunk, True)
 
+    def applied_versions(self) -> dict[str, Version | None]:
+        """Per subgroup, the last call its actor holds (restarting: what its files held, and
+        the suffixes applied since, durable or not yet)."""
+        return {name: sub.applied for name, sub in self._subs.items()}
+
     async def apply_suffix(self, name: str, chunk: SuffixChunk) -> None:
-        """Bring ``name``'s actor and log forward by a chunk of another member's log."""
+        """Bring ``name``'s actor and log forward by a chunk of another member's log: only
+        what its actor does not hold yet (a chunk may overlap what an earlier plan's source
+        sent), one chunk at a time and never cut short."""
+        await asyncio.shield(self._apply_suffix(name, chunk))  # (cancelled: it still ends)
+
+    async def _apply_suffix(self, name: str, chunk: SuffixChunk) -> None:
+        async with self._apply_lock:
+            await self._apply_suffix_locked(name, chunk)
+
+    async def _apply_suffix_locked(self, name: str, chunk: SuffixChunk) -> None:
         sub = self._subs.get(name)
         if sub is None:
             return
-        if chunk.snapshot is not None:
+        held = held_by(chunk.snapshot[0]) if chunk.snapshot is not None else None
+        if chunk.snapshot is not None and (sub.applied is None or (
+                held is not None and held > sub.applied)):
             upto, t_ns, data = chunk.snapshot
             sub.hosted.actor.restore(restore_bytes(data, sub.once))
 
@@ -490,10 +510,12 @@ class Durable:
                     sub.log.trim(held)
 
             self._jobs.append(write_snapshot)
-            sub.durable = held_by(upto)
-        have = self.durable_versions().get(name) if chunk.snapshot is None else sub.durable
+            sub.durable = sub.applied = held
+        have = sub.applied
         records = [r for r in chunk.records if have is None or r.version > have]
         await replay(sub.hosted, records, None, sub.once)
+        if records:
+            sub.applied = records[-1].version
         sub.pending.extend((r.version, r.time_ns, Logged(r.body)) for r in records)
         await self._flush_once()
 

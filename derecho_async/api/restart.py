@@ -109,7 +109,7 @@ class Restart:
         """Who plans the restart, as this member sees it: the lowest candidate that runs (see
         the module header)."""
         grace = self._grace_s
-        for m in self._candidates:
+        for m in sorted({*self._candidates, *self._heard}):  # (one with another last view too)
             if m == self._me:
                 return m
             heard = self._heard.get(m)
@@ -356,7 +356,7 @@ class Restart:
         self._following_planner = planner
         if self._applying is not None:
             self._applying.cancel()
-        mine = self._durable.durable_versions()
+        mine = self._durable.applied_versions()  # (an earlier plan's chunks included)
         self._waiting = set()
         self._sources = {}
         for name, source, view_id, seq1 in sources:
