@@ -14,7 +14,8 @@
 # The file is a sequence of 28-byte records: magic "DAF1" | view u64 | seq u64 | crc32 u32 (of the
 # 16 version bytes) | 4 zero bytes, little-endian; versions only grow. Reading takes the highest
 # valid record; a record torn by a crash (the last, unsynced) is ignored, it was never published;
-# a bad record followed by a good one is damage (``LogCorrupted``). When the file passes
+# a bad record followed by a good one is damage (``LogCorrupted``). (So damage to the last
+# record at rest reads as the record before it: the frontier then errs one flush low.) When the file passes
 # ``COMPACT_BYTES`` it is replaced, atomically, by one record.
 """The frontier a member acknowledged as durable, kept apart from its log."""
 
