@@ -281,9 +281,18 @@ async def one_holds_its_loop(config: da.Config) -> None:
                 appended = repr(exc)
         took = time.monotonic() - start
         views.append(list(group.view.members))
-        with open(os.path.join(os.environ["DA_TEST_OUT"], f"m{config.member_id}.json"), "w") as f:
+        out = os.environ["DA_TEST_OUT"]
+        with open(os.path.join(out, f"m{config.member_id}.tmp"), "w") as f:
             json.dump({"views": views, "appended": appended, "took": took}, f)
-        await asyncio.sleep(0.5)  # the others finish their appends before anyone leaves
+        os.rename(os.path.join(out, f"m{config.member_id}.tmp"),
+                  os.path.join(out, f"m{config.member_id}.json"))
+        # nobody leaves before the others have written what they saw (a leave is a view
+        # change they would record), unless they are out already
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(
+                os.path.exists(os.path.join(out, f"m{m}.json"))
+                for m in group.view.members if not group.closed.done()):
+            await asyncio.sleep(0.02)
 
 
 class _Sizes(da.Actor):
