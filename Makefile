@@ -17,12 +17,13 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # The suite runs once on the native hot path, then the hot-path, transport, runtime and protocol
-# tests again on its pure-Python twin (the fallback when the C extension is missing).
+# tests again on its pure-Python twin (the fallback when the C extension is missing), less those
+# marked `once` (nothing in them depends on the hot path: see pyproject.toml).
 PURE_TESTS := tests/hotpath tests/transport tests/runtime tests/test_scenarios.py tests/test_sim_api.py
 
 test: lint
 	$(BIN)/pytest
-	DERECHO_ASYNC_PURE_PYTHON=1 $(BIN)/pytest -p no:cacheprovider $(PURE_TESTS)
+	DERECHO_ASYNC_PURE_PYTHON=1 $(BIN)/pytest -p no:cacheprovider -m "not once" $(PURE_TESTS)
 
 demo: $(STAMP)
 	$(BIN)/derecho-async demo

@@ -16,6 +16,8 @@ import derecho_async as da
 from derecho_async.transport.shm import ShmTransport
 from tests.runtime import apps
 
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
+
 ROOT = Path(__file__).parents[2]
 
 

@@ -43,6 +43,8 @@ from tests.runtime.test_tcp_attacks import (
     serving,
 )
 
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
+
 #: an honest client's connection and first call during an attack, at most (seconds)
 SERVED_WITHIN = 1.0
 #: connections the kernel queues for the member before it accepts them (``listen``'s backlog):

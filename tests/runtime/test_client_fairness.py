@@ -15,10 +15,14 @@ import itertools
 import time
 from typing import Any
 
+import pytest
+
 import derecho_async as da
 from derecho_async import wire
 from derecho_async.api import client_wire as cw
 from derecho_async.transport.tcp import handshake
+
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
 
 SECRET = da.new_secret()  # the members'
 CLIENT_SECRET = da.new_secret()  # the clients'

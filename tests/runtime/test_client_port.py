@@ -22,6 +22,8 @@ from derecho_async.launch import free_ports
 from derecho_async.transport.tcp import handshake
 from derecho_async.workload import ReplicatedLog
 
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
+
 SECRET = da.new_secret()  # the members'
 CLIENT_SECRET = da.new_secret()  # the clients'
 

@@ -15,9 +15,13 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 import derecho_async as da
 from derecho_async.launch import run_member
 from tests.runtime import client_apps
+
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
 
 CALLS = int(os.environ.get("DERECHO_ASYNC_CLIENT_CALLS", "10000"))
 SECRET = "dasec1.3udV6eyHs_deYIHMcgpFIx-iPkrPCE-0hEYpY66oayw._nFzQO"

@@ -21,9 +21,13 @@ import time
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+import pytest
+
 from derecho_async.transport import registry
 from tests.runtime import durable_apps
 from tests.runtime.test_durable_processes import N, _acked, _start, _wait_files
+
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
 
 
 def _fill(out: Path, group: str, seconds: float) -> dict[str, object]:

@@ -13,9 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from derecho_async.transport import registry
 from tests.runtime import durable_apps
 from tests.runtime.test_durable_processes import N, _start, _wait_files
+
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
 
 _RING_TOO_BIG = """
 import asyncio, resource, sys, time

@@ -20,6 +20,8 @@ from derecho_async.launch import free_ports
 from derecho_async.transport.shm import ShmTransport
 from derecho_async.workload import ReplicatedLog
 
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
+
 SECRET = "dasec1.4iaLwXtTuX_i-kEufiGv2Bzyw0FfMGCRIs6-Nx0j4Vw.hd4cXr"
 WRONG = "dasec1.M59YcIUmqQ4Pq5hvhnbzuLf3hhIwdItjpvrCB50GQCs.rUao4I"
 

@@ -3,9 +3,13 @@ processes forms over the network transport with nothing but ``transport="tcp"`` 
 
 from __future__ import annotations
 
+import pytest
+
 import derecho_async as da
 from derecho_async.launch import free_ports
 from tests.runtime import apps
+
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
 
 SECRET = "dasec1.eT41d3G_RrSaoXL-DFPcwIBez8hW01z6y4Wqu-hXqXE.0pZe-H"
 

@@ -21,6 +21,8 @@ import derecho_async as da
 from tests.runtime import apps
 from tests.runtime.simgroups import close, start
 
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
+
 BOUND_MB = 16
 CALL_KB = 600
 CASTS = 400  # 234 MiB of calls: far past the bound

@@ -19,6 +19,8 @@ import pytest
 
 import derecho_async as da
 
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
+
 N = 5
 SCRIPT = Path(__file__).with_name("partition_member.py")
 

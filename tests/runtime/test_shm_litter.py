@@ -21,6 +21,8 @@ from derecho_async.transport.shm.pool import MIN_CAPACITY, create_pool_segment, 
 from derecho_async.transport.shm.ring import create_ring, ring_path, ring_segments
 from tests.runtime.run_support import assert_survivors_consistent, wait_for
 
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
+
 BIG = (3 << 20) // 2  # 1.5 MiB payloads: they go through the shm data plane's pools
 
 

@@ -32,6 +32,8 @@ from derecho_async.localrun import LocalRun
 from derecho_async.transport.tcp import framing, handshake
 from tests.runtime.run_support import wait_for
 
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
+
 #: what a member may grow by under any attack (a 1 GiB announcement once grew it by 615 MiB)
 RSS_BOUND = 48 << 20
 #: descriptors an attacked member may hold beyond its own (TcpLimits.max_pending and a margin)

@@ -16,6 +16,8 @@ from derecho_async.launch import free_ports
 from derecho_async.transport.tcp import framing, handshake
 from derecho_async.workload import ReplicatedLog
 
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
+
 SECRET = "dasec1.4iaLwXtTuX_i-kEufiGv2Bzyw0FfMGCRIs6-Nx0j4Vw.hd4cXr"
 
 

@@ -37,6 +37,8 @@ from tests.runtime.test_tcp_attacks import (
     serving,
 )
 
+pytestmark = pytest.mark.once  # the native half of `make test` only: see pyproject.toml
+
 #: the member whose certificate the attacker holds (never in the group)
 ATTACKER = 5
 
